@@ -1,0 +1,68 @@
+"""Capability probes (each run once) and the seeded random generator every test draws from."""
+
+from __future__ import annotations
+
+import functools
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+from tinyknn.config import get_config, reset_config
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_probe() -> str | None:
+    """None when a CUDA device is usable, else why not."""
+    try:
+        from tinyknn.gpu.device import has_gpu, why_no_gpu
+    except Exception as exc:  # noqa: BLE001 - any import failure is a reason to skip
+        return f"tinyknn.gpu cannot be imported: {exc}"
+    return None if has_gpu() else why_no_gpu()
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_probe() -> str | None:
+    """None when NVRTC can be loaded, else why not."""
+    try:
+        from cuda.bindings import nvrtc
+
+        err, major, minor = nvrtc.nvrtcVersion()
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return f"nvrtcVersion failed: {err}"
+        return None
+    except Exception as exc:  # noqa: BLE001
+        return f"NVRTC is not available: {exc}"
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is not None:
+        reason = gpu_probe()
+        if reason is not None:
+            if get_config().require_gpu:
+                pytest.fail(f"TINYKNN_REQUIRE_GPU=1 but there is no usable GPU: {reason}", pytrace=False)
+            pytest.skip(f"no GPU: {reason}")
+    if item.get_closest_marker("nvrtc") is not None:
+        reason = nvrtc_probe()
+        if reason is not None:
+            pytest.skip(f"no NVRTC: {reason}")
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded freshly per run and per test; the seed is printed when the test fails."""
+    base = int(os.environ.get("TINYKNN_TEST_SEED", np.random.SeedSequence().entropy % (2**32)))
+    seed = (base + zlib.crc32(request.node.nodeid.encode())) % (2**32)
+    request.node.user_properties.append(("seed", seed))
+    print(f"random seed: TINYKNN_TEST_SEED={base} (test seed {seed})")
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """A private, empty cubin/library cache for one test."""
+    monkeypatch.setenv("TINYKNN_CACHE_DIR", str(tmp_path / "cache"))
+    reset_config()
+    yield tmp_path / "cache"
+    reset_config()

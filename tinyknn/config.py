@@ -1,0 +1,67 @@
+"""The only place TINYKNN_* environment variables are read.
+
+`get_config()` builds the process-wide settings lazily from the environment; tests call
+`reset_config()` after changing the environment (or pass explicit values) instead of patching modules.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Config:
+    cache_dir: Path          # TINYKNN_CACHE_DIR, else the platform's user cache dir + "tinyknn"
+    require_gpu: bool        # TINYKNN_REQUIRE_GPU=1: a missing GPU fails the gpu tests instead of skipping
+    cxx: str | None          # TINYKNN_CXX (else $CXX, else g++/c++/clang++): compiler for the CPU library
+    cpu_threads: int         # TINYKNN_CPU_THREADS, else the number of usable cores
+    arch: str | None         # TINYKNN_ARCH: force a target arch (e.g. "sm_90") instead of the device's
+
+
+def _default_cache_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("tinyknn", appauthor=False))
+
+
+def _usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@functools.lru_cache(maxsize=1)
+def get_config() -> Config:
+    """The settings of this process, read from the environment once."""
+    env = os.environ
+    cache_dir = Path(env["TINYKNN_CACHE_DIR"]) if env.get("TINYKNN_CACHE_DIR") else _default_cache_dir()
+    threads_text = env.get("TINYKNN_CPU_THREADS", "").strip()
+    if threads_text:
+        try:
+            threads = int(threads_text)
+        except ValueError:
+            raise ValueError(f"TINYKNN_CPU_THREADS must be a positive integer; got {threads_text!r}") from None
+        if threads < 1:
+            raise ValueError(f"TINYKNN_CPU_THREADS must be a positive integer; got {threads_text!r}")
+    else:
+        threads = _usable_cores()
+    return Config(
+        cache_dir=cache_dir,
+        require_gpu=_flag("TINYKNN_REQUIRE_GPU"),
+        cxx=env.get("TINYKNN_CXX") or env.get("CXX") or None,
+        cpu_threads=threads,
+        arch=env.get("TINYKNN_ARCH") or None,
+    )
+
+
+def reset_config() -> None:
+    """Forget the cached settings so the next get_config() reads the environment again."""
+    get_config.cache_clear()

@@ -1,0 +1,105 @@
+"""What to build: the frozen KernelSpec, and the only parsers of metric and dtype names."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+METRICS = ("l2", "ip", "cosine")
+DTYPES = ("float32", "float16")
+VARIANTS = ("norms", "scan", "merge", "tiled")
+MAX_K = 2048
+MAX_DIM = 65536
+
+_ARCH_PATTERN = re.compile(r"^sm_\d{2,3}[a-z]?$")
+
+
+def parse_metric(metric) -> str:
+    """'l2' | 'ip' | 'cosine' (case-insensitive); anything else is a ValueError naming the choices."""
+    if isinstance(metric, str) and metric.lower() in METRICS:
+        return metric.lower()
+    raise ValueError(f"metric must be one of 'l2', 'ip', 'cosine'; got {metric!r}")
+
+
+def parse_dtype(dtype) -> str:
+    """Storage dtype 'float32' | 'float16' from a name, a NumPy dtype or a scalar type."""
+    try:
+        name = np.dtype(dtype).name if not isinstance(dtype, str) else np.dtype(dtype.lower()).name
+    except TypeError:
+        name = None
+    if name in DTYPES:
+        return name
+    raise ValueError(f"dtype must be one of 'float32', 'float16'; got {dtype!r}")
+
+
+def parse_dim(dim) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+        raise TypeError(f"dim must be a positive integer; got {dim!r} ({type(dim).__name__})")
+    if not 1 <= int(dim) <= MAX_DIM:
+        raise ValueError(f"dim must be between 1 and {MAX_DIM}; got {int(dim)}")
+    return int(dim)
+
+
+def parse_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be a positive integer; got {k!r} ({type(k).__name__})")
+    if not 1 <= int(k) <= MAX_K:
+        raise ValueError(f"k must be between 1 and {MAX_K}; got {int(k)}")
+    return int(k)
+
+
+def parse_arch(arch) -> str:
+    """'sm_90' style; also accepts '90', 'compute_90', (9, 0)."""
+    if isinstance(arch, tuple) and len(arch) == 2:
+        arch = f"sm_{arch[0]}{arch[1]}"
+    text = str(arch).strip().lower()
+    if text.isdigit():
+        text = f"sm_{text}"
+    text = text.replace("compute_", "sm_")
+    if not _ARCH_PATTERN.match(text):
+        raise ValueError(f"arch must look like 'sm_90' (or '90'); got {arch!r}")
+    return text
+
+
+@dataclass(frozen=True, order=True)
+class KernelSpec:
+    """Everything that changes a kernel's machine code. Hashable; the cache key is built from its source.
+
+    `params` holds a variant's tile parameters as sorted (name, value) pairs so that two specs that
+    mean the same kernel compare equal.
+    """
+
+    metric: str
+    dtype: str
+    dim: int
+    k: int
+    variant: str
+    arch: str
+    params: tuple[tuple[str, int], ...] = field(default=())
+
+    def __post_init__(self):
+        object.__setattr__(self, "metric", parse_metric(self.metric))
+        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+        object.__setattr__(self, "dim", parse_dim(self.dim))
+        object.__setattr__(self, "arch", parse_arch(self.arch))
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(map(repr, VARIANTS))}; got {self.variant!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or not 0 <= int(self.k) <= MAX_K:
+            raise ValueError(f"k must be between 0 (variants without selection) and {MAX_K}; got {self.k!r}")
+        object.__setattr__(self, "k", int(self.k))
+        params = tuple(sorted((str(name), int(value)) for name, value in dict(self.params).items()))
+        object.__setattr__(self, "params", params)
+
+    def param(self, name: str, default: int | None = None) -> int:
+        for key, value in self.params:
+            if key == name:
+                return value
+        if default is None:
+            raise KeyError(f"{self} has no parameter {name!r}")
+        return default
+
+    def __str__(self) -> str:
+        extra = "".join(f" {name}={value}" for name, value in self.params)
+        return f"KernelSpec({self.variant} {self.metric} {self.dtype} dim={self.dim} k={self.k} {self.arch}{extra})"
