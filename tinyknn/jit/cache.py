@@ -1,0 +1,278 @@
+"""The cubin cache: memory -> disk -> NVRTC, safe across threads and processes.
+
+`get_cubin(spec)` answers from an in-process dict (no I/O), else from `<cache_dir>/cubins/<key>.cubin`
+(checksum verified, see store.py), else compiles with NVRTC and writes the file atomically. The key
+is a sha256 over everything that changes the machine code: the rendered source, every NVRTC option
+(arch included), the name expressions, the NVRTC version, tinyknn's version and the file format.
+
+Why not cuda.core's FileStreamProgramCache / `Program.compile(cache=...)`: checked on cuda-core
+1.2.2, `compile(cache=...)` raises ValueError when name expressions are given (the lowered-name
+mapping is not stored), and every tinyknn kernel is a template instantiated by name expression; an
+entry is the raw cubin, with no room for the spec, the ptxas report or a checksum, and nothing
+checks a read (a truncated file would go to the driver); its constructor creates directories and
+lets PermissionError through, where tinyknn must degrade to memory with one warning; its key helper
+takes ProgramOptions, which cannot carry the renderer's plain NVRTC option strings; and it is new
+(merged in 2026, not in the 1.2.0 release notes) while the GPU machine has 1.2.0. What would remain
+of it here is "write a temporary file, os.replace", which store.write_atomic does in ten lines.
+
+A read-only or full cache directory degrades to memory only with one warning. A corrupt, truncated
+or foreign entry is reported with a warning, removed and recompiled. A file lock per key (filelock)
+keeps processes from compiling one spec twice; correctness never depends on it (atomic renames do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import threading
+import warnings
+from pathlib import Path
+
+from ..config import get_config
+from ..spec import KernelSpec
+from . import store, toolchain
+from .compiler import Cubin, compile_cubin, compile_options
+
+LOCK_TIMEOUT_S = 600.0
+
+
+class CubinCacheWarning(UserWarning):
+    """The cubin cache could not use its directory, or found a bad entry; it carries on."""
+
+
+def _default_render(spec: KernelSpec):
+    from .render import render_source
+
+    return render_source(spec)
+
+
+def entry_key(rendered, arch: str, nvrtc: tuple[int, int]) -> str:
+    """sha256 hex over everything that changes the cubin of `rendered` for `arch`."""
+    from .. import __version__
+
+    fields = {
+        "format": store.FORMAT_VERSION,
+        "tinyknn": __version__,
+        "nvrtc": list(nvrtc),
+        "options": list(compile_options(rendered, arch)),
+        "name_expressions": list(rendered.name_expressions),
+        "source": hashlib.sha256(rendered.source.encode()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+class CubinCache:
+    """Cubins by KernelSpec. `render` (spec -> RenderedSource) defaults to tinyknn.jit.render."""
+
+    def __init__(self, directory: Path, *, render=None):
+        self.directory = Path(directory)
+        self._render = render or _default_render
+        self._lock = threading.Lock()
+        self._memory: dict[KernelSpec, Cubin] = {}
+        self._spec_locks: dict[KernelSpec, threading.Lock] = {}
+        self._stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0}
+        self._writable = True
+        self._warned: set[str] = set()
+
+    # -- lookups ----------------------------------------------------------------------------
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters since this cache was made: memory_hits, disk_hits, compiles."""
+        with self._lock:
+            return dict(self._stats)
+
+    def get(self, spec: KernelSpec) -> Cubin:
+        return self.lookup(spec)[0]
+
+    def lookup(self, spec: KernelSpec) -> tuple[Cubin, str]:
+        """(cubin, where it came from: "memory" | "disk" | "compiled")."""
+        if not isinstance(spec, KernelSpec):
+            raise TypeError(f"spec must be a tinyknn.spec.KernelSpec; got {type(spec).__name__}")
+        with self._lock:
+            cubin = self._memory.get(spec)
+            if cubin is not None:
+                self._stats["memory_hits"] += 1
+                return cubin, "memory"
+            spec_lock = self._spec_locks.setdefault(spec, threading.Lock())
+        with spec_lock:   # threads wanting the same spec wait for one compile
+            with self._lock:
+                cubin = self._memory.get(spec)
+            if cubin is not None:
+                origin = "memory"
+            else:
+                cubin, origin = self._load_or_compile(spec)
+            with self._lock:
+                self._memory[spec] = cubin
+                self._stats[{"memory": "memory_hits", "disk": "disk_hits", "compiled": "compiles"}[origin]] += 1
+        return cubin, origin
+
+    def path_for(self, key: str) -> Path:
+        return self.directory / f"{key}{store.SUFFIX}"
+
+    def _load_or_compile(self, spec: KernelSpec) -> tuple[Cubin, str]:
+        rendered = self._render(spec)
+        key = entry_key(rendered, spec.arch, toolchain.nvrtc_version_for_key(self._stamp_dir()))
+        cubin = self._read(key)
+        if cubin is not None:
+            return cubin, "disk"
+        with self._interprocess_lock(key):
+            cubin = self._read(key)   # another process may have compiled it while we waited
+            if cubin is not None:
+                return cubin, "disk"
+            cubin = compile_cubin(rendered, spec.arch, spec=spec)
+            self._write(key, store.encode_entry(key, spec, cubin, compile_options(rendered, spec.arch),
+                                                rendered.name_expressions))
+        return cubin, "compiled"
+
+    # -- disk -------------------------------------------------------------------------------
+    def _stamp_dir(self) -> Path | None:
+        return self.directory if self._writable or self.directory.is_dir() else None
+
+    def _read(self, key: str) -> Cubin | None:
+        path = self.path_for(key)
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            self._warn_once("read", f"cannot read the cubin cache {self.directory} ({exc.strerror or exc}); "
+                                    "compiling instead")
+            return None
+        try:
+            return store.decode_entry(data, expected_key=key)[1]
+        except store.EntryError as problem:
+            removed = self._remove(path)
+            self._warn(f"cache entry {path} is {problem}; {'removed it' if removed else 'cannot remove it'}"
+                       " and compiling again")
+            return None
+
+    def _write(self, key: str, data: bytes) -> None:
+        if not self._writable:
+            return
+        try:
+            store.write_atomic(self.path_for(key), data)
+        except OSError as exc:
+            self._disable_writes(exc)
+
+    def _disable_writes(self, exc: OSError) -> None:
+        self._writable = False
+        self._warn_once("write", f"cannot write to the cubin cache {self.directory} ({exc.strerror or exc}); "
+                                 "compiled kernels stay in memory only, for this process")
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        """One warning per kind of directory problem per cache, however many kernels follow."""
+        with self._lock:
+            first = kind not in self._warned
+            self._warned.add(kind)
+        if first:
+            self._warn(message)
+
+    @contextlib.contextmanager
+    def _interprocess_lock(self, key: str):
+        """Hold a file lock for `key` if one can be had; carry on without one if not."""
+        lock = None
+        if self._writable:
+            try:
+                from filelock import FileLock, Timeout
+
+                (self.directory / "locks").mkdir(parents=True, exist_ok=True)
+                lock = FileLock(str(self.directory / "locks" / f"{key}.lock"), timeout=LOCK_TIMEOUT_S)
+                lock.acquire()
+            except (OSError, Timeout, ImportError):
+                lock = None   # the lock only saves duplicate work; renames keep the files whole
+        try:
+            yield
+        finally:
+            if lock is not None:
+                lock.release()
+
+    @staticmethod
+    def _remove(path: Path) -> bool:
+        try:
+            path.unlink()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+
+    @staticmethod
+    def _warn(message: str) -> None:
+        warnings.warn(f"tinyknn: {message}", CubinCacheWarning, stacklevel=4)
+
+    # -- maintenance (the CLI) --------------------------------------------------------------
+    def entry_paths(self) -> list[Path]:
+        try:
+            return sorted(self.directory.glob(f"*{store.SUFFIX}"))
+        except OSError:
+            return []
+
+    def list_entries(self) -> list[dict]:
+        """One row per entry: spec fields, size, registers/stack/spill (worst kernel), created."""
+        rows = []
+        for path in self.entry_paths():
+            try:
+                header = store.read_header(path)
+                size = path.stat().st_size
+            except (OSError, store.EntryError) as problem:
+                rows.append({"file": path.name, "problem": str(problem)})
+                continue
+            reports = header.get("reports", {}).values()
+            rows.append({
+                **{name: header.get("spec", {}).get(name) for name in ("metric", "dtype", "dim", "k", "variant")},
+                "arch": header.get("arch"),
+                "size": size,
+                "registers": max((r["registers"] for r in reports), default=0),
+                "stack_bytes": max((r["stack_bytes"] for r in reports), default=0),
+                "spill_bytes": max((r["spill_store_bytes"] + r["spill_load_bytes"] for r in reports), default=0),
+                "created": header.get("created"),
+                "nvrtc_version": ".".join(map(str, header.get("nvrtc_version", []))),
+                "file": path.name,
+            })
+        return rows
+
+    def verify(self) -> list[tuple[Path, str]]:
+        """(path, problem) for every entry that is unreadable, truncated, corrupt or foreign."""
+        problems = []
+        for path in self.entry_paths():
+            try:
+                store.decode_entry(path.read_bytes(), expected_key=path.name[: -len(store.SUFFIX)])
+            except (OSError, store.EntryError) as problem:
+                problems.append((path, str(problem)))
+        return problems
+
+    def clear(self) -> int:
+        """Remove every entry, lock, stamp and stray temporary file; returns how many entries went."""
+        with self._lock:
+            self._memory.clear()
+        entries = sum(self._remove(path) for path in self.entry_paths())
+        for pattern in ("locks/*.lock", ".*.tmp", "nvrtc-*.json"):
+            for path in self.directory.glob(pattern):
+                self._remove(path)
+        return entries
+
+    def info(self) -> dict:
+        paths = self.entry_paths()
+        size = 0
+        for path in paths:
+            with contextlib.suppress(OSError):
+                size += path.stat().st_size
+        return {"location": str(self.directory), "entries": len(paths), "bytes": size}
+
+
+@functools.lru_cache(maxsize=1)
+def default_cache() -> CubinCache:
+    """The process-wide cache at `config.get_config().cache_dir / "cubins"`, built on first use."""
+    return CubinCache(get_config().cache_dir / "cubins")
+
+
+def reset_default_cache() -> None:
+    """Forget the process-wide cache (tests: after changing TINYKNN_CACHE_DIR and reset_config())."""
+    default_cache.cache_clear()
+
+
+def get_cubin(spec: KernelSpec) -> Cubin:
+    """The cubin for `spec`: from memory, else disk, else NVRTC. Never raises for an unusable cache."""
+    return default_cache().get(spec)
