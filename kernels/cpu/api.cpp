@@ -1,0 +1,116 @@
+// The extern "C" boundary: every entry point runs its body inside guarded(), which turns any C++
+// exception (including those rethrown from worker threads by ThreadPool) into a status code and a
+// thread-local message. Nothing throws across ctypes.
+#include <memory>
+#include <new>
+#include <string>
+
+#include "database.h"
+#include "errors.h"
+#include "search.h"
+#include "tinyknn_cpu.h"
+
+using namespace tinyknn;
+
+struct tk_index {
+  std::unique_ptr<AnyIndex> impl;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+template <class Body>
+int guarded(Body&& body) {
+  try {
+    last_error.clear();
+    body();
+    return TK_OK;
+  } catch (const InvalidArgument& error) {
+    last_error = error.what();
+    return TK_INVALID_ARGUMENT;
+  } catch (const std::bad_alloc&) {
+    last_error = "out of memory";
+    return TK_OUT_OF_MEMORY;
+  } catch (const std::exception& error) {
+    last_error = std::string("internal error: ") + error.what();
+    return TK_INTERNAL;
+  } catch (...) {
+    last_error = "internal error: unknown exception";
+    return TK_INTERNAL;
+  }
+}
+
+AnyIndex& open(tk_index* index) {
+  require(index != nullptr && index->impl != nullptr, "index handle is null");
+  return *index->impl;
+}
+
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) int tk_abi_version(void) { return TK_ABI_VERSION; }
+
+__attribute__((visibility("default"))) const char* tk_last_error(void) { return last_error.c_str(); }
+
+__attribute__((visibility("default"))) const char* tk_build_info(void) {
+  static const std::string info = std::string("compiler ") + __VERSION__ + "; " + build_features();
+  return info.c_str();
+}
+
+__attribute__((visibility("default"))) int tk_index_new(int64_t dim, int metric, int dtype, tk_index** out) {
+  return guarded([&] {
+    require(out != nullptr, "output handle pointer is null");
+    *out = nullptr;
+    std::unique_ptr<tk_index> index(new tk_index{make_index(dim, metric, dtype)});
+    *out = index.release();
+  });
+}
+
+__attribute__((visibility("default"))) int tk_index_free(tk_index* index) {
+  return guarded([&] { delete index; });
+}
+
+__attribute__((visibility("default"))) int tk_index_add(tk_index* index, const void* vectors, int64_t n,
+                                                        const int64_t* ids) {
+  return guarded([&] {
+    require(n >= 0, "n must be >= 0");
+    require(n == 0 || (vectors != nullptr && ids != nullptr), "vectors or ids pointer is null");
+    open(index).add(vectors, n, ids);
+  });
+}
+
+__attribute__((visibility("default"))) int tk_index_reset(tk_index* index) {
+  return guarded([&] { open(index).reset(); });
+}
+
+__attribute__((visibility("default"))) int tk_index_size(tk_index* index, int64_t* n) {
+  return guarded([&] {
+    require(n != nullptr, "output pointer is null");
+    *n = open(index).size();
+  });
+}
+
+__attribute__((visibility("default"))) int tk_index_export(tk_index* index, int64_t n, void* vectors,
+                                                           int64_t* ids) {
+  return guarded([&] {
+    require(n >= 0, "n must be >= 0");
+    require(n == 0 || (vectors != nullptr && ids != nullptr), "vectors or ids pointer is null");
+    open(index).export_to(n, vectors, ids);
+  });
+}
+
+__attribute__((visibility("default"))) int tk_index_search(tk_index* index, const float* queries, int64_t nq,
+                                                           int64_t k, int threads, float* distances,
+                                                           int64_t* ids) {
+  return guarded([&] {
+    require(nq >= 0, "the number of queries must be >= 0");
+    require(k >= 1, "k must be >= 1");
+    require(nq == 0 || (queries != nullptr && distances != nullptr && ids != nullptr), "a pointer is null");
+    open(index).search(queries, nq, k, threads < 1 ? 1 : threads, distances, ids);
+  });
+}
+
+}  // extern "C"

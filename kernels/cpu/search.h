@@ -1,0 +1,112 @@
+// One index = one (metric, storage type) pair: the database plus the search plan that scans it.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../metrics.cuh"
+#include "database.h"
+#include "errors.h"
+#include "tinyknn_cpu.h"
+
+namespace tinyknn {
+
+// What the ABI calls; the template below implements it for each (metric, storage type).
+class AnyIndex {
+ public:
+  virtual ~AnyIndex() = default;
+  virtual void add(const void* vectors, int64_t n, const int64_t* ids) = 0;
+  virtual void reset() = 0;
+  virtual int64_t size() = 0;
+  virtual void export_to(int64_t n, void* vectors, int64_t* ids) = 0;
+  virtual void search(const float* queries, int64_t nq, int64_t k, int threads, float* distances,
+                      int64_t* ids) = 0;
+};
+
+template <class Metric, class Storage>
+class Index final : public AnyIndex {
+ public:
+  explicit Index(int64_t dim) : db_(dim) {}
+
+  void add(const void* vectors, int64_t n, const int64_t* ids) override {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    db_.add(static_cast<const Storage*>(vectors), n, ids, Metric::needs_norms);
+  }
+
+  void reset() override {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    db_.reset();
+  }
+
+  int64_t size() override {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    return db_.size();
+  }
+
+  void export_to(int64_t n, void* vectors, int64_t* ids) override {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    require(n <= db_.size(), "cannot export more rows than the index holds");
+    db_.export_to(n, static_cast<Storage*>(vectors), ids);
+  }
+
+  // Step 0 of the ladder: every distance into one array, sorted.
+  void search(const float* queries, int64_t nq, int64_t k, int, float* distances, int64_t* ids) override {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    const int64_t n = db_.size(), dim = db_.dim();
+    std::vector<std::pair<float, int64_t>> keys(n);
+    for (int64_t qi = 0; qi < nq; ++qi) {
+      const float* q = queries + qi * dim;
+      float q_inverse_norm = 0.0f;
+      if (Metric::needs_norms) {
+        float sum = 0.0f;
+        for (int64_t d = 0; d < dim; ++d) sum = InnerProduct::accumulate(sum, q[d], q[d]);
+        q_inverse_norm = inverse_norm(sum);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const Storage* x = db_.row(i);
+        float sum = 0.0f;
+        for (int64_t d = 0; d < dim; ++d) sum = Metric::accumulate(sum, q[d], to_float(x[d]));
+        const float data_inverse_norm = Metric::needs_norms ? db_.inverse_norms()[i] : 0.0f;
+        keys[i] = {to_key<Metric>(Metric::finish(sum, q_inverse_norm, data_inverse_norm)), i};
+      }
+      std::sort(keys.begin(), keys.end());
+      const int64_t take = std::min(k, n);
+      for (int64_t j = 0; j < k; ++j) {
+        distances[qi * k + j] = j < take ? from_key<Metric>(keys[j].first) : from_key<Metric>(positive_infinity());
+        ids[qi * k + j] = j < take ? db_.ids()[keys[j].second] : -1;
+      }
+    }
+  }
+
+ private:
+  std::shared_mutex mutex_;  // searches share it; add and reset take it alone
+  Database<Storage> db_;
+};
+
+inline std::unique_ptr<AnyIndex> make_index(int64_t dim, int metric, int dtype) {
+  require(dim >= 1, "dim must be >= 1");
+  require(dtype == TK_FLOAT32 || dtype == TK_FLOAT16, "dtype must be TK_FLOAT32 or TK_FLOAT16");
+  const bool half = dtype == TK_FLOAT16;
+  switch (metric) {
+    case TK_L2:
+      if (half) return std::unique_ptr<AnyIndex>(new Index<L2, half_bits>(dim));
+      return std::unique_ptr<AnyIndex>(new Index<L2, float>(dim));
+    case TK_INNER_PRODUCT:
+      if (half) return std::unique_ptr<AnyIndex>(new Index<InnerProduct, half_bits>(dim));
+      return std::unique_ptr<AnyIndex>(new Index<InnerProduct, float>(dim));
+    case TK_COSINE:
+      if (half) return std::unique_ptr<AnyIndex>(new Index<Cosine, half_bits>(dim));
+      return std::unique_ptr<AnyIndex>(new Index<Cosine, float>(dim));
+    default:
+      throw InvalidArgument("metric must be TK_L2, TK_INNER_PRODUCT or TK_COSINE");
+  }
+}
+
+inline std::string build_features() { return "scalar reference scan"; }
+
+}  // namespace tinyknn

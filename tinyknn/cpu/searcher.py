@@ -1,0 +1,100 @@
+"""CpuSearcher: the Searcher of device="cpu", a thin owner of one index handle in the C++ library.
+
+Inputs arrive validated by tinyknn._validate (C-contiguous, the storage dtype for the database, float32
+queries), so this module only passes pointers. A search allocates nothing but its two result arrays;
+the library's threads (get_config().cpu_threads of them) do the work while the GIL is released.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from ..config import get_config
+from .library import DTYPE_CODES, METRIC_CODES, check, get_library
+
+
+class CpuSearcher:
+    """Exact k-NN over a database held by the C++ library (see kernels/cpu/)."""
+
+    def __init__(self, dim: int, metric: str, dtype: str):
+        self.dim, self.metric, self.dtype = dim, metric, dtype
+        self._library = get_library()
+        self._threads = get_config().cpu_threads
+        handle = ctypes.c_void_p()
+        check(self._library, self._library.tk_index_new(dim, METRIC_CODES[metric], DTYPE_CODES[dtype],
+                                                        ctypes.byref(handle)), "creating a CPU index")
+        self._handle = handle.value
+        # close() must not free the handle under a running call: calls count themselves in and out.
+        self._state = threading.Condition()
+        self._calls = 0
+
+    def _enter(self) -> int:
+        with self._state:
+            if self._handle is None:
+                raise ValueError("this CPU index was closed")
+            self._calls += 1
+            return self._handle
+
+    def _leave(self) -> None:
+        with self._state:
+            self._calls -= 1
+            if self._calls == 0:
+                self._state.notify_all()
+
+    def _call(self, what: str, function, *args) -> None:
+        handle = self._enter()
+        try:
+            check(self._library, function(handle, *args), what)
+        finally:
+            self._leave()
+
+    def add(self, vectors: np.ndarray, ids: np.ndarray) -> None:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        self._call("adding vectors", self._library.tk_index_add, vectors.ctypes.data, vectors.shape[0],
+                    ids.ctypes.data)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        n_queries = queries.shape[0]
+        distances = np.empty((n_queries, k), dtype=np.float32)
+        ids = np.empty((n_queries, k), dtype=np.int64)
+        self._call("searching", self._library.tk_index_search, queries.ctypes.data, n_queries, k,
+                   self._threads, distances.ctypes.data, ids.ctypes.data)
+        return distances, ids
+
+    def size(self) -> int:
+        n = ctypes.c_int64()
+        self._call("reading the index size", self._library.tk_index_size, ctypes.byref(n))
+        return n.value
+
+    def reset(self) -> None:
+        self._call("resetting the index", self._library.tk_index_reset)
+
+    def export(self) -> tuple[np.ndarray, np.ndarray]:
+        """(vectors (n, dim) in the storage dtype, ids (n,) int64): copies of what the index holds."""
+        handle = self._enter()
+        try:
+            n = ctypes.c_int64()
+            check(self._library, self._library.tk_index_size(handle, ctypes.byref(n)), "reading the index size")
+            vectors = np.empty((n.value, self.dim), dtype=self.dtype)
+            ids = np.empty(n.value, dtype=np.int64)
+            check(self._library, self._library.tk_index_export(handle, n.value, vectors.ctypes.data,
+                                                                ids.ctypes.data),
+                  "exporting the index")
+        finally:
+            self._leave()
+        return vectors, ids
+
+    def close(self) -> None:
+        """Free the library's index once no call is running; later calls raise ValueError."""
+        with self._state:
+            self._state.wait_for(lambda: self._calls == 0)
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            check(self._library, self._library.tk_index_free(handle), "freeing the index")
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
