@@ -12,6 +12,7 @@
 #include "../metrics.cuh"
 #include "database.h"
 #include "errors.h"
+#include "select.h"
 #include "tinyknn_cpu.h"
 
 namespace tinyknn {
@@ -54,11 +55,12 @@ class Index final : public AnyIndex {
     db_.export_to(n, static_cast<Storage*>(vectors), ids);
   }
 
-  // Step 0 of the ladder: every distance into one array, sorted.
+  // Step 1 of the ladder: a bounded selection (TopK) instead of sorting every distance.
   void search(const float* queries, int64_t nq, int64_t k, int, float* distances, int64_t* ids) override {
     std::shared_lock<std::shared_mutex> lock(mutex_);
     const int64_t n = db_.size(), dim = db_.dim();
-    std::vector<std::pair<float, int64_t>> keys(n);
+    std::vector<Candidate> storage(TopK::capacity(k));
+    TopK best;
     for (int64_t qi = 0; qi < nq; ++qi) {
       const float* q = queries + qi * dim;
       float q_inverse_norm = 0.0f;
@@ -67,19 +69,15 @@ class Index final : public AnyIndex {
         for (int64_t d = 0; d < dim; ++d) sum = InnerProduct::accumulate(sum, q[d], q[d]);
         q_inverse_norm = inverse_norm(sum);
       }
+      best.start(k, storage.data());
       for (int64_t i = 0; i < n; ++i) {
         const Storage* x = db_.row(i);
         float sum = 0.0f;
         for (int64_t d = 0; d < dim; ++d) sum = Metric::accumulate(sum, q[d], to_float(x[d]));
         const float data_inverse_norm = Metric::needs_norms ? db_.inverse_norms()[i] : 0.0f;
-        keys[i] = {to_key<Metric>(Metric::finish(sum, q_inverse_norm, data_inverse_norm)), i};
+        best.push(to_key<Metric>(Metric::finish(sum, q_inverse_norm, data_inverse_norm)), i);
       }
-      std::sort(keys.begin(), keys.end());
-      const int64_t take = std::min(k, n);
-      for (int64_t j = 0; j < k; ++j) {
-        distances[qi * k + j] = j < take ? from_key<Metric>(keys[j].first) : from_key<Metric>(positive_infinity());
-        ids[qi * k + j] = j < take ? db_.ids()[keys[j].second] : -1;
-      }
+      best.finish<Metric>(db_.ids(), distances + qi * k, ids + qi * k);
     }
   }
 
@@ -107,6 +105,6 @@ inline std::unique_ptr<AnyIndex> make_index(int64_t dim, int metric, int dtype) 
   }
 }
 
-inline std::string build_features() { return "scalar reference scan"; }
+inline std::string build_features() { return "scalar scan, bounded selection"; }
 
 }  // namespace tinyknn
