@@ -13,9 +13,30 @@
 #include "database.h"
 #include "errors.h"
 #include "select.h"
+#include "simd.h"
 #include "tinyknn_cpu.h"
 
 namespace tinyknn {
+
+// The metric's sum over one row, in four independent vector partial sums plus a scalar tail.
+template <class Metric>
+float row_sum(const float* q, const float* x, int64_t dim) {
+  Vec acc[4] = {};
+  int64_t d = 0;
+  for (; d + 4 * kLanes <= dim; d += 4 * kLanes) {
+    for (int u = 0; u < 4; ++u) acc[u] = Metric::accumulate(acc[u], load(q + d + u * kLanes), load(x + d + u * kLanes));
+  }
+  for (; d + kLanes <= dim; d += kLanes) acc[0] = Metric::accumulate(acc[0], load(q + d), load(x + d));
+  float sum = horizontal_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  for (; d < dim; ++d) sum = Metric::accumulate(sum, q[d], x[d]);
+  return sum;
+}
+
+inline const float* row_as_float(const float* row, float*, int64_t) { return row; }
+inline const float* row_as_float(const half_bits* row, float* scratch, int64_t dim) {
+  convert(row, scratch, dim);
+  return scratch;
+}
 
 // What the ABI calls; the template below implements it for each (metric, storage type).
 class AnyIndex {
@@ -55,27 +76,22 @@ class Index final : public AnyIndex {
     db_.export_to(n, static_cast<Storage*>(vectors), ids);
   }
 
-  // Step 1 of the ladder: a bounded selection (TopK) instead of sorting every distance.
+  // Step 2 of the ladder: the distance loop runs over SIMD vectors with four independent partial
+  // sums (the compiler cannot reorder one scalar sum itself); one query at a time, rows in order.
   void search(const float* queries, int64_t nq, int64_t k, int, float* distances, int64_t* ids) override {
     std::shared_lock<std::shared_mutex> lock(mutex_);
     const int64_t n = db_.size(), dim = db_.dim();
     std::vector<Candidate> storage(TopK::capacity(k));
+    std::vector<float> row(dim);
     TopK best;
     for (int64_t qi = 0; qi < nq; ++qi) {
       const float* q = queries + qi * dim;
-      float q_inverse_norm = 0.0f;
-      if (Metric::needs_norms) {
-        float sum = 0.0f;
-        for (int64_t d = 0; d < dim; ++d) sum = InnerProduct::accumulate(sum, q[d], q[d]);
-        q_inverse_norm = inverse_norm(sum);
-      }
+      const float q_inverse_norm = Metric::needs_norms ? inverse_norm(row_sum<InnerProduct>(q, q, dim)) : 0.0f;
       best.start(k, storage.data());
       for (int64_t i = 0; i < n; ++i) {
-        const Storage* x = db_.row(i);
-        float sum = 0.0f;
-        for (int64_t d = 0; d < dim; ++d) sum = Metric::accumulate(sum, q[d], to_float(x[d]));
+        const float* x = row_as_float(db_.row(i), row.data(), dim);
         const float data_inverse_norm = Metric::needs_norms ? db_.inverse_norms()[i] : 0.0f;
-        best.push(to_key<Metric>(Metric::finish(sum, q_inverse_norm, data_inverse_norm)), i);
+        best.push(to_key<Metric>(Metric::finish(row_sum<Metric>(q, x, dim), q_inverse_norm, data_inverse_norm)), i);
       }
       best.finish<Metric>(db_.ids(), distances + qi * k, ids + qi * k);
     }
@@ -105,6 +121,8 @@ inline std::unique_ptr<AnyIndex> make_index(int64_t dim, int metric, int dtype) 
   }
 }
 
-inline std::string build_features() { return "scalar scan, bounded selection"; }
+inline std::string build_features() {
+  return std::string(simd_description()) + ", " + f16_description() + "; row scan, bounded selection";
+}
 
 }  // namespace tinyknn
