@@ -12,29 +12,22 @@
 #include "../metrics.cuh"
 #include "database.h"
 #include "errors.h"
+#include "kernel.h"
 #include "select.h"
 #include "simd.h"
 #include "tinyknn_cpu.h"
 
 namespace tinyknn {
 
-// The metric's sum over one row, in four independent vector partial sums plus a scalar tail.
-template <class Metric>
-float row_sum(const float* q, const float* x, int64_t dim) {
-  Vec acc[4] = {};
-  int64_t d = 0;
-  for (; d + 4 * kLanes <= dim; d += 4 * kLanes) {
-    for (int u = 0; u < 4; ++u) acc[u] = Metric::accumulate(acc[u], load(q + d + u * kLanes), load(x + d + u * kLanes));
-  }
-  for (; d + kLanes <= dim; d += kLanes) acc[0] = Metric::accumulate(acc[0], load(q + d), load(x + d));
-  float sum = horizontal_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
-  for (; d < dim; ++d) sum = Metric::accumulate(sum, q[d], x[d]);
+inline float squared_norm(const float* x, int64_t dim) {
+  float sum = 0.0f;
+  for (int64_t d = 0; d < dim; ++d) sum = InnerProduct::accumulate(sum, x[d], x[d]);
   return sum;
 }
 
-inline const float* row_as_float(const float* row, float*, int64_t) { return row; }
-inline const float* row_as_float(const half_bits* row, float* scratch, int64_t dim) {
-  convert(row, scratch, dim);
+inline const float* panel_as_float(const float* panel, float*, int64_t) { return panel; }
+inline const float* panel_as_float(const half_bits* panel, float* scratch, int64_t dim) {
+  convert(panel, scratch, dim * kPanel);
   return scratch;
 }
 
@@ -76,24 +69,30 @@ class Index final : public AnyIndex {
     db_.export_to(n, static_cast<Storage*>(vectors), ids);
   }
 
-  // Step 2 of the ladder: the distance loop runs over SIMD vectors with four independent partial
-  // sums (the compiler cannot reorder one scalar sum itself); one query at a time, rows in order.
+  // Step 3 of the ladder: register blocking. kTileQueries queries at a time against one panel of
+  // kPanel rows (kernel.h); the database is walked once per query tile.
   void search(const float* queries, int64_t nq, int64_t k, int, float* distances, int64_t* ids) override {
     std::shared_lock<std::shared_mutex> lock(mutex_);
     const int64_t n = db_.size(), dim = db_.dim();
-    std::vector<Candidate> storage(TopK::capacity(k));
-    std::vector<float> row(dim);
-    TopK best;
-    for (int64_t qi = 0; qi < nq; ++qi) {
-      const float* q = queries + qi * dim;
-      const float q_inverse_norm = Metric::needs_norms ? inverse_norm(row_sum<InnerProduct>(q, q, dim)) : 0.0f;
-      best.start(k, storage.data());
-      for (int64_t i = 0; i < n; ++i) {
-        const float* x = row_as_float(db_.row(i), row.data(), dim);
-        const float data_inverse_norm = Metric::needs_norms ? db_.inverse_norms()[i] : 0.0f;
-        best.push(to_key<Metric>(Metric::finish(row_sum<Metric>(q, x, dim), q_inverse_norm, data_inverse_norm)), i);
+    std::vector<Candidate> storage(TopK::capacity(k) * kTileQueries);
+    std::vector<float> panel_floats(dim * kPanel), keys(kTileQueries * kPanel), query_norms(kTileQueries);
+    TopK best[kTileQueries];
+    for (int64_t first = 0; first < nq; first += kTileQueries) {
+      const int q_count = (int)std::min<int64_t>(kTileQueries, nq - first);
+      const float* q = queries + first * dim;
+      for (int i = 0; i < q_count; ++i) {
+        best[i].start(k, storage.data() + i * TopK::capacity(k));
+        if (Metric::needs_norms) query_norms[i] = inverse_norm(squared_norm(q + i * dim, dim));
       }
-      best.finish<Metric>(db_.ids(), distances + qi * k, ids + qi * k);
+      const auto kernel = TileTable<Metric>::get(q_count);
+      for (int64_t p = 0; p < db_.panels(); ++p) {
+        const float* panel = panel_as_float(db_.panel(p), panel_floats.data(), dim);
+        const float* norms = Metric::needs_norms ? db_.inverse_norms() + p * kPanel : nullptr;
+        kernel(q, dim, panel, query_norms.data(), norms, keys.data());
+        const int rows = (int)std::min<int64_t>(kPanel, n - p * kPanel);
+        for (int i = 0; i < q_count; ++i) best[i].push_panel(keys.data() + i * kPanel, rows, p * kPanel);
+      }
+      for (int i = 0; i < q_count; ++i) best[i].finish<Metric>(db_.ids(), distances + (first + i) * k, ids + (first + i) * k);
     }
   }
 
@@ -122,7 +121,7 @@ inline std::unique_ptr<AnyIndex> make_index(int64_t dim, int metric, int dtype) 
 }
 
 inline std::string build_features() {
-  return std::string(simd_description()) + ", " + f16_description() + "; row scan, bounded selection";
+  return std::string(simd_description()) + ", " + f16_description() + "; panels, register-blocked tiles, bounded selection";
 }
 
 }  // namespace tinyknn
