@@ -12,24 +12,12 @@
 #include "../metrics.cuh"
 #include "database.h"
 #include "errors.h"
-#include "kernel.h"
+#include "scan.h"
 #include "select.h"
 #include "simd.h"
 #include "tinyknn_cpu.h"
 
 namespace tinyknn {
-
-inline float squared_norm(const float* x, int64_t dim) {
-  float sum = 0.0f;
-  for (int64_t d = 0; d < dim; ++d) sum = InnerProduct::accumulate(sum, x[d], x[d]);
-  return sum;
-}
-
-inline const float* panel_as_float(const float* panel, float*, int64_t) { return panel; }
-inline const float* panel_as_float(const half_bits* panel, float* scratch, int64_t dim) {
-  convert(panel, scratch, dim * kPanel);
-  return scratch;
-}
 
 // What the ABI calls; the template below implements it for each (metric, storage type).
 class AnyIndex {
@@ -69,30 +57,17 @@ class Index final : public AnyIndex {
     db_.export_to(n, static_cast<Storage*>(vectors), ids);
   }
 
-  // Step 3 of the ladder: register blocking. kTileQueries queries at a time against one panel of
-  // kPanel rows (kernel.h); the database is walked once per query tile.
+  // Step 4 of the ladder: cache blocking (scan.h): chunks of queries stay in L2 while the panels
+  // stream past once per chunk, each panel in L1 while all tiles of the chunk use it.
   void search(const float* queries, int64_t nq, int64_t k, int, float* distances, int64_t* ids) override {
     std::shared_lock<std::shared_mutex> lock(mutex_);
-    const int64_t n = db_.size(), dim = db_.dim();
-    std::vector<Candidate> storage(TopK::capacity(k) * kTileQueries);
-    std::vector<float> panel_floats(dim * kPanel), keys(kTileQueries * kPanel), query_norms(kTileQueries);
-    TopK best[kTileQueries];
-    for (int64_t first = 0; first < nq; first += kTileQueries) {
-      const int q_count = (int)std::min<int64_t>(kTileQueries, nq - first);
-      const float* q = queries + first * dim;
-      for (int i = 0; i < q_count; ++i) {
-        best[i].start(k, storage.data() + i * TopK::capacity(k));
-        if (Metric::needs_norms) query_norms[i] = inverse_norm(squared_norm(q + i * dim, dim));
-      }
-      const auto kernel = TileTable<Metric>::get(q_count);
-      for (int64_t p = 0; p < db_.panels(); ++p) {
-        const float* panel = panel_as_float(db_.panel(p), panel_floats.data(), dim);
-        const float* norms = Metric::needs_norms ? db_.inverse_norms() + p * kPanel : nullptr;
-        kernel(q, dim, panel, query_norms.data(), norms, keys.data());
-        const int rows = (int)std::min<int64_t>(kPanel, n - p * kPanel);
-        for (int i = 0; i < q_count; ++i) best[i].push_panel(keys.data() + i * kPanel, rows, p * kPanel);
-      }
-      for (int i = 0; i < q_count; ++i) best[i].finish<Metric>(db_.ids(), distances + (first + i) * k, ids + (first + i) * k);
+    const int64_t dim = db_.dim(), chunk = chunk_queries(dim);
+    Scratch& scratch = Scratch::of_this_thread();
+    for (int64_t first = 0; first < nq; first += chunk) {
+      const int64_t count = std::min(chunk, nq - first);
+      TopK* best = scratch.start(count, k);
+      scan<Metric>(db_, queries + first * dim, count, 0, db_.panels(), best, scratch);
+      for (int64_t i = 0; i < count; ++i) best[i].finish<Metric>(db_.ids(), distances + (first + i) * k, ids + (first + i) * k);
     }
   }
 
@@ -121,7 +96,7 @@ inline std::unique_ptr<AnyIndex> make_index(int64_t dim, int metric, int dtype) 
 }
 
 inline std::string build_features() {
-  return std::string(simd_description()) + ", " + f16_description() + "; panels, register-blocked tiles, bounded selection";
+  return std::string(simd_description()) + ", " + f16_description() + "; panels, register-blocked tiles, cache-blocked query chunks, bounded selection";
 }
 
 }  // namespace tinyknn
