@@ -12,6 +12,7 @@
 #include "../metrics.cuh"
 #include "database.h"
 #include "errors.h"
+#include "pool.h"
 #include "scan.h"
 #include "select.h"
 #include "simd.h"
@@ -57,21 +58,69 @@ class Index final : public AnyIndex {
     db_.export_to(n, static_cast<Storage*>(vectors), ids);
   }
 
-  // Step 4 of the ladder: cache blocking (scan.h): chunks of queries stay in L2 while the panels
-  // stream past once per chunk, each panel in L1 while all tiles of the chunk use it.
-  void search(const float* queries, int64_t nq, int64_t k, int, float* distances, int64_t* ids) override {
+  // Step 5 of the ladder: all cores (pool.h). Tasks are (query chunk, database slice) pairs: many
+  // queries split by chunk; few queries also split the database, each slice keeping its own k best,
+  // merged at the end.
+  void search(const float* queries, int64_t nq, int64_t k, int threads, float* distances,
+              int64_t* ids) override {
     std::shared_lock<std::shared_mutex> lock(mutex_);
-    const int64_t dim = db_.dim(), chunk = chunk_queries(dim);
-    Scratch& scratch = Scratch::of_this_thread();
-    for (int64_t first = 0; first < nq; first += chunk) {
-      const int64_t count = std::min(chunk, nq - first);
+    const Plan plan = make_plan(nq, threads);
+    Scratch& caller = Scratch::of_this_thread();
+    if (plan.slices > 1) caller.merged.resize(plan.slices * nq * k);
+    Candidate* merged = caller.merged.data();
+    ThreadPool::shared().run((int)(plan.chunks * plan.slices), threads, [&](int task) {
+      const int64_t chunk = task / plan.slices, slice = task % plan.slices;
+      const int64_t first = chunk * plan.chunk, count = std::min(plan.chunk, nq - first);
+      const int64_t panel_begin = db_.panels() * slice / plan.slices;
+      const int64_t panel_end = db_.panels() * (slice + 1) / plan.slices;
+      Scratch& scratch = Scratch::of_this_thread();
       TopK* best = scratch.start(count, k);
-      scan<Metric>(db_, queries + first * dim, count, 0, db_.panels(), best, scratch);
-      for (int64_t i = 0; i < count; ++i) best[i].finish<Metric>(db_.ids(), distances + (first + i) * k, ids + (first + i) * k);
-    }
+      scan<Metric>(db_, queries + first * db_.dim(), count, panel_begin, panel_end, best, scratch);
+      for (int64_t i = 0; i < count; ++i) {
+        if (plan.slices == 1) {
+          best[i].finish<Metric>(db_.ids(), distances + (first + i) * k, ids + (first + i) * k);
+        } else {
+          best[i].extract(merged + (slice * nq + first + i) * k);
+        }
+      }
+    });
+    if (plan.slices > 1) merge(nq, k, plan.slices, merged, distances, ids);
   }
 
  private:
+  struct Plan {
+    int64_t chunk, chunks, slices;
+  };
+
+  // Chunks of at most chunk_queries(dim) queries, at least one per thread where nq allows; when there
+  // are fewer chunks than threads, the database is cut into slices of at least kMinSlicePanels panels.
+  Plan make_plan(int64_t nq, int threads) const {
+    static constexpr int64_t kMinSlicePanels = 64;
+    const int64_t per_thread = (nq + threads - 1) / threads;
+    const int64_t tiles = (per_thread + kTileQueries - 1) / kTileQueries;
+    const int64_t chunk = std::max<int64_t>(1, std::min(chunk_queries(db_.dim()), tiles * kTileQueries));
+    const int64_t chunks = (nq + chunk - 1) / chunk;
+    int64_t slices = 1;
+    if (chunks < threads) {
+      slices = std::min<int64_t>((threads + chunks - 1) / chunks, std::max<int64_t>(1, db_.panels() / kMinSlicePanels));
+    }
+    return Plan{chunk, chunks, slices};
+  }
+
+  // Each query's k best over all slices.
+  void merge(int64_t nq, int64_t k, int64_t slices, Candidate* merged, float* distances, int64_t* ids) {
+    std::vector<Candidate> storage(TopK::capacity(k));
+    TopK best;
+    for (int64_t i = 0; i < nq; ++i) {
+      best.start(k, storage.data());
+      for (int64_t s = 0; s < slices; ++s) {
+        const Candidate* part = merged + (s * nq + i) * k;
+        for (int64_t j = 0; j < k && part[j].position >= 0; ++j) best.push(part[j].key, part[j].position);
+      }
+      best.finish<Metric>(db_.ids(), distances + i * k, ids + i * k);
+    }
+  }
+
   std::shared_mutex mutex_;  // searches share it; add and reset take it alone
   Database<Storage> db_;
 };
@@ -96,7 +145,7 @@ inline std::unique_ptr<AnyIndex> make_index(int64_t dim, int metric, int dtype) 
 }
 
 inline std::string build_features() {
-  return std::string(simd_description()) + ", " + f16_description() + "; panels, register-blocked tiles, cache-blocked query chunks, bounded selection";
+  return std::string(simd_description()) + ", " + f16_description() + "; panels, register-blocked tiles, cache-blocked query chunks, bounded selection, threads";
 }
 
 }  // namespace tinyknn
