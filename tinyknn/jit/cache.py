@@ -75,6 +75,7 @@ class CubinCache:
         self._stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0}
         self._writable = True
         self._warned: set[str] = set()
+        self._version: tuple[int, int] | None = None
 
     # -- lookups ----------------------------------------------------------------------------
     @property
@@ -113,7 +114,7 @@ class CubinCache:
 
     def _load_or_compile(self, spec: KernelSpec) -> tuple[Cubin, str]:
         rendered = self._render(spec)
-        key = entry_key(rendered, spec.arch, toolchain.nvrtc_version_for_key(self._stamp_dir()))
+        key = entry_key(rendered, spec.arch, self._nvrtc_version())
         cubin = self._read(key)
         if cubin is not None:
             return cubin, "disk"
@@ -127,8 +128,12 @@ class CubinCache:
         return cubin, "compiled"
 
     # -- disk -------------------------------------------------------------------------------
-    def _stamp_dir(self) -> Path | None:
-        return self.directory if self._writable or self.directory.is_dir() else None
+    def _nvrtc_version(self) -> tuple[int, int]:
+        """For the key; from the folder's stamp where it matches (see toolchain.py), once per cache."""
+        if self._version is None:
+            folder = self.directory if self._writable or self.directory.is_dir() else None
+            self._version = toolchain.nvrtc_version_for_key(folder)
+        return self._version
 
     def _read(self, key: str) -> Cubin | None:
         path = self.path_for(key)

@@ -82,13 +82,11 @@ def _read_stamp(path: Path, fingerprint: dict) -> tuple[int, int] | None:
 
 def nvrtc_version_for_key(directory: Path | None) -> tuple[int, int]:
     """NVRTC's (major, minor): from a matching stamp in `directory`, else by loading NVRTC (and stamping)."""
-    if compiler.nvrtc_version.cache_info().currsize:   # already loaded in this process: free
-        return compiler.nvrtc_version()
     fingerprint = _fingerprint()
     path = stamp_path(directory, fingerprint) if directory is not None else None
     if path is not None and (known := _read_stamp(path, fingerprint)) is not None:
         return known
-    version = compiler.nvrtc_version()
+    version = compiler.nvrtc_version()   # free where this process has loaded NVRTC already
     library = _loaded_library()
     if path is not None and library is not None:
         stamp = {"fingerprint": fingerprint, "library": library, "version": list(version)}
