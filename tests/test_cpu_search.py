@@ -1,0 +1,199 @@
+"""The CPU search against the float64 reference: every metric x dtype, dims, k, ties, ids, extremes."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tinyknn
+from tinyknn.config import reset_config
+from reference import check_search
+
+METRICS = ("l2", "ip", "cosine")
+DTYPES = ("float32", "float16")
+DIMS = (1, 2, 3, 7, 64, 96, 128, 130, 1000)
+
+
+def build(db, metric, dtype, ids=None):
+    index = tinyknn.Index(db.shape[1], metric=metric, dtype=dtype, device="cpu")
+    index.add(db, ids=ids)
+    return index
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """Set TINYKNN_CPU_THREADS for indexes created inside the test."""
+    def set_threads(count: int):
+        monkeypatch.setenv("TINYKNN_CPU_THREADS", str(count))
+        reset_config()
+    yield set_threads
+    monkeypatch.delenv("TINYKNN_CPU_THREADS", raising=False)
+    reset_config()
+
+
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("metric", METRICS)
+def test_matches_reference(rng, metric, dtype, dim):
+    n = 150 if dim == 1000 else 301          # not a multiple of any panel width
+    db = rng.standard_normal((n, dim)).astype(np.float32)
+    q = rng.standard_normal((13, dim)).astype(np.float32)   # two tiles and a remainder
+    index = build(db, metric, dtype)
+    for k in (1, 10, n + 7):
+        distances, ids = index.search(q, k)
+        check_search(distances, ids, db, q, k, metric, dtype)
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_k_from_one_to_beyond_ntotal(rng, metric):
+    n = 40
+    db = rng.standard_normal((n, 5)).astype(np.float32)
+    q = rng.standard_normal((3, 5)).astype(np.float32)
+    index = build(db, metric, "float32")
+    for k in (1, 2, 3, n - 1, n, n + 1, 3 * n, 2048):
+        distances, ids = index.search(q, k)
+        check_search(distances, ids, db, q, k, metric)
+
+
+@pytest.mark.parametrize("n_queries", [1, 2, 7, 200])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_threads_and_database_slices(rng, threads, n_queries, n_threads):
+    """Few queries split the database across threads (slices merged); many split the queries."""
+    threads(n_threads)
+    db = rng.standard_normal((3000, 24)).astype(np.float32)
+    q = rng.standard_normal((n_queries, 24)).astype(np.float32)
+    for metric in METRICS:
+        distances, ids = build(db, metric, "float32").search(q, 17)
+        check_search(distances, ids, db, q, 17, metric)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("metric", METRICS)
+def test_empty_index_answers_with_padding(metric, dtype):
+    index = tinyknn.Index(4, metric=metric, dtype=dtype)
+    distances, ids = index.search(np.ones((3, 4), np.float32), 5)
+    assert ids.shape == (3, 5) and np.all(ids == -1)
+    assert np.all(distances == (np.inf if metric == "l2" else -np.inf))
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_ties_and_exact_duplicates(rng, metric):
+    """Integer-valued data: many exactly equal distances, and rows repeated several times."""
+    base = rng.integers(-3, 4, size=(60, 6)).astype(np.float32)
+    db = np.concatenate([base, base[:20], base[:5]])
+    q = np.concatenate([base[:4], rng.integers(-3, 4, size=(4, 6)).astype(np.float32)])
+    index = build(db, metric, "float32")
+    for k in (1, 3, 8, 30, len(db)):
+        distances, ids = index.search(q, k)
+        check_search(distances, ids, db, q, k, metric)
+    if metric == "l2":  # a query equal to a row with two copies: both copies at distance 0 come first
+        distances, ids = index.search(base[:1], 3)
+        assert distances[0, 0] == 0.0 and distances[0, 1] == 0.0
+        assert set(ids[0, :2].tolist()) <= {0, 60, 80}
+
+
+def test_custom_ids_over_several_adds(rng):
+    db = rng.standard_normal((90, 8)).astype(np.float32)
+    q = rng.standard_normal((5, 8)).astype(np.float32)
+    user_ids = rng.choice(10**12, size=90, replace=False).astype(np.int64)
+    index = tinyknn.Index(8)
+    for start, stop in ((0, 10), (10, 11), (11, 57), (57, 90)):
+        index.add(db[start:stop], ids=user_ids[start:stop])
+    distances, ids = index.search(q, 12)
+    check_search(distances, ids, db, q, 12, "l2", id_map=user_ids)
+    _, exported_ids = index._searcher.export()
+    assert np.array_equal(exported_ids, user_ids)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_default_ids_continue_after_each_add(rng, dtype):
+    db = rng.standard_normal((50, 3)).astype(dtype).astype(np.float32)  # exact in either dtype
+    index = tinyknn.Index(3, dtype=dtype)
+    index.add(db[:20])
+    index.add(db[20:])
+    distances, ids = index.search(db[35:36], 1)
+    assert ids[0, 0] == 35 and distances[0, 0] == 0.0
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_far_from_origin_is_exact(rng, metric):
+    """1e6 + small noise: l2 must see the noise (a norm expansion would lose it to cancellation)."""
+    db = (1e6 + rng.standard_normal((400, 32))).astype(np.float32)
+    q = (1e6 + rng.standard_normal((6, 32))).astype(np.float32)
+    distances, ids = build(db, metric, "float32").search(q, 10)
+    check_search(distances, ids, db, q, 10, metric)
+    if metric == "l2":
+        exact = ((q[:, None, :].astype(np.float64) - db[None].astype(np.float64)) ** 2).sum(-1)
+        assert np.array_equal(np.sort(ids, axis=1), np.sort(np.argsort(exact, axis=1)[:, :10], axis=1))
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_float16_extremes(rng, metric):
+    """Values near float16's largest (65504): squared distances far beyond float16's range."""
+    db = (rng.choice([-1.0, 1.0], size=(120, 16)) * rng.uniform(60000, 65504, size=(120, 16))).astype(np.float16)
+    q = (rng.choice([-1.0, 1.0], size=(5, 16)) * 65504.0).astype(np.float32)
+    distances, ids = build(db, metric, "float16").search(q, 7)
+    assert np.all(np.isfinite(distances))
+    check_search(distances, ids, db, q, 7, metric, "float16")
+
+
+def test_cosine_zero_vector_has_similarity_zero():
+    db = np.array([[0.0, 0.0], [1.0, 0.0], [-1.0, 0.0]], np.float32)
+    index = build(db, "cosine", "float32")
+    distances, ids = index.search(np.array([[2.0, 0.0], [0.0, 0.0]], np.float32), 3)
+    assert ids[0].tolist() == [1, 0, 2] and distances[0].tolist() == [1.0, 0.0, -1.0]
+    assert np.all(distances[1] == 0.0)
+
+
+def test_reset_then_add_again(rng):
+    db = rng.standard_normal((30, 4)).astype(np.float32)
+    index = build(db, "l2", "float32")
+    index.reset()
+    assert index.ntotal == 0 and np.all(index.search(db[:1], 2)[1] == -1)
+    index.add(db[:10])
+    distances, ids = index.search(db[:2], 3)
+    check_search(distances, ids, db[:10], db[:2], 3, "l2")
+
+
+def test_eight_python_threads_search_one_index(rng, threads):
+    threads(2)
+    db = rng.standard_normal((6000, 32)).astype(np.float32)
+    queries = [rng.standard_normal((n, 32)).astype(np.float32) for n in (1, 3, 8, 50, 1, 2, 13, 100)]
+    index = build(db, "l2", "float32")
+    results, errors = [None] * 8, []
+
+    def work(slot):
+        try:
+            for _ in range(3):
+                results[slot] = index.search(queries[slot], 9)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(slot,)) for slot in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not errors
+    for slot, (distances, ids) in enumerate(results):
+        check_search(distances, ids, db, queries[slot], 9, "l2")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(0, 70), dim=st.integers(1, 40), n_queries=st.integers(1, 8), k=st.integers(1, 80),
+    metric=st.sampled_from(METRICS), dtype=st.sampled_from(DTYPES), scale=st.sampled_from([1e-3, 1.0, 300.0]),
+    repeat=st.booleans(), seed=st.integers(0, 2**32 - 1),
+)
+def test_hypothesis_shapes_and_values(n, dim, n_queries, k, metric, dtype, scale, repeat, seed):
+    rng = np.random.default_rng(seed)
+    db = (rng.standard_normal((n, dim)) * scale).astype(np.float32)
+    if repeat and n > 1:
+        db[n // 2:] = db[: n - n // 2]           # exact duplicates
+    q = (rng.standard_normal((n_queries, dim)) * scale).astype(np.float32)
+    distances, ids = build(db, metric, dtype).search(q, k)
+    check_search(distances, ids, db, q, k, metric, dtype)
