@@ -281,3 +281,29 @@ def test_entry_header_carries_spec_and_reports(cache):
     assert header["lowered_names"] == cubin.lowered_names
     assert header["nvrtc_version"] == list(cubin.nvrtc_version)
     assert "-arch=sm_90" in header["options"] and header["key"] == only_entry(cache).stem
+
+
+# -- the NVRTC version stamp (toolchain.py) -------------------------------------------------------
+def test_stamp_answers_for_nvrtc_only_while_environment_and_library_match(tmp_path, monkeypatch):
+    from tinyknn.jit import compiler, toolchain
+
+    version = toolchain.nvrtc_version_for_key(tmp_path)
+    [path] = tmp_path.glob("nvrtc-*.json")
+    stamp = json.loads(path.read_text())
+    assert stamp["version"] == list(version) and "libnvrtc" in stamp["library"]["path"]
+
+    stamp["version"] = [99, 9]   # a version no NVRTC reports: only the stamp can answer it
+    path.write_text(json.dumps(stamp))
+    real = compiler.nvrtc_version
+    monkeypatch.setattr(compiler, "nvrtc_version", lambda: pytest.fail("NVRTC asked despite a matching stamp"))
+    assert toolchain.nvrtc_version_for_key(tmp_path) == (99, 9)
+
+    monkeypatch.setattr(compiler, "nvrtc_version", real)
+    stamp["library"]["mtime_ns"] += 1   # the library file changed (a new NVRTC): ask NVRTC, stamp again
+    path.write_text(json.dumps(stamp))
+    assert toolchain.nvrtc_version_for_key(tmp_path) == version
+    assert json.loads(path.read_text())["version"] == list(version)
+
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/another/cuda/lib64")   # another environment: its own stamp
+    assert toolchain.nvrtc_version_for_key(tmp_path) == version
+    assert len(list(tmp_path.glob("nvrtc-*.json"))) == 2

@@ -13,7 +13,7 @@ import json
 import sys
 import time
 
-from .config import get_config
+from .config import _usable_cores, get_config
 from .spec import parse_arch
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--k", type=_ints, help="comma list of k")
     warm.add_argument("--arch", type=_comma_list, help="target arch(es), e.g. sm_90 or sm_80,sm_90 "
                                                        "(default: the manifest's, else the current GPU's)")
-    warm.add_argument("--jobs", type=int, default=get_config().cpu_threads, help="parallel compiles (default: cores)")
+    warm.add_argument("--jobs", type=int, default=_usable_cores(), help="parallel compiles (default: usable cores)")
     warm.add_argument("--json", action="store_true", help="print the summary as JSON")
     warm.set_defaults(run=cmd_warm)
     for name, run, text in (("list", cmd_list, "one line per cached cubin"),
