@@ -63,6 +63,7 @@ class Index final : public AnyIndex {
   // merged at the end.
   void search(const float* queries, int64_t nq, int64_t k, int threads, float* distances,
               int64_t* ids) override {
+    if (nq == 0) return;
     std::shared_lock<std::shared_mutex> lock(mutex_);
     const Plan plan = make_plan(nq, threads);
     Scratch& caller = Scratch::of_this_thread();

@@ -118,9 +118,9 @@ def _library_dir() -> Path:
     folder = get_config().cache_dir / "cpu"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".write-test-")
+        os.close(handle)
+        os.unlink(probe)
         return folder
     except OSError as exc:
         private = Path(tempfile.mkdtemp(prefix="tinyknn-cpu-"))

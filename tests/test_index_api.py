@@ -1,0 +1,251 @@
+"""tinyknn.Index on device="cpu": the API, input validation and conversion, save/load."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+import tinyknn
+from reference import check_search
+
+METRICS = ("l2", "ip", "cosine")
+DTYPES = ("float32", "float16")
+
+
+@pytest.fixture
+def index(rng):
+    built = tinyknn.Index(8, metric="l2", dtype="float32", device="cpu")
+    built.add(rng.standard_normal((50, 8)).astype(np.float32))
+    return built
+
+
+class FakeCudaArray:
+    """Looks like a CuPy array to tinyknn (only __cuda_array_interface__ is read)."""
+
+    def __init__(self, shape, typestr="<f4"):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (1 << 20, False),
+                                         "version": 3, "strides": None}
+
+
+# -- construction and the basic surface ------------------------------------------------------------
+def test_surface(index):
+    assert index.ntotal == 50 and len(index) == 50
+    assert "dim=8" in repr(index) and "ntotal=50" in repr(index)
+    assert (index.dim, index.metric, index.dtype, index.device) == (8, "l2", "float32", "cpu")
+    index.reset()
+    assert index.ntotal == 0
+
+
+@pytest.mark.parametrize("kwargs, error, text", [
+    ({"dim": 0}, ValueError, "dim must be between 1 and"),
+    ({"dim": 2.5}, TypeError, "dim must be a positive integer"),
+    ({"dim": True}, TypeError, "dim must be a positive integer"),
+    ({"dim": 4, "metric": "L1"}, ValueError, "metric must be one of 'l2', 'ip', 'cosine'; got 'L1'"),
+    ({"dim": 4, "dtype": "int8"}, ValueError, "dtype must be one of 'float32', 'float16'"),
+    ({"dim": 4, "dtype": "float64"}, ValueError, "got 'float64'"),
+    ({"dim": 4, "device": "tpu"}, ValueError, "device must be one of 'cpu', 'cuda'"),
+])
+def test_bad_construction(kwargs, error, text):
+    with pytest.raises(error, match=text):
+        tinyknn.Index(**kwargs)
+
+
+def test_names_are_case_insensitive_and_dtype_objects_work():
+    built = tinyknn.Index(3, metric="COSINE", dtype=np.float16, device="CPU")
+    assert (built.metric, built.dtype, built.device) == ("cosine", "float16", "cpu")
+
+
+def test_closed_index_refuses_work(index):
+    with index:
+        pass
+    with pytest.raises(ValueError, match="closed"):
+        index.search(np.zeros((1, 8), np.float32), 1)
+    with pytest.raises(ValueError, match="closed"):
+        index.add(np.zeros((1, 8), np.float32))
+    index.close()  # closing twice is harmless
+
+
+# -- bad input ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad, error, text", [
+    (np.zeros(8, np.float32), ValueError, "must be 2-D"),
+    (np.zeros((2, 2, 8), np.float32), ValueError, "must be 2-D"),
+    (np.zeros((2, 7), np.float32), ValueError, "must have 8 columns"),
+    (np.full((2, 8), np.nan, np.float32), ValueError, "NaN"),
+    (np.full((2, 8), np.inf, np.float32), ValueError, "infinity"),
+    (np.full((2, 8), 2.0**60, np.float64), ValueError, "2\\*\\*50"),
+    (np.zeros((2, 8), np.int32), TypeError, "float16, float32 or float64; got dtype int32"),
+    (np.zeros((2, 8), np.complex64), TypeError, "got dtype complex64"),
+    (np.zeros((2, 8), bool), TypeError, "got dtype bool"),
+    (np.array([["a"] * 8]), TypeError, "got dtype <U1"),
+    ([[object()] * 8], TypeError, "got dtype object"),
+    (FakeCudaArray((2, 8)), TypeError, "CUDA array .*lives on the CPU"),
+])
+def test_bad_vectors_and_queries(index, bad, error, text):
+    with pytest.raises(error, match=text):
+        index.add(bad)
+    with pytest.raises(error, match=text):
+        index.search(bad, 3)
+    assert index.ntotal == 50
+
+
+@pytest.mark.parametrize("k, error, text", [
+    (0, ValueError, "k must be between 1 and 2048; got 0"),
+    (-3, ValueError, "got -3"),
+    (2049, ValueError, "got 2049"),
+    (3.0, TypeError, "k must be a positive integer; got 3.0"),
+    ("3", TypeError, "got '3'"),
+    (True, TypeError, "got True"),
+    (None, TypeError, "got None"),
+])
+def test_bad_k(index, k, error, text):
+    with pytest.raises(error, match=text):
+        index.search(np.zeros((1, 8), np.float32), k)
+
+
+def test_k_as_numpy_integer_is_fine(index):
+    assert index.search(np.zeros((1, 8), np.float32), np.int64(4))[1].shape == (1, 4)
+
+
+@pytest.mark.parametrize("ids, error, text", [
+    (np.arange(3), ValueError, "ids must have shape \\(4,\\)"),
+    (np.arange(5), ValueError, "got shape \\(5,\\)"),
+    (np.arange(4).reshape(2, 2), ValueError, "got shape \\(2, 2\\)"),
+    (np.array([100, 200, 200, 300]), ValueError, "duplicated: \\[200\\]"),
+    (np.array([100, 101, 102, 7]), ValueError, "duplicated: \\[7\\]"),   # 7 is already in the index
+    (np.array([5, -1, 1000, 1001]), ValueError, "ids must be >= 0"),
+    (np.arange(4, dtype=np.float64), TypeError, "ids must be integers"),
+    (np.arange(4, dtype=np.uint64), TypeError, "ids must be integers that fit int64"),
+    (FakeCudaArray((4,), "<i8"), TypeError, "ids must be a host"),
+])
+def test_bad_ids(index, ids, error, text):
+    with pytest.raises(error, match=text):
+        index.add(np.ones((4, 8), np.float32), ids=ids)
+    assert index.ntotal == 50
+
+
+def test_float16_index_refuses_values_it_cannot_hold():
+    built = tinyknn.Index(2, dtype="float16")
+    with pytest.raises(ValueError, match="beyond float16's largest finite value"):
+        built.add(np.array([[70000.0, 0.0]], np.float32))
+    built.add(np.array([[65504.0, -65504.0]], np.float32))
+    assert built.ntotal == 1
+
+
+# -- accepted input and its conversion ------------------------------------------------------------
+def test_non_contiguous_read_only_and_float64_inputs(rng):
+    base = rng.standard_normal((40, 16))
+    db = base[::2, ::2]                                   # strided view, float64
+    q = np.asfortranarray(rng.standard_normal((5, 8)).astype(np.float32))
+    q.flags.writeable = False
+    built = tinyknn.Index(8)
+    built.add(db)
+    distances, ids = built.search(q, 6)
+    check_search(distances, ids, db, q, 6, "l2")
+    frozen = np.ascontiguousarray(db, np.float32)
+    frozen.flags.writeable = False
+    built.add(frozen)                                     # read-only database rows are fine too
+    assert built.ntotal == 40 and not q.flags.writeable
+
+
+def test_lists_and_empty_batches(rng):
+    built = tinyknn.Index(3, metric="ip")
+    built.add([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+    built.add(np.zeros((0, 3), np.float32))
+    assert built.ntotal == 2
+    distances, ids = built.search([[0.0, 1.0, 0.0]], 1)
+    assert ids.tolist() == [[1]] and distances.tolist() == [[2.0]]
+    distances, ids = built.search(np.zeros((0, 3), np.float32), 4)
+    assert distances.shape == (0, 4) and ids.shape == (0, 4)
+
+
+def test_results_are_fresh_writable_arrays(index):
+    q = np.zeros((2, 8), np.float32)
+    first = index.search(q, 3)
+    second = index.search(q, 3)
+    assert first[0] is not second[0] and first[0].flags.writeable and first[0].flags.c_contiguous
+    assert first[0].dtype == np.float32 and first[1].dtype == np.int64
+
+
+# -- save / load ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("metric", METRICS)
+def test_save_load_round_trip(tmp_path, rng, metric, dtype):
+    db = rng.standard_normal((70, 5)).astype(np.float32)
+    user_ids = rng.choice(10**9, size=70, replace=False)
+    built = tinyknn.Index(5, metric=metric, dtype=dtype)
+    built.add(db[:30], ids=user_ids[:30])
+    built.add(db[30:], ids=user_ids[30:])
+    path = tmp_path / "index.tknn"
+    built.save(path)
+    again = tinyknn.Index.load(path)
+    assert (again.dim, again.metric, again.dtype, again.ntotal) == (5, metric, dtype, 70)
+    q = rng.standard_normal((4, 5)).astype(np.float32)
+    before, after = built.search(q, 9), again.search(q, 9)
+    assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1])
+    check_search(*after, db, q, 9, metric, dtype, id_map=user_ids)
+    with pytest.raises(ValueError, match="duplicated"):
+        again.add(db[:1], ids=user_ids[:1])            # loaded ids are known to the index
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_save_load_empty_index(tmp_path):
+    tinyknn.Index(4, metric="cosine").save(tmp_path / "empty")
+    again = tinyknn.Index.load(tmp_path / "empty")
+    assert again.ntotal == 0 and again.metric == "cosine"
+
+
+def _rewrite(path, **changes):
+    with np.load(path) as archive:
+        header = json.loads(bytes(archive["header"]).decode())
+        arrays = {"vectors": archive["vectors"], "ids": archive["ids"]}
+    header.update(changes.pop("header", {}))
+    arrays.update(changes)
+    with open(path, "wb") as handle:
+        np.savez(handle, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
+
+
+@pytest.fixture
+def saved(tmp_path, index):
+    path = tmp_path / "saved.tknn"
+    index.save(path)
+    return path
+
+
+def test_load_refuses_another_version(saved):
+    _rewrite(saved, header={"version": 99})
+    with pytest.raises(ValueError, match="format version 99; this tinyknn reads version 1"):
+        tinyknn.Index.load(saved)
+
+
+def test_load_refuses_another_format(saved):
+    _rewrite(saved, header={"format": "something.else"})
+    with pytest.raises(ValueError, match="not a tinyknn index file"):
+        tinyknn.Index.load(saved)
+
+
+def test_load_refuses_inconsistent_contents(saved):
+    _rewrite(saved, vectors=np.zeros((3, 8), np.float32))
+    with pytest.raises(ValueError, match="is damaged"):
+        tinyknn.Index.load(saved)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "missing-member"])
+def test_load_refuses_damaged_files(saved, damage):
+    data = saved.read_bytes()
+    if damage == "truncate":
+        saved.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        saved.write_bytes(bytes(range(256)) * 10)
+    else:
+        with zipfile.ZipFile(saved, "w") as archive:
+            archive.writestr("vectors.npy", b"nothing")
+    with pytest.raises(ValueError, match="not a readable tinyknn index file"):
+        tinyknn.Index.load(saved)
+
+
+def test_load_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        tinyknn.Index.load(tmp_path / "nothing-here")
