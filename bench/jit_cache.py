@@ -8,8 +8,8 @@ Measured for every kernel variant one search of (metric, dtype, dim, k) launches
   (proof that no NVRTC call happens) times get_cubin for the first spec and for all of them; the
   design target is < 5 ms for the first;
 - in-process disk hit (a new CubinCache over the same folder) and memory hit (the dict);
-- parallel warm-up: the same compiles serially, with 2 threads and with 2 processes (does NVRTC
-  release the GIL and compile concurrently?).
+- parallel warm-up: the same compiles serially, with 2 threads and with 2 processes, and the states
+  of two compiling threads sampled from /proc (does NVRTC release the GIL and compile concurrently?).
 With a GPU the fresh process also times loading the cubin into the driver (cuModuleLoadData).
 
     python bench/jit_cache.py [--quick] [--metric l2 --dtype float32 --dim 128 --k 10 --arch sm_90]
@@ -108,6 +108,38 @@ def parallel_warm(specs) -> dict:
     return result
 
 
+def thread_states(specs) -> dict:
+    """Two threads compiling at once, sampled from /proc: both runnable means NVRTC takes no global lock.
+
+    Wall times cannot tell that on a busy 2-core machine; thread states can, whatever the load.
+    """
+    import threading
+
+    tids: list[int] = []
+
+    def compile_in_thread(spec):
+        tids.append(threading.get_native_id())
+        _compile(spec)
+
+    threads = [threading.Thread(target=compile_in_thread, args=(spec,)) for spec in specs[:2]]
+    for thread in threads:
+        thread.start()
+    samples = {"both_runnable": 0, "one_sleeping": 0}
+    while all(thread.is_alive() for thread in threads):
+        states = []
+        for tid in list(tids):
+            try:
+                states.append(Path(f"/proc/self/task/{tid}/stat").read_text().split(") ")[1][0])
+            except OSError:
+                states.append("-")
+        if len(states) == 2 and "-" not in states:
+            samples["both_runnable" if states == ["R", "R"] else "one_sleeping"] += 1
+        time.sleep(0.005)
+    for thread in threads:
+        thread.join()
+    return samples
+
+
 def cache_hits(specs, folder: Path, fresh_runs: int, gpu: bool, combination) -> dict:
     from tinyknn.jit.cache import CubinCache
 
@@ -175,13 +207,16 @@ def main() -> None:
     nvrtc_loads = [_python(NVRTC_LOAD) for _ in range(fresh_runs)]
     results = {
         "combination": " ".join(map(str, combination)),
+        "load_average_before": os.getloadavg(),
         "nvrtc_load_ms": statistics.median(r["import_s"] + r["first_call_s"] for r in nvrtc_loads) * 1e3,
         "nvrtc_load_runs": nvrtc_loads,
         "cold_compile": cold_compiles(specs, repeats),
         "parallel_warm": parallel_warm(specs + specs_for_search(args.metric, args.dtype, args.dim, args.k, "sm_80")),
+        "nvrtc_thread_states": thread_states(sorted(specs, key=lambda spec: spec.variant in ("scan", "tiled"))[-2:]),
     }
     with tempfile.TemporaryDirectory(prefix="tinyknn-bench-") as folder:
         results["cache"] = cache_hits(specs, Path(folder) / "cubins", fresh_runs, gpu, combination)
+    results["load_average_after"] = os.getloadavg()   # other work on the machine skews compile times
     figure = plot(results)
     paths = write_results("jit_cache", results, figure=figure, env=env, out_dir=args.out_dir)
     for spec, row in results["cold_compile"].items():
@@ -189,6 +224,7 @@ def main() -> None:
     print(f"loading NVRTC in a fresh process: {results['nvrtc_load_ms']:.0f} ms")
     for name, value in results["parallel_warm"].items():
         print(f"parallel warm {name}: {value if name == 'kernels' else f'{value:.2f} s'}")
+    print(f"two compiling threads sampled: {results['nvrtc_thread_states']}")
     for name in ("fresh_process_first_spec", "fresh_process_all_specs", "in_process_disk_hit", "memory_hit",
                  "fresh_process_load_module"):
         if name in results["cache"]:
