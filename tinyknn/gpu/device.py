@@ -132,7 +132,9 @@ class _Runtime:
         self.device_count = 0
         self._lock = threading.Lock()
         self._contexts: dict[int, object] = {}     # ordinal -> CUcontext (retained, never released)
+        self.by_handle: dict[int, tuple] = {}      # int(CUcontext) -> (CUcontext, ordinal): the fast path
         self._infos: dict[int, DeviceInfo] = {}
+        self.get_current = None                    # driver.cuCtxGetCurrent once the driver is up
         try:
             driver = _driver()
         except Exception as exc:  # noqa: BLE001
@@ -149,6 +151,7 @@ class _Runtime:
                 self.reason = "the CUDA driver reports no device" if not err else f"cuDeviceGetCount failed: {err}"
                 return
             self.device_count = count
+            self.get_current = driver.cuCtxGetCurrent
         except Exception as exc:  # noqa: BLE001 - e.g. libcuda.so not found: no GPU here
             self.reason = f"no usable CUDA driver: {type(exc).__name__}: {exc}"
 
@@ -166,6 +169,7 @@ class _Runtime:
                     dev = check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
                     ctx = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
                     self._contexts[ordinal] = ctx
+                    self.by_handle[int(ctx)] = (ctx, ordinal)
         return ctx
 
     def info(self, ordinal: int) -> DeviceInfo:
@@ -244,14 +248,20 @@ def primary_context(ordinal: int = 0):
 def ensure_context(ordinal: int | None = None):
     """Make device `ordinal`'s primary context current on this thread (default: the current device's).
 
-    One cuCtxGetCurrent when it is already current. Returns the CUcontext.
+    Costs one cuCtxGetCurrent when one of our primary contexts is already current. Returns the CUcontext.
     """
-    runtime = _require()
+    runtime = _runtime()
+    if runtime.reason:
+        raise CudaError("cuInit", "NO_GPU", runtime.reason)
+    err, current = runtime.get_current()
+    if err:
+        raise_error(err, "cuCtxGetCurrent")
+    known = runtime.by_handle.get(int(current))
+    if known is not None and (ordinal is None or known[1] == ordinal):
+        return known[0]
     driver = _driver()
-    current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
     if ordinal is None:
         ordinal = 0 if int(current) == 0 else int(check(driver.cuCtxGetDevice(), "cuCtxGetDevice"))
     ctx = runtime.context(ordinal)
-    if int(current) != int(ctx):
-        check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     return ctx

@@ -222,6 +222,10 @@ class Stream(_Owned):
     def __repr__(self) -> str:
         return f"Stream({self.ptr:#x})"
 
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """The CUDA stream protocol (cuda.core and others accept this object as a stream)."""
+        return (0, self.ptr)
+
     def synchronize(self) -> None:
         """Wait for everything enqueued so far. cuda.bindings releases the GIL around the driver call
         (checked by tests/test_gpu_runtime.py and bench/launch_overhead.py), so other threads run."""
