@@ -1,0 +1,223 @@
+// tinyknn: k-selection by one warp, with k a template parameter.
+//
+// WarpLists holds LISTS lists (one per query the warp serves), each the k best (key, position)
+// pairs seen so far; smaller key is better. A list is spread over the 32 lanes: slot s of lane l is
+// entry s * 32 + l, SLOTS = ceil(k / 32) slots per lane; slots past k hold -inf so they are never
+// the worst. Every lane knows each list's threshold (its worst key) and where it sits. A candidate
+// better than the threshold replaces the worst entry, then a warp argmax finds the new worst: once
+// a list has filled this is rare (for data in random order about k * ln(n / k) times over n
+// candidates), and it is always correct, whatever the order.
+//
+// Storage: registers, indexed only by compile-time constants (so nothing goes to local memory), or
+// shared memory for large k (the same algorithm). The insertion code exists once per call site and
+// takes the list number at run time (registers are picked by select chains), which keeps the
+// kernels small and quick to compile however many lists a warp keeps.
+//
+// Every member function is warp-collective: all 32 lanes call it together (uniform control flow).
+#pragma once
+#include "distance.cuh"
+
+namespace tinyknn {
+
+template <int K, int LISTS, bool IN_REGISTERS>
+class WarpLists {
+ public:
+  static constexpr int SLOTS = (K + 31) / 32;
+  static constexpr int LIST_SLOTS = SLOTS * 32;   // shared floats (and ints) per list
+
+  // Empty lists. keys/positions: LISTS * LIST_SLOTS shared slots for this warp (unused in registers).
+  TINYKNN_D void init(float* keys, int* positions) {
+    lane_ = threadIdx.x & 31;
+    shared_keys_ = keys;
+    shared_positions_ = positions;
+#pragma unroll
+    for (int l = 0; l < LISTS; ++l) {
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        set_fixed(l, s, s * 32 + lane_ < K ? positive_infinity() : -positive_infinity(), -1);
+      }
+      threshold_[l][0] = positive_infinity();
+      worst_[l][0] = 0;   // entry 0 (slot 0 of lane 0) is always a real, empty entry
+    }
+  }
+
+  // keys[l][j] is this lane's candidate for list l at position first + j (+inf offers nothing).
+  template <int N>
+  TINYKNN_D void offer(const float (&keys)[LISTS][N], int first) {
+    bool any = false;
+#pragma unroll
+    for (int l = 0; l < LISTS; ++l)
+#pragma unroll
+      for (int j = 0; j < N; ++j) any |= keys[l][j] < threshold_[l][0];
+    if (!__any_sync(FULL_WARP, any)) return;   // the common case once the lists have filled
+#pragma unroll 1
+    for (int l = 0; l < LISTS; ++l) {
+      float mine[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        mine[j] = keys[0][j];
+#pragma unroll
+        for (int i = 1; i < LISTS; ++i) mine[j] = i == l ? keys[i][j] : mine[j];
+      }
+#pragma unroll 1
+      for (int j = 0; j < N; ++j) {
+        float key = mine[0];
+#pragma unroll
+        for (int i = 1; i < N; ++i) key = i == j ? mine[i] : key;
+        offer_to(l, key, first + j);
+      }
+    }
+  }
+
+  // Each lane offers one candidate to list l (l may be a run-time value).
+  TINYKNN_D void offer_to(int l, float key, int position) {
+    unsigned pending = __ballot_sync(FULL_WARP, key < threshold(l));
+    while (pending) {
+      const int source = __ffs(pending) - 1;
+      pending &= pending - 1;
+      const float candidate = __shfl_sync(FULL_WARP, key, source);
+      const int candidate_position = __shfl_sync(FULL_WARP, position, source);
+      if (candidate < threshold(l)) insert(l, candidate, candidate_position);
+    }
+  }
+
+  // Offers to list l the k entries of a list written by store() at keys/positions.
+  TINYKNN_D void offer_stored(int l, const float* keys, const int* positions) {
+#pragma unroll 1
+    for (int s = 0; s < SLOTS; ++s) {
+      const int entry = s * 32 + lane_;
+      const bool real = entry < K;
+      offer_to(l, real ? keys[entry] : positive_infinity(), real ? positions[entry] : -1);
+    }
+  }
+
+  // Writes list l (a compile-time index in practice): entry j (j < k) to keys[j], positions[j].
+  template <class Position>
+  TINYKNN_D void store(int l, float* keys, Position* positions) const {
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      const int entry = s * 32 + lane_;
+      if (entry < K) {
+        keys[entry] = key(l, s);
+        positions[entry] = (Position)position(l, s);
+      }
+    }
+  }
+
+  TINYKNN_D float threshold(int l) const { return pick(threshold_, l, 0); }
+
+ private:
+  // values[l][s] with l a run-time value: a select chain, so the array stays in registers.
+  template <class V, int N>
+  TINYKNN_D static V pick(const V (&values)[LISTS][N], int l, int s) {
+    V value = values[0][s];
+#pragma unroll
+    for (int i = 1; i < LISTS; ++i) value = i == l ? values[i][s] : value;
+    return value;
+  }
+
+  // Slot s of list l on this lane (s compile-time for register lists).
+  TINYKNN_D float key(int l, int s) const {
+    if constexpr (IN_REGISTERS) return pick(keys_, l, s);
+    else return shared_keys_[l * LIST_SLOTS + s * 32 + lane_];
+  }
+  TINYKNN_D int position(int l, int s) const {
+    if constexpr (IN_REGISTERS) return pick(positions_, l, s);
+    else return shared_positions_[l * LIST_SLOTS + s * 32 + lane_];
+  }
+  // l and s compile-time constants.
+  TINYKNN_D void set_fixed(int l, int s, float key, int position) {
+    if constexpr (IN_REGISTERS) {
+      keys_[l][s] = key;
+      positions_[l][s] = position;
+    } else {
+      shared_keys_[l * LIST_SLOTS + s * 32 + lane_] = key;
+      shared_positions_[l * LIST_SLOTS + s * 32 + lane_] = position;
+    }
+  }
+
+  TINYKNN_D void insert(int l, float key, int position) {
+    const int worst = pick(worst_, l, 0);
+    if (lane_ == (worst & 31)) {
+      const int slot = worst >> 5;
+      if constexpr (IN_REGISTERS) {
+#pragma unroll
+        for (int i = 0; i < LISTS; ++i)
+#pragma unroll
+          for (int s = 0; s < SLOTS; ++s)
+            if (i == l && s == slot) set_fixed(i, s, key, position);
+      } else {
+        shared_keys_[l * LIST_SLOTS + worst] = key;
+        shared_positions_[l * LIST_SLOTS + worst] = position;
+      }
+    }
+    if constexpr (!IN_REGISTERS) __syncwarp();
+    find_worst(l);
+  }
+
+  // The largest key of list l and where it sits; ties go to the lowest entry so that every lane
+  // reaches the same answer.
+  TINYKNN_D void find_worst(int l) {
+    float worst_key = key(l, 0);
+    int worst_slot = 0;
+#pragma unroll (IN_REGISTERS ? SLOTS : 1)
+    for (int s = 1; s < SLOTS; ++s) {
+      const float k = key(l, s);
+      if (k > worst_key) {
+        worst_key = k;
+        worst_slot = s;
+      }
+    }
+    int where = worst_slot * 32 + lane_;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float other_key = __shfl_xor_sync(FULL_WARP, worst_key, offset);
+      const int other_where = __shfl_xor_sync(FULL_WARP, where, offset);
+      if (other_key > worst_key || (other_key == worst_key && other_where < where)) {
+        worst_key = other_key;
+        where = other_where;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < LISTS; ++i) {
+      if (i == l) {
+        threshold_[i][0] = worst_key;
+        worst_[i][0] = where;
+      }
+    }
+  }
+
+  float keys_[LISTS][IN_REGISTERS ? SLOTS : 1];
+  int positions_[LISTS][IN_REGISTERS ? SLOTS : 1];
+  float* shared_keys_;
+  int* shared_positions_;
+  float threshold_[LISTS][1];   // [..][1] so that pick() serves them too
+  int worst_[LISTS][1];
+  int lane_;
+};
+
+// Sorts n (a power of two) (key, position) pairs in shared memory by key, ascending, with all the
+// block's threads (bitonic network). Ends with a __syncthreads().
+TINYKNN_D void block_sort(float* keys, int* positions, int n) {
+  for (int size = 2; size <= n; size *= 2) {
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+        const int low = 2 * i - (i & (stride - 1));
+        const int high = low + stride;
+        const bool ascending = (low & size) == 0;
+        const float a = keys[low], b = keys[high];
+        const int pa = positions[low], pb = positions[high];
+        const bool out_of_order = a > b || (a == b && pa > pb);
+        if (out_of_order == ascending) {
+          keys[low] = b;
+          keys[high] = a;
+          positions[low] = pb;
+          positions[high] = pa;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+}  // namespace tinyknn

@@ -1,0 +1,219 @@
+"""KernelSpec -> CUDA source, NVRTC name expressions and options (pure text; no NVRTC, no GPU).
+
+The kernel templates live in kernels/*.cuh. `render_source` inlines them into one self-contained
+source (NVRTC here has no system headers and cuda.core's cache refuses include paths), so the source
+text is the same for every spec: only the name expression (which template instantiation to build)
+changes. Every tuning knob (tile sizes, lanes per row, queries per block, dynamic shared memory) is
+chosen here, in Python, and handed to the template as a compile-time argument; the C++ side
+`static_assert`s that the shared memory it is given covers its layout, so a mismatch fails the
+compile (in CI) instead of corrupting memory.
+
+Variants (spec.variant):
+- "norms":  ingest_kernel<T, DIM>: copies rows of any float dtype and row stride into the padded
+            storage layout, converting the dtype, computing inverse norms and flagging NaN / inf /
+            out-of-range values. Used for the database at add() and for CUDA queries.
+- "scan":   scan_kernel: small batches. The database is split into slices across many blocks; each
+            block streams its slice once for QB queries and keeps the k best per query.
+- "tiled":  tiled_kernel: large batches. Tiles of BQ queries x BN rows are computed from shared
+            memory (register tiles, like a GEMM) and selected per tile into per-query lists.
+- "merge":  merge_kernel: merges the per-slice lists of one query, sorts them nearest first, maps
+            positions to user ids, converts keys to distances and pads where k > ntotal.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._paths import kernels_dir
+from ..spec import KernelSpec, parse_arch, parse_dim, parse_dtype, parse_k, parse_metric
+
+ENTRY_HEADER = "search.cuh"
+OPTIONS = ("-std=c++17",)
+
+_METRIC_TYPES = {"l2": "tinyknn::L2", "ip": "tinyknn::InnerProduct", "cosine": "tinyknn::Cosine"}
+_STORAGE_TYPES = {"float32": "float", "float16": "tinyknn::half_bits"}
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+_PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
+
+# Tuning (see bench/NOTES_GPU.md for the measurements behind each number).
+SCAN_WARPS = 4                  # warps per scan block
+SCAN_CHUNKS_PER_LANE = 8        # a row is split across the fewest lanes that keep <= this many 16-byte loads each
+SCAN_QUERY_SMEM = 16 * 1024     # shared memory for a scan block's queries
+REGISTER_LIST_SLOTS = 256       # QB * padded k up to this: candidate lists in registers, else in shared memory
+TILED_MAX_K = 256               # above this a large batch uses the scan kernel, query group by query group
+TILED_BN = 128                  # database rows per tile
+TILED_WARPS = 8                 # warps per tiled block (one row of the register tile each)
+TILED_DEPTH = 16                # dimensions staged per step
+TILED_LIST_SMEM = 32 * 1024     # shared memory for a tiled block's per-query lists
+MERGE_WARPS = 8                 # warps per merge block (4 for k > 256, to bound shared memory)
+
+
+@dataclass(frozen=True)
+class RenderedSource:
+    source: str                           # self-contained: kernels/*.cuh inlined
+    name_expressions: tuple[str, ...]     # the instantiation(s) to build
+    options: tuple[str, ...]              # extra NVRTC options (compile_cubin adds -arch and ptxas -v)
+
+
+# -- the source ---------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def kernel_source(entry: str = ENTRY_HEADER) -> str:
+    """kernels/<entry> with every `#include "x.cuh"` inlined, each file once, in dependency order."""
+    root = kernels_dir()
+    seen: set[str] = set()
+
+    def inline(name: str, stack: tuple[str, ...]) -> list[str]:
+        if name in stack:
+            raise ValueError(f"kernels/{name} includes itself through {' -> '.join(stack)}")
+        if name in seen:
+            return []
+        seen.add(name)
+        path = root / name
+        if not path.is_file():
+            raise FileNotFoundError(f"kernels/{name} (included from {stack[-1] if stack else 'render'}) is missing in {root}")
+        lines = [f"// ---- kernels/{name} ----"]
+        for line in path.read_text().splitlines():
+            if _PRAGMA_ONCE.match(line):
+                continue
+            match = _INCLUDE.match(line)
+            if match:
+                lines.extend(inline(match.group(1), stack + (name,)))
+            else:
+                lines.append(line)
+        return lines
+
+    return "\n".join(inline(entry, ())) + "\n"
+
+
+def render_source(spec: KernelSpec) -> RenderedSource:
+    """The source, name expression and options that build `spec`."""
+    return RenderedSource(kernel_source(), (name_expression(spec),), OPTIONS)
+
+
+def render_many(specs) -> RenderedSource:
+    """One program for several specs (one NVRTC call builds them all; used by tests and warm-up)."""
+    names = tuple(dict.fromkeys(name_expression(spec) for spec in specs))
+    return RenderedSource(kernel_source(), names, OPTIONS)
+
+
+def name_expression(spec: KernelSpec) -> str:
+    """The template instantiation of `spec`, e.g. 'tinyknn::merge_kernel<tinyknn::L2, 10, 8, 20480>'."""
+    metric, storage = _METRIC_TYPES[spec.metric], _STORAGE_TYPES[spec.dtype]
+    p = spec.param
+    if spec.variant == "norms":
+        args = [storage, spec.dim]
+    elif spec.variant == "scan":
+        args = [metric, storage, spec.dim, spec.k, p("qb"), p("lanes"), p("warps"), p("smem")]
+    elif spec.variant == "tiled":
+        args = [metric, storage, spec.dim, spec.k, p("bq"), p("bn"), p("warps"), p("smem")]
+    else:  # merge
+        args = [metric, spec.k, p("warps"), p("smem")]
+    return f"tinyknn::{_KERNEL_NAMES[spec.variant]}<{', '.join(str(a) for a in args)}>"
+
+
+_KERNEL_NAMES = {"norms": "ingest_kernel", "scan": "scan_kernel", "tiled": "tiled_kernel", "merge": "merge_kernel"}
+
+
+# -- the plans: which specs a search launches, with their parameters ------------------------------
+def row_layout(dim: int, dtype: str) -> tuple[int, int]:
+    """(chunks, stride): 16-byte chunks per stored row and the padded row length in elements.
+
+    Database rows and queries (float32) are both padded with zeros to `stride` elements, so every
+    row starts 16-byte aligned and zeros add nothing to any metric.
+    """
+    per_chunk = 16 // np.dtype(dtype).itemsize
+    chunks = -(-dim // per_chunk)
+    return chunks, chunks * per_chunk
+
+
+def padded_k(k: int) -> int:
+    return 32 * max(1, -(-k // 32))
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: int | None = None,
+                warps: int = SCAN_WARPS) -> dict[str, int]:
+    """Parameters of the scan kernel (keyword overrides are for benchmarks)."""
+    chunks, stride = row_layout(dim, dtype)
+    if lanes is None:
+        lanes = 1
+        while lanes < 32 and -(-chunks // lanes) > SCAN_CHUNKS_PER_LANE:
+            lanes *= 2
+    per_lane = -(-chunks // lanes)
+    query_floats = lanes * per_lane * (stride // chunks)       # a query row in shared memory, padded
+    kp = padded_k(k)
+    if qb is None:
+        qb = max(1, min(8, REGISTER_LIST_SLOTS // kp, _pow2_floor(SCAN_QUERY_SMEM // (4 * query_floats))))
+    smem = _align16(qb * query_floats * 4) + _align16(qb * 4) + warps * qb * kp * 8
+    return {"qb": qb, "lanes": lanes, "warps": warps, "smem": smem}
+
+
+def tiled_params(dtype: str, dim: int, k: int, *, bq: int | None = None, bn: int = TILED_BN,
+                 warps: int = TILED_WARPS) -> dict[str, int]:
+    """Parameters of the tiled kernel (k <= TILED_MAX_K)."""
+    kp = padded_k(k)
+    if bq is None:
+        bq = max(warps, min(64, _pow2_floor(TILED_LIST_SMEM // (kp * 8))))
+    lists = 0 if (bq // warps) * kp <= REGISTER_LIST_SLOTS else bq * kp * 8
+    staging = _align16(TILED_DEPTH * (bq + 4 + bn + 4) * 4)
+    smem = lists + staging + _align16(bq * 4)
+    return {"bq": bq, "bn": bn, "warps": warps, "smem": smem}
+
+
+def merge_params(k: int) -> dict[str, int]:
+    kp = padded_k(k)
+    warps = MERGE_WARPS if kp <= REGISTER_LIST_SLOTS else 4
+    sort_slots = max(2, 1 << (k - 1).bit_length())
+    return {"warps": warps, "smem": warps * kp * 8 + sort_slots * 8}
+
+
+def _align16(nbytes: int) -> int:
+    return -(-nbytes // 16) * 16
+
+
+def norms_spec(dtype: str, dim: int, arch: str) -> KernelSpec:
+    """The ingest kernel for rows stored as `dtype` (metric and k do not change it: canonical 'l2', 0)."""
+    return KernelSpec("l2", dtype, dim, 0, "norms", arch)
+
+
+def merge_spec(metric: str, k: int, arch: str) -> KernelSpec:
+    """The merge kernel (dtype and dim do not change it: canonical 'float32', 1)."""
+    return KernelSpec(metric, "float32", 1, k, "merge", arch, tuple(merge_params(k).items()))
+
+
+def scan_spec(metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
+    return KernelSpec(metric, dtype, dim, k, "scan", arch, tuple(scan_params(dtype, dim, k, **overrides).items()))
+
+
+def tiled_spec(metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
+    return KernelSpec(metric, dtype, dim, k, "tiled", arch, tuple(tiled_params(dtype, dim, k, **overrides).items()))
+
+
+def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
+    """Every KernelSpec a search of (metric, dtype, dim, k) may launch: what `tinyknn cache warm` builds.
+
+    The database ingest (dtype), the query ingest (float32, for CUDA queries), the scan (small
+    batches, and large ones when k > TILED_MAX_K), the tiled kernel (large batches) and the merge.
+    """
+    metric, dtype, dim, k, arch = parse_metric(metric), parse_dtype(dtype), parse_dim(dim), parse_k(k), parse_arch(arch)
+    specs = [norms_spec(dtype, dim, arch)]
+    if dtype != "float32":
+        specs.append(norms_spec("float32", dim, arch))
+    specs.append(scan_spec(metric, dtype, dim, k, arch))
+    if k <= TILED_MAX_K:
+        specs.append(tiled_spec(metric, dtype, dim, k, arch))
+    specs.append(merge_spec(metric, k, arch))
+    return specs
+
+
+__all__ = [
+    "RenderedSource", "kernel_source", "merge_spec", "name_expression", "norms_spec", "render_many",
+    "render_source", "row_layout", "scan_spec", "specs_for_search", "tiled_spec",
+]
