@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 from dataclasses import dataclass
 from typing import Callable
 
@@ -63,7 +64,7 @@ def _version(module: str) -> str | None:
 
 
 def settings() -> dict:
-    """Settings that change peers' numbers: thread counts and CuPy's TF32 switch (off unless CUPY_TF32=1)."""
+    """What changes the numbers: the checkout measured, thread counts, CuPy's TF32 switch (off unless CUPY_TF32=1)."""
     found = {"cupy_tf32": os.environ.get("CUPY_TF32", "unset (off)"),
              "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset")}
     try:
@@ -72,6 +73,14 @@ def settings() -> dict:
         found["tinyknn_cpu_threads"] = get_config().cpu_threads
     except Exception as exc:  # noqa: BLE001
         found["tinyknn_cpu_threads"] = f"unknown ({exc})"
+    try:
+        git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
+        commit = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout
+        dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10).stdout
+        found["checkout"] = commit.strip() + (" with uncommitted changes" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        found["checkout"] = "unknown (no git)"
     try:
         import faiss
 
