@@ -98,7 +98,10 @@ def cmd_warm(args) -> int:
 
     combinations, manifest_arches, source = _combinations(args)
     arches = resolve_arches(args.arch, manifest_arches)
-    specs = plan_specs(combinations, arches)
+    try:
+        specs = plan_specs(combinations, arches)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
     cache = _cache()
     start = time.perf_counter()
     outcomes = _run_with_progress(cache, specs, args.jobs, quiet=args.json)

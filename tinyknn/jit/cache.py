@@ -35,7 +35,7 @@ from ..spec import KernelSpec
 from . import store, toolchain
 from .compiler import Cubin, compile_cubin, compile_options
 
-LOCK_TIMEOUT_S = 600.0
+LOCK_TIMEOUT_S = 120.0   # a compile takes seconds; past this, compile rather than wait
 
 
 class CubinCacheWarning(UserWarning):
@@ -177,15 +177,15 @@ class CubinCache:
     @contextlib.contextmanager
     def _interprocess_lock(self, key: str):
         """Hold a file lock for `key` if one can be had; carry on without one if not."""
+        from filelock import FileLock, Timeout   # imported here: a disk hit never needs it
+
         lock = None
         if self._writable:
             try:
-                from filelock import FileLock, Timeout
-
                 (self.directory / "locks").mkdir(parents=True, exist_ok=True)
                 lock = FileLock(str(self.directory / "locks" / f"{key}.lock"), timeout=LOCK_TIMEOUT_S)
                 lock.acquire()
-            except (OSError, Timeout, ImportError):
+            except (OSError, Timeout):
                 lock = None   # the lock only saves duplicate work; renames keep the files whole
         try:
             yield

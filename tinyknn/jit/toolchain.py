@@ -24,7 +24,7 @@ from . import compiler
 from .store import write_atomic
 
 _SEARCH_VARIABLES = ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX")
-_LIBRARY = re.compile(r"(/\S*libnvrtc\.so[.\d]*)$")
+_LIBRARY = re.compile(r"(/\S*libnvrtc(?:\.alt)?\.so[.\d]*)$")   # not libnvrtc-builtins
 
 
 def _fingerprint() -> dict:
