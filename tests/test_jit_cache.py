@@ -307,3 +307,30 @@ def test_stamp_answers_for_nvrtc_only_while_environment_and_library_match(tmp_pa
     monkeypatch.setenv("LD_LIBRARY_PATH", "/another/cuda/lib64")   # another environment: its own stamp
     assert toolchain.nvrtc_version_for_key(tmp_path) == version
     assert len(list(tmp_path.glob("nvrtc-*.json"))) == 2
+
+
+# -- warm-up (warm.py) ---------------------------------------------------------------------------
+def test_warm_reports_compiled_cached_and_failed_per_spec(tmp_path):
+    from tinyknn.jit.warm import plan_specs, warm_specs
+
+    def render(spec):   # k = 3 stands for a kernel that does not compile
+        source = toy_render(spec)
+        return ToySource(source.source + ("\nint broken = ;\n" if spec.k == 3 else ""), source.name_expressions)
+
+    def specs_for(metric, dtype, dim, k, arch):   # two kernels per combination, one shared by all
+        return [toy_spec(dim=16, k=1, arch=arch), toy_spec(dim=dim, k=k, arch=arch, metric=metric)]
+
+    specs = plan_specs([("l2", "float32", 16, 1), ("ip", "float32", 16, 2), ("l2", "float32", 16, 3)], ["sm_90"],
+                       specs_for=specs_for)
+    assert specs == [toy_spec(dim=16, k=1), toy_spec(dim=16, k=2, metric="ip"), toy_spec(dim=16, k=3)]
+    cache = CubinCache(tmp_path / "cubins", render=render)
+    cache.get(specs[0])
+    seen = []
+    outcomes = warm_specs(cache, specs, jobs=2, on_done=seen.append)
+    assert seen == outcomes
+    status = {outcome.spec: outcome.status for outcome in outcomes}
+    assert status == {specs[0]: "cached", specs[1]: "compiled", specs[2]: "failed"}
+    [failed] = [outcome for outcome in outcomes if outcome.status == "failed"]
+    assert "error" in failed.error and failed.seconds > 0
+    with pytest.raises(ValueError, match="jobs must be a positive integer"):
+        warm_specs(cache, specs, jobs=0)

@@ -94,7 +94,7 @@ def resolve_arches(given: list[str] | None, manifest_arches: tuple[str, ...]) ->
 
 
 def cmd_warm(args) -> int:
-    from .jit.warm import plan_specs, warm_specs
+    from .jit.warm import plan_specs
 
     combinations, manifest_arches, source = _combinations(args)
     arches = resolve_arches(args.arch, manifest_arches)
