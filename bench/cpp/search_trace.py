@@ -66,12 +66,14 @@ class Recorder:
     def __enter__(self):
         full = self.full
 
-        def copy(buf, to_device, host, nbytes=None, stream=None, offset=0):
-            entry = {"kind": "h2d" if to_device else "d2h", "stream": stream}
-            if full:
-                host_ptr, n = memory._host_pointer(host, nbytes, not to_device, "record")
-                entry.update(device=buf.ptr + offset, host=host_ptr, nbytes=n)
-            return entry
+        def copy(to_device):
+            def describe(buf, host, nbytes=None, stream=None, offset=0):
+                entry = {"kind": "h2d" if to_device else "d2h", "stream": stream}
+                if full:
+                    host_ptr, n = memory._host_pointer(host, nbytes, not to_device, "record")
+                    entry.update(device=buf.ptr + offset, host=host_ptr, nbytes=n)
+                return entry
+            return describe
 
         def launch(pl, grid, block, shared_bytes=0, stream=None):
             entry = {"kind": "launch", "stream": stream, "prepared": pl}
@@ -89,7 +91,8 @@ class Recorder:
             return {"kind": "d2d", "device": buf.ptr + offset, "device_src": int(src), "nbytes": nbytes,
                     "stream": stream}
 
-        self._wrap(memory.DeviceBuffer, "_host_copy", copy)
+        self._wrap(memory.DeviceBuffer, "copy_from_host", copy(True))
+        self._wrap(memory.DeviceBuffer, "copy_to_host", copy(False))
         self._wrap(memory.DeviceBuffer, "fill_bytes", memset)
         self._wrap(memory.DeviceBuffer, "copy_from_device", d2d)
         self._wrap(launcher.PreparedLaunch, "launch", launch)

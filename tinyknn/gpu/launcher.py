@@ -97,7 +97,7 @@ def _check_ctype(t, index: int):
 class PreparedLaunch:
     """Kernel parameters packed once; `set()` rewrites a slot in place, `launch()` passes the array."""
 
-    __slots__ = ("kernel", "slots", "_array", "address", "_args", "_config")
+    __slots__ = ("kernel", "slots", "_array", "address", "_args", "_config", "_function")
 
     def __init__(self, kernel: Kernel, arg_ctypes, values=None):
         types = [_check_ctype(t, i) for i, t in enumerate(arg_ctypes)]
@@ -107,6 +107,7 @@ class PreparedLaunch:
             raise ValueError(f"kernel {kernel.name} takes {len(expected)} parameters of sizes {expected} bytes; "
                              f"prepare() got {len(given)} ctypes of sizes {given}")
         self.kernel = kernel
+        self._function = kernel.handle
         self.slots = [t() for t in types]
         self._array = (ctypes.c_void_p * max(1, len(types)))(*[ctypes.addressof(s) for s in self.slots])
         self.address = ctypes.addressof(self._array)    # what cuLaunchKernel receives as kernelParams
@@ -135,17 +136,21 @@ class PreparedLaunch:
 
     def describe(self, grid, block, shared_bytes, stream) -> str:
         handle = int(_stream_handle(stream))
-        return (f"{self.kernel.name} grid={tuple(grid)} block={tuple(block)} shared_bytes={shared_bytes} "
-                f"stream={handle:#x}")
+        grid = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
+        block = (block, 1, 1) if isinstance(block, int) else tuple(block)
+        return f"{self.kernel.name} grid={grid} block={block} shared_bytes={shared_bytes} stream={handle:#x}"
 
     def launch(self, grid, block, shared_bytes: int = 0, stream=None) -> None:
         """Enqueue the kernel with the current parameter values. grid/block: int or (x, y, z)."""
-        grid = (grid, 1, 1) if grid.__class__ is int else (grid if len(grid) == 3 else _dim3(grid, "grid"))
-        block = (block, 1, 1) if block.__class__ is int else (block if len(block) == 3 else _dim3(block, "block"))
         try:
-            err, = _cuLaunchKernel(self.kernel.handle, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                                   shared_bytes, 0 if stream is None else stream.handle, self.address, 0)
-        except (OverflowError, TypeError) as exc:
+            gx, gy, gz = (grid, 1, 1) if grid.__class__ is int else grid
+            bx, by, bz = (block, 1, 1) if block.__class__ is int else block
+            err, = _cuLaunchKernel(self._function, gx, gy, gz, bx, by, bz, shared_bytes,
+                                   0 if stream is None else stream.handle, self.address, 0)
+        except (OverflowError, TypeError, ValueError) as exc:   # the slow path: explain or normalise
+            dims = _dim3(grid, "grid"), _dim3(block, "block")
+            if dims != (grid, block):
+                return self.launch(*dims, shared_bytes, stream)
             raise ValueError(f"bad launch configuration {self.describe(grid, block, shared_bytes, stream)}: "
                              f"{exc}") from None
         if err:

@@ -23,6 +23,7 @@ _cuMemcpyHtoDAsync = driver.cuMemcpyHtoDAsync
 _cuMemcpyDtoHAsync = driver.cuMemcpyDtoHAsync
 _cuStreamSynchronize = driver.cuStreamSynchronize
 _cuEventRecord = driver.cuEventRecord
+_H2D, _D2H = "copy_from_host", "copy_to_host"
 
 
 def _release(call: str, handle, ctx) -> int:
@@ -45,20 +46,23 @@ class _Owned:
     """Shared close()/context-manager behaviour: one weakref.finalize per driver object."""
 
     _finalizer = None
+    _open = False          # a plain flag: the hot paths check it instead of the finalizer
     _call = ""
 
     def _own(self, call: str, handle, ctx) -> None:
         self._call = call
         self._finalizer = weakref.finalize(self, _release, call, handle, ctx)
         self._finalizer.atexit = False      # at exit the process frees everything; don't call a dying driver
+        self._open = True
 
     @property
     def closed(self) -> bool:
-        return self._finalizer is None or not self._finalizer.alive
+        return not self._open
 
     def close(self) -> None:
         """Free the driver object now; closing twice is harmless."""
-        if self._finalizer is not None and self._finalizer.alive:
+        if self._open:
+            self._open = False
             err = self._finalizer()
             if err:
                 raise_error(_CUresult(err), self._call)
@@ -71,6 +75,8 @@ class _Owned:
 
 
 def _check_nbytes(nbytes, what: str) -> int:
+    if nbytes.__class__ is int and nbytes >= 0:       # the common case, first
+        return nbytes
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
         raise TypeError(f"{what} nbytes must be an int; got {type(nbytes).__name__}")
     if nbytes < 0:
@@ -84,6 +90,8 @@ def _stream_handle(stream):
 
 def _host_pointer(host, nbytes, writable: bool, what: str) -> tuple[int, int]:
     """(address, nbytes) of an int address, a PinnedBuffer or a C-contiguous ndarray."""
+    if host.__class__ is PinnedBuffer and nbytes.__class__ is int and 0 <= nbytes <= host.nbytes:
+        return host.ptr, nbytes                        # the searchers' hot path: staging buffers
     if isinstance(host, (int, np.integer)) and not isinstance(host, bool):
         if nbytes is None:
             raise ValueError(f"{what}: nbytes is required when the host side is a raw address")
@@ -122,7 +130,9 @@ class DeviceBuffer(_Owned):
         return f"DeviceBuffer(nbytes={self.nbytes}, ptr={self.ptr:#x}{', closed' if self.closed else ''})"
 
     def _span(self, nbytes, offset: int, what: str):
-        if self.nbytes and self.closed:
+        if offset == 0 and nbytes <= self.nbytes and self._open:
+            return self.handle
+        if self.nbytes and not self._open:
             raise ValueError(f"{what}: the DeviceBuffer is closed")
         if offset < 0 or offset + nbytes > self.nbytes:
             raise ValueError(f"{what}: bytes [{offset}, {offset + nbytes}) do not fit in a DeviceBuffer "
@@ -130,25 +140,39 @@ class DeviceBuffer(_Owned):
         return self.handle if offset == 0 else driver.CUdeviceptr(self.ptr + offset)
 
     def _host_copy(self, to_device: bool, host, nbytes, stream, offset: int) -> None:
-        what = "copy_from_host" if to_device else "copy_to_host"
+        what = _H2D if to_device else _D2H
         host_ptr, nbytes = _host_pointer(host, nbytes, not to_device, what)
         dev = self._span(nbytes, offset, what)
         if not nbytes:
             return
+        handle = 0 if stream is None else stream.handle
         if to_device:
-            err, = _cuMemcpyHtoDAsync(dev, host_ptr, nbytes, _stream_handle(stream))
+            err, = _cuMemcpyHtoDAsync(dev, host_ptr, nbytes, handle)
         else:
-            err, = _cuMemcpyDtoHAsync(host_ptr, dev, nbytes, _stream_handle(stream))
+            err, = _cuMemcpyDtoHAsync(host_ptr, dev, nbytes, handle)
         if err:
             raise_error(err, "cuMemcpyHtoDAsync" if to_device else "cuMemcpyDtoHAsync")
 
+    def _fits(self, host, nbytes, offset) -> bool:
+        """The hot path's test: whole-buffer-start copies between open buffers, sizes in range."""
+        return (host.__class__ is PinnedBuffer and nbytes.__class__ is int and offset == 0 and self._open
+                and 0 < nbytes <= self.nbytes and nbytes <= host.nbytes)
+
     def copy_from_host(self, host, nbytes: int | None = None, stream=None, *, offset: int = 0) -> None:
         """Enqueue host -> device on `stream` (pinned host memory makes it truly asynchronous)."""
-        self._host_copy(True, host, nbytes, stream, offset)
+        if not self._fits(host, nbytes, offset):
+            return self._host_copy(True, host, nbytes, stream, offset)
+        err, = _cuMemcpyHtoDAsync(self.handle, host.ptr, nbytes, 0 if stream is None else stream.handle)
+        if err:
+            raise_error(err, "cuMemcpyHtoDAsync")
 
     def copy_to_host(self, host, nbytes: int | None = None, stream=None, *, offset: int = 0) -> None:
         """Enqueue device -> host on `stream`; the host side is valid after the stream synchronises."""
-        self._host_copy(False, host, nbytes, stream, offset)
+        if not self._fits(host, nbytes, offset):
+            return self._host_copy(False, host, nbytes, stream, offset)
+        err, = _cuMemcpyDtoHAsync(host.ptr, self.handle, nbytes, 0 if stream is None else stream.handle)
+        if err:
+            raise_error(err, "cuMemcpyDtoHAsync")
 
     def copy_from_device(self, src_ptr: int, nbytes: int, stream=None, *, offset: int = 0) -> None:
         """Enqueue device -> device from a raw device address (CuPy/torch data, another buffer)."""
