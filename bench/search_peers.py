@@ -174,9 +174,7 @@ def _build_tinyknn(device):
         search = lambda q: index.search(q, config.k)  # noqa: E731
         if device == "cpu":
             return Built(search, index.close)
-        import cupy
-
-        return Built(search, index.close, resident=search, to_device=cupy.asarray, clock=_cupy_clock)
+        return Built(search, index.close, resident=search, to_device=_cupy_array, clock=_cupy_clock)
 
     return build
 
@@ -186,6 +184,12 @@ def _cupy_gpu() -> str | None:
     import cupy
 
     return None if cupy.cuda.runtime.getDeviceCount() > 0 else "CuPy sees no CUDA device"
+
+
+def _cupy_array(host):
+    import cupy
+
+    return cupy.asarray(host)
 
 
 def _cupy_clock(call) -> float:
@@ -218,7 +222,7 @@ def _build_cupy(db, config):
         base = norms = None
         cupy.get_default_memory_pool().free_all_blocks()
 
-    return Built(search, close, resident=resident, to_device=cupy.asarray, clock=_cupy_clock)
+    return Built(search, close, resident=resident, to_device=_cupy_array, clock=_cupy_clock)
 
 
 def _torch_gpu() -> str | None:

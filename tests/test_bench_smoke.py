@@ -82,3 +82,20 @@ def test_idx_images_are_read_and_checked(tmp_path):
         datasets.read_idx_images(tmp_path / "bad")
     folder, why = datasets.find_fashion_mnist(tmp_path, install=False)
     assert folder is None and "train-images-idx3-ubyte" in why
+
+
+def test_default_sweep_covers_every_value_of_every_axis():
+    search = _bench_module("search")
+    sweep = search.choose_sweep(search.parse_args([]))
+    random_panels = [c for c in sweep if c.data == "random"]
+    assert {nq for c in sweep for nq in c.nqs} == {1, 10, 100, 1000, 10000}
+    assert {c.n_data for c in random_panels} == {10_000, 100_000, 1_000_000}
+    assert {c.dim for c in random_panels} == {64, 128, 768}
+    assert {c.dtype for c in sweep} == {"float32", "float16"} and {c.k for c in sweep} == {10, 100}
+    assert {(c.dtype, c.k) for c in sweep if c.data == "fashion-mnist"} == {
+        (d, k) for d in ("float32", "float16") for k in (10, 100)}
+    for args in ([], ["--quick"]):
+        headline = [c for c in search.choose_sweep(search.parse_args(args)) if c.headline]
+        assert headline and {1, 1000} <= set(headline[0].nqs) and headline[0].required(1000)
+    custom = search.choose_sweep(search.parse_args(["--dim", "32", "96", "--k", "5", "--nq", "7"]))
+    assert [(c.dim, c.k, c.nqs, c.data) for c in custom] == [(32, 5, (7,), "random"), (96, 5, (7,), "random")]
