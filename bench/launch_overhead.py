@@ -185,7 +185,7 @@ def _foreign_paths(t: Target, stream, scalars, workdir: Path) -> dict:
         core_stream = Device(0).create_stream(stream)        # wraps ours through __cuda_stream__
         args = [int(s) if isinstance(s, np.uint64) else s for s in scalars]
 
-        def core(n):
+        def core(n, kernel=kernel):
             for _ in range(n):
                 launch(core_stream, config, kernel, *args)
 
@@ -198,10 +198,11 @@ def _foreign_paths(t: Target, stream, scalars, workdir: Path) -> dict:
         path = workdir / f"{t.lowered_name[:40]}.cubin"
         path.write_bytes(t.image)
         kernel = cupy.RawModule(path=str(path)).get_function(t.lowered_name)
-        cupy_stream = cupy.cuda.ExternalStream(stream.ptr)
+        from_external = getattr(cupy.cuda.Stream, "from_external", None)   # CuPy 14; ExternalStream before
+        cupy_stream = from_external(stream) if from_external else cupy.cuda.ExternalStream(stream.ptr)
         args = tuple(scalars)
 
-        def cupy_raw(n):
+        def cupy_raw(n, kernel=kernel):
             with cupy_stream:
                 for _ in range(n):
                     kernel(t.grid, t.block, args, shared_mem=t.shared)
