@@ -14,6 +14,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +29,22 @@ U32 = 2.0 ** -23  # twice the float32 unit roundoff
 
 
 def random_data(n_data: int, n_queries: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Standard-normal float32 database and queries (queries drawn apart from the database)."""
-    rng = np.random.default_rng([seed, n_data, dim])
-    return (rng.standard_normal((n_data, dim), dtype=np.float32),
-            rng.standard_normal((n_queries, dim), dtype=np.float32))
+    """Standard-normal float32 database and queries (queries drawn apart from the database).
+
+    Filled in blocks of rows, each from its own seed, on all cores (the generator releases the GIL):
+    1M x 768 takes seconds, not tens of them, and the values do not depend on the number of threads.
+    """
+    out = np.empty((n_data + n_queries, dim), dtype=np.float32)
+    rows = 1 << 15
+    seeds = np.random.SeedSequence([seed, n_data, dim]).spawn(-(-len(out) // rows))
+
+    def fill(block: int) -> None:
+        part = out[block * rows:(block + 1) * rows]
+        np.random.default_rng(seeds[block]).standard_normal(dtype=np.float32, out=part)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
+        list(pool.map(fill, range(len(seeds))))
+    return out[:n_data], out[n_data:]
 
 
 # -- Fashion-MNIST ------------------------------------------------------------------------------

@@ -203,7 +203,8 @@ class Sweep:
                     continue
                 guess = predict(measured, nq)
                 if guess > self.args.max_call_s and not config.required(nq):
-                    self.skip(config, name, f"predicted {guess:.1f} s per call > --max-call-s {self.args.max_call_s:g}", nq)
+                    why = f"predicted {guess:.1f} s per call > --max-call-s {self.args.max_call_s:g}"
+                    self.skip(config, name, why, nq)
                     continue
                 if nq > len(reference[1]):
                     self.skip(config, name, f"the data set has {len(reference[1])} queries", nq)
@@ -248,9 +249,11 @@ def plot(rows, sweep):
     for ax, panel in zip(axes.flat, panels):
         mine = [r for r in rows if r["config"] == panel]
         for peer, mode in dict.fromkeys((r["peer"], r["mode"]) for r in mine):
-            points = sorted((r["nq"], r["median_ms"], r["recall"]) for r in mine if (r["peer"], r["mode"]) == (peer, mode))
+            points = sorted((r["nq"], r["median_ms"], r["recall"]) for r in mine
+                            if (r["peer"], r["mode"]) == (peer, mode))
             worst = min(recall for _, _, recall in points)
-            label = peer + (" (device-resident)" if mode == "device" else "") + (f", recall {worst:.3f}" if worst < 1 else "")
+            label = (peer + (" (device-resident)" if mode == "device" else "")
+                     + (f", recall {worst:.3f}" if worst < 1 else ""))
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label,
                     color=f"C{list(PEERS).index(peer)}", linestyle="--" if mode == "device" else "-")
         ax.set(xscale="log", yscale="log", xlabel="queries per call (nq)", ylabel="median latency (ms)", title=panel)
