@@ -1,0 +1,108 @@
+// One task's work: a list of queries against a range of panels, into one TopK per query.
+//
+// Cache blocking: the task's queries (at most kChunkBytes of them) stay in L2 while the panels stream
+// past once; each panel (converted to float32 once if stored as float16) stays in L1 while every tile
+// of kTileQueries queries is scored against it.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "database.h"
+#include "kernel.h"
+#include "select.h"
+
+namespace tinyknn {
+
+constexpr int64_t kChunkBytes = 256 * 1024;  // the queries one task keeps in L2
+
+// Queries per task: as many as fit kChunkBytes, whole tiles, at least one tile.
+inline int64_t chunk_queries(int64_t dim) {
+  const int64_t fit = kChunkBytes / (dim * (int64_t)sizeof(float));
+  return std::max<int64_t>(kTileQueries, fit / kTileQueries * kTileQueries);
+}
+
+// Per-thread buffers, grown on demand and reused by later searches (no allocation per call).
+struct Scratch {
+  std::vector<float> panel, keys, query_norms;
+  std::vector<Candidate> candidates, merged;
+  std::vector<TopK> best;
+
+  static Scratch& of_this_thread() {
+    static thread_local Scratch scratch;
+    return scratch;
+  }
+
+  // TopKs for nq queries, started for k.
+  TopK* start(int64_t nq, int64_t k) {
+    if ((int64_t)best.size() < nq) best.resize(nq);
+    const int64_t room = TopK::capacity(k);
+    if ((int64_t)candidates.size() < nq * room) candidates.resize(nq * room);
+    for (int64_t i = 0; i < nq; ++i) best[i].start(k, candidates.data() + i * room);
+    return best.data();
+  }
+};
+
+// `count` consecutive panels as float32: in place for float storage, else converted into scratch.
+inline const float* panels_as_float(const float* panels, int64_t, std::vector<float>&, int64_t) { return panels; }
+inline const float* panels_as_float(const half_bits* panels, int64_t count, std::vector<float>& scratch, int64_t dim) {
+  if ((int64_t)scratch.size() < count * dim * kPanel) scratch.resize(count * dim * kPanel);
+  convert(panels, scratch.data(), count * dim * kPanel);
+  return scratch.data();
+}
+
+inline float squared_norm(const float* x, int64_t dim) {
+  float sum = 0.0f;
+  for (int64_t d = 0; d < dim; ++d) sum = InnerProduct::accumulate(sum, x[d], x[d]);
+  return sum;
+}
+
+// The panel loop of scan(): `view(panels, count)` gives the Element pointer the kernels read.
+template <class Metric, class Element, class Storage, class View>
+void scan_panels(const Database<Storage>& db, const float* queries, int64_t nq, int64_t panel_begin,
+                 int64_t panel_end, TopK* best, Scratch& scratch, View view) {
+  const int64_t dim = db.dim(), n = db.size();
+  const int group = panels_per_call(nq);
+  scratch.keys.resize(kTileQueries * 4 * kPanel);
+  for (int64_t p = panel_begin; p < panel_end;) {
+    const int count = panel_end - p >= group ? group : 1;
+    const Element* panels = view(db.panel(p), count);
+    const float* panel_norms = Metric::needs_norms ? db.inverse_norms() + p * kPanel : nullptr;
+    for (int64_t first = 0; first < nq; first += kTileQueries) {
+      const int q_count = (int)std::min<int64_t>(kTileQueries, nq - first);
+      Kernels<Metric, Element>::get(q_count, count)(queries + first * dim, dim, panels,
+                                                    scratch.query_norms.data() + first, panel_norms,
+                                                    scratch.keys.data());
+      for (int i = 0; i < q_count; ++i) {
+        for (int j = 0; j < count; ++j) {
+          const int64_t start = (p + j) * kPanel;
+          const int rows = (int)std::min<int64_t>(kPanel, n - start);
+          best[first + i].push_panel(scratch.keys.data() + (i * count + j) * kPanel, rows, start);
+        }
+      }
+    }
+    p += count;
+  }
+}
+
+// Scores queries [0, nq) (row-major, dim floats each) against panels [panel_begin, panel_end) of db.
+template <class Metric, class Storage>
+void scan(const Database<Storage>& db, const float* queries, int64_t nq, int64_t panel_begin,
+          int64_t panel_end, TopK* best, Scratch& scratch) {
+  const int64_t dim = db.dim();
+  scratch.query_norms.assign(nq, 0.0f);
+  if (Metric::needs_norms) {
+    for (int64_t i = 0; i < nq; ++i) scratch.query_norms[i] = inverse_norm(squared_norm(queries + i * dim, dim));
+  }
+  if (reads_storage_directly<Storage>(nq)) {
+    scan_panels<Metric, Storage>(db, queries, nq, panel_begin, panel_end, best, scratch,
+                                 [](const Storage* panels, int64_t) { return panels; });
+  } else {
+    scan_panels<Metric, float>(db, queries, nq, panel_begin, panel_end, best, scratch,
+                               [&](const Storage* panels, int64_t count) {
+                                 return panels_as_float(panels, count, scratch.panel, dim);
+                               });
+  }
+}
+
+}  // namespace tinyknn

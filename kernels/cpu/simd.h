@@ -1,0 +1,88 @@
+// SIMD vectors through GCC/Clang vector extensions: the width follows what -march=native enables
+// (16 lanes with AVX-512, 8 with AVX, 4 otherwise), so one source serves every CPU.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "../common.cuh"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace tinyknn {
+
+#if defined(__AVX512F__)
+#define TK_LANES 16
+#elif defined(__AVX__)
+#define TK_LANES 8
+#else
+#define TK_LANES 4
+#endif
+
+constexpr int kLanes = TK_LANES;
+typedef float Vec __attribute__((vector_size(4 * TK_LANES)));
+
+inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// kLanes float16 values widened to float32 (F16C where the CPU has it).
+inline Vec load(const half_bits* p) {
+#if defined(__F16C__) && TK_LANES == 8
+  return (Vec)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#elif defined(__AVX512F__) && TK_LANES == 16
+  return (Vec)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#else
+  Vec v;
+  for (int l = 0; l < kLanes; ++l) v[l] = half_to_float(p[l]);
+  return v;
+#endif
+}
+
+inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+inline Vec broadcast(float x) { return x - Vec{}; }
+
+inline float horizontal_sum(Vec v) {
+  float sum = 0.0f;
+  for (int l = 0; l < kLanes; ++l) sum += v[l];
+  return sum;
+}
+
+// float16 bits -> float32 for n elements: F16C eight at a time where the CPU has it.
+inline void convert(const half_bits* source, float* target, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(target + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(source + i))));
+  }
+#endif
+  for (; i < n; ++i) target[i] = half_to_float(source[i]);
+}
+
+inline void convert(const float* source, float* target, int64_t n) { std::memcpy(target, source, n * sizeof(float)); }
+
+inline const char* simd_description() {
+#if defined(__AVX512F__)
+  return "AVX-512 (16 lanes)";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "AVX2+FMA (8 lanes)";
+#elif defined(__AVX__)
+  return "AVX (8 lanes)";
+#else
+  return "128-bit vectors (4 lanes)";
+#endif
+}
+
+inline const char* f16_description() {
+#if defined(__F16C__)
+  return "float16 via F16C";
+#else
+  return "float16 via portable conversion";
+#endif
+}
+
+}  // namespace tinyknn
