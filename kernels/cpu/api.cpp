@@ -102,6 +102,14 @@ __attribute__((visibility("default"))) int tk_index_export(tk_index* index, int6
   });
 }
 
+__attribute__((visibility("default"))) int tk_index_sketch_counts(tk_index* index, int64_t* answered,
+                                                                 int64_t* declined) {
+  return guarded([&] {
+    require(answered != nullptr && declined != nullptr, "output pointer is null");
+    open(index).sketch_counts(answered, declined);
+  });
+}
+
 __attribute__((visibility("default"))) int tk_index_search(tk_index* index, const float* queries, int64_t nq,
                                                            int64_t k, int threads, float* distances,
                                                            int64_t* ids) {

@@ -1,8 +1,11 @@
-// The database as the library stores it: in panels of kPanel rows, each panel dimension-major
-// (element d of its kPanel rows side by side), so one SIMD load reads one dimension of many rows and
-// the scan vectorises over rows for any dim. Elements keep the storage type (float, or float16 bits).
-// Also kept: the caller's int64 id of every row and, for cosine, every row's inverse norm (computed
-// once here). The last panel is zero-padded; its padding rows are never reported.
+// The database as the library stores it.
+//
+// Panels<Storage>: rows in panels of kPanel rows, each panel dimension-major (element d of its kPanel
+// rows side by side), so one SIMD load reads one dimension of many rows and the scan vectorises over
+// rows for any dim. Elements keep the storage type (float, or float16 bits); the last panel is
+// zero-padded and its padding rows are never reported.
+// Database<Storage>: the panels plus the caller's int64 id of every row and, for cosine, every row's
+// inverse norm (computed once, at add).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -18,35 +21,66 @@ constexpr int kVectorsPerPanel = 2;
 constexpr int kPanel = kVectorsPerPanel * kLanes;  // rows per panel
 
 template <class Storage>
-class Database {
+class Panels {
  public:
-  explicit Database(int64_t dim) : dim_(dim) {}
+  explicit Panels(int64_t dim) : dim_(dim) {}
 
   int64_t dim() const { return dim_; }
-  int64_t size() const { return (int64_t)ids_.size(); }
-  int64_t panels() const { return (size() + kPanel - 1) / kPanel; }
+  int64_t rows() const { return rows_; }
+  int64_t count() const { return (rows_ + kPanel - 1) / kPanel; }
   const Storage* panel(int64_t p) const { return elements_.data() + p * dim_ * kPanel; }
+
+  // Appends n rows; row i's element d is element(i, d).
+  template <class Element>
+  void append(int64_t n, Element element) {
+    const int64_t total_panels = (rows_ + n + kPanel - 1) / kPanel;
+    elements_.resize(total_panels * dim_ * kPanel, Storage(0));
+    for (int64_t i = 0; i < n; ++i, ++rows_) {
+      Storage* slot = elements_.data() + (rows_ / kPanel) * dim_ * kPanel + rows_ % kPanel;
+      for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = element(i, d);
+    }
+  }
+
+  Storage at(int64_t row, int64_t d) const {
+    return elements_[(row / kPanel) * dim_ * kPanel + d * kPanel + row % kPanel];
+  }
+
+  void clear() {
+    elements_.clear();
+    rows_ = 0;
+  }
+
+ private:
+  int64_t dim_, rows_ = 0;
+  std::vector<Storage> elements_;
+};
+
+template <class Storage>
+class Database {
+ public:
+  explicit Database(int64_t dim) : panels_(dim) {}
+
+  int64_t dim() const { return panels_.dim(); }
+  int64_t size() const { return panels_.rows(); }
+  int64_t panels() const { return panels_.count(); }
+  const Storage* panel(int64_t p) const { return panels_.panel(p); }
+  const Panels<Storage>& table() const { return panels_; }
   const int64_t* ids() const { return ids_.data(); }
   // kPanel entries per panel (0 for padding rows).
   const float* inverse_norms() const { return inverse_norms_.data(); }
 
   void add(const Storage* vectors, int64_t n, const int64_t* ids, bool with_norms) {
-    const int64_t first = size(), total = first + n;
-    const int64_t total_panels = (total + kPanel - 1) / kPanel;
-    elements_.resize(total_panels * dim_ * kPanel, Storage(0));
-    if (with_norms) inverse_norms_.resize(total_panels * kPanel, 0.0f);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t row = first + i;
-      Storage* slot = elements_.data() + (row / kPanel) * dim_ * kPanel + row % kPanel;
-      const Storage* x = vectors + i * dim_;
-      for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = x[d];
-      if (with_norms) inverse_norms_[row] = inverse_norm(squared_norm(x));
-    }
+    const int64_t dim = this->dim(), first = size();
+    panels_.append(n, [&](int64_t i, int64_t d) { return vectors[i * dim + d]; });
     ids_.insert(ids_.end(), ids, ids + n);
+    if (with_norms) {
+      inverse_norms_.resize(panels() * kPanel, 0.0f);
+      for (int64_t i = 0; i < n; ++i) inverse_norms_[first + i] = inverse_norm(squared_norm(vectors + i * dim));
+    }
   }
 
   void reset() {
-    elements_.clear();
+    panels_.clear();
     ids_.clear();
     inverse_norms_.clear();
   }
@@ -54,8 +88,7 @@ class Database {
   // The first n rows back in row order.
   void export_to(int64_t n, Storage* vectors, int64_t* ids) const {
     for (int64_t row = 0; row < n; ++row) {
-      const Storage* slot = elements_.data() + (row / kPanel) * dim_ * kPanel + row % kPanel;
-      for (int64_t d = 0; d < dim_; ++d) vectors[row * dim_ + d] = slot[d * kPanel];
+      for (int64_t d = 0; d < dim(); ++d) vectors[row * dim() + d] = panels_.at(row, d);
     }
     std::copy(ids_.begin(), ids_.begin() + n, ids);
   }
@@ -63,12 +96,11 @@ class Database {
  private:
   float squared_norm(const Storage* x) const {
     float sum = 0.0f;
-    for (int64_t d = 0; d < dim_; ++d) sum = InnerProduct::accumulate(sum, to_float(x[d]), to_float(x[d]));
+    for (int64_t d = 0; d < dim(); ++d) sum = InnerProduct::accumulate(sum, to_float(x[d]), to_float(x[d]));
     return sum;
   }
 
-  int64_t dim_;
-  std::vector<Storage> elements_;
+  Panels<Storage> panels_;
   std::vector<int64_t> ids_;
   std::vector<float> inverse_norms_;
 };

@@ -58,9 +58,7 @@ void tile(const float* queries, int64_t dim, const Element* panels, const float*
 template <class Element>
 using TileFunction = void (*)(const float*, int64_t, const Element*, const float*, const float*, float*);
 
-// The kernel for q queries and p panels (1, or panels_per_call(q)): every q in 1..kTileQueries over
-// float panels; over float16 panels only the few-query kernels (more queries convert a panel once
-// and share it, see scan.h).
+// The kernel for q queries (1..kTileQueries) and p panels (1, or panels_per_call(q)).
 template <class Metric, class Element>
 struct Kernels {
   template <int... I>
@@ -71,14 +69,15 @@ struct Kernels {
   static TileFunction<Element> get(int q, int p) {
     if (p == 4 && q == 1) return &tile<Metric, Element, 1, 4>;
     if (p == 2 && q == 2) return &tile<Metric, Element, 2, 2>;
-    return one_panel(q, std::make_integer_sequence<int, sizeof(Element) == 4 ? kTileQueries : 2>());
+    return one_panel(q, std::make_integer_sequence<int, kTileQueries>());
   }
 };
 
-// Few queries read the stored panels directly; more share one float32 copy of each panel.
+// Few queries read float16 panels directly (widening each value on load); more queries share one
+// float32 copy of each panel, made once per chunk of queries.
 template <class Storage>
 inline bool reads_storage_directly(int64_t nq) {
-  return sizeof(Storage) == sizeof(float) || nq <= 2;
+  return sizeof(Storage) == sizeof(float) || nq <= 8;
 }
 
 }  // namespace tinyknn

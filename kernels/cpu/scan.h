@@ -27,6 +27,12 @@ struct Scratch {
   std::vector<float> panel, keys, query_norms;
   std::vector<Candidate> candidates, merged;
   std::vector<TopK> best;
+  // the sketch search's (sketch_search.h)
+  std::vector<float> prepared;
+  std::vector<SketchBound> bounds;
+  std::vector<SlackTopK> slack;
+  std::vector<std::vector<Candidate>> kept;
+  std::vector<Candidate> gathered, final_entries;
 
   static Scratch& of_this_thread() {
     static thread_local Scratch scratch;
@@ -58,16 +64,16 @@ inline float squared_norm(const float* x, int64_t dim) {
 }
 
 // The panel loop of scan(): `view(panels, count)` gives the Element pointer the kernels read.
-template <class Metric, class Element, class Storage, class View>
-void scan_panels(const Database<Storage>& db, const float* queries, int64_t nq, int64_t panel_begin,
-                 int64_t panel_end, TopK* best, Scratch& scratch, View view) {
-  const int64_t dim = db.dim(), n = db.size();
+template <class Metric, class Element, class Storage, class Selector, class View>
+void scan_panels(const Panels<Storage>& table, const float* inverse_norms, const float* queries, int64_t nq,
+                 int64_t panel_begin, int64_t panel_end, Selector* best, Scratch& scratch, View view) {
+  const int64_t dim = table.dim(), n = table.rows();
   const int group = panels_per_call(nq);
   scratch.keys.resize(kTileQueries * 4 * kPanel);
   for (int64_t p = panel_begin; p < panel_end;) {
     const int count = panel_end - p >= group ? group : 1;
-    const Element* panels = view(db.panel(p), count);
-    const float* panel_norms = Metric::needs_norms ? db.inverse_norms() + p * kPanel : nullptr;
+    const Element* panels = view(table.panel(p), count);
+    const float* panel_norms = Metric::needs_norms ? inverse_norms + p * kPanel : nullptr;
     for (int64_t first = 0; first < nq; first += kTileQueries) {
       const int q_count = (int)std::min<int64_t>(kTileQueries, nq - first);
       Kernels<Metric, Element>::get(q_count, count)(queries + first * dim, dim, panels,
@@ -77,7 +83,7 @@ void scan_panels(const Database<Storage>& db, const float* queries, int64_t nq, 
         for (int j = 0; j < count; ++j) {
           const int64_t start = (p + j) * kPanel;
           const int rows = (int)std::min<int64_t>(kPanel, n - start);
-          best[first + i].push_panel(scratch.keys.data() + (i * count + j) * kPanel, rows, start);
+          push_panel(best[first + i], scratch.keys.data() + (i * count + j) * kPanel, rows, start);
         }
       }
     }
@@ -85,20 +91,21 @@ void scan_panels(const Database<Storage>& db, const float* queries, int64_t nq, 
   }
 }
 
-// Scores queries [0, nq) (row-major, dim floats each) against panels [panel_begin, panel_end) of db.
-template <class Metric, class Storage>
-void scan(const Database<Storage>& db, const float* queries, int64_t nq, int64_t panel_begin,
-          int64_t panel_end, TopK* best, Scratch& scratch) {
-  const int64_t dim = db.dim();
+// Scores queries [0, nq) (row-major, dim floats each) against panels [panel_begin, panel_end) of
+// `table` into one selector per query. `inverse_norms` (kPanel per panel) is read only for Cosine.
+template <class Metric, class Storage, class Selector>
+void scan(const Panels<Storage>& table, const float* inverse_norms, const float* queries, int64_t nq,
+          int64_t panel_begin, int64_t panel_end, Selector* best, Scratch& scratch) {
+  const int64_t dim = table.dim();
   scratch.query_norms.assign(nq, 0.0f);
   if (Metric::needs_norms) {
     for (int64_t i = 0; i < nq; ++i) scratch.query_norms[i] = inverse_norm(squared_norm(queries + i * dim, dim));
   }
   if (reads_storage_directly<Storage>(nq)) {
-    scan_panels<Metric, Storage>(db, queries, nq, panel_begin, panel_end, best, scratch,
+    scan_panels<Metric, Storage>(table, inverse_norms, queries, nq, panel_begin, panel_end, best, scratch,
                                  [](const Storage* panels, int64_t) { return panels; });
   } else {
-    scan_panels<Metric, float>(db, queries, nq, panel_begin, panel_end, best, scratch,
+    scan_panels<Metric, float>(table, inverse_norms, queries, nq, panel_begin, panel_end, best, scratch,
                                [&](const Storage* panels, int64_t count) {
                                  return panels_as_float(panels, count, scratch.panel, dim);
                                });

@@ -1,11 +1,13 @@
 // One index = one (metric, storage type) pair: the database plus the search plan that scans it.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "scan.h"
 #include "select.h"
 #include "simd.h"
+#include "sketch_search.h"
 #include "tinyknn_cpu.h"
 
 namespace tinyknn {
@@ -30,21 +33,33 @@ class AnyIndex {
   virtual void export_to(int64_t n, void* vectors, int64_t* ids) = 0;
   virtual void search(const float* queries, int64_t nq, int64_t k, int threads, float* distances,
                       int64_t* ids) = 0;
+  void sketch_counts(int64_t* answered, int64_t* declined) const {
+    *answered = sketch_answered_.load();
+    *declined = sketch_declined_.load();
+  }
+
+ protected:
+  std::atomic<int64_t> sketch_answered_{0}, sketch_declined_{0};
 };
 
 template <class Metric, class Storage>
 class Index final : public AnyIndex {
+  // float32 l2 indexes keep a float16 sketch for searches of a few queries (sketch_search.h).
+  static constexpr bool kSketched = std::is_same<Metric, L2>::value && std::is_same<Storage, float>::value;
+
  public:
-  explicit Index(int64_t dim) : db_(dim) {}
+  explicit Index(int64_t dim) : db_(dim), sketch_(kSketched ? dim : 1) {}
 
   void add(const void* vectors, int64_t n, const int64_t* ids) override {
     std::unique_lock<std::shared_mutex> lock(mutex_);
     db_.add(static_cast<const Storage*>(vectors), n, ids, Metric::needs_norms);
+    if constexpr (kSketched) sketch_.add(static_cast<const float*>(vectors), n);
   }
 
   void reset() override {
     std::unique_lock<std::shared_mutex> lock(mutex_);
     db_.reset();
+    sketch_.clear();
   }
 
   int64_t size() override {
@@ -65,6 +80,15 @@ class Index final : public AnyIndex {
               int64_t* ids) override {
     if (nq == 0) return;
     std::shared_lock<std::shared_mutex> lock(mutex_);
+    if constexpr (kSketched) {
+      if (sketch_pays(nq, k, db_.panels())) {
+        if (sketch_search(db_, sketch_, queries, nq, k, threads, distances, ids)) {
+          ++sketch_answered_;
+          return;
+        }
+        ++sketch_declined_;
+      }
+    }
     const Plan plan = make_plan(nq, threads);
     Scratch& caller = Scratch::of_this_thread();
     if (plan.slices > 1) caller.merged.resize(plan.slices * nq * k);
@@ -76,7 +100,8 @@ class Index final : public AnyIndex {
       const int64_t panel_end = db_.panels() * (slice + 1) / plan.slices;
       Scratch& scratch = Scratch::of_this_thread();
       TopK* best = scratch.start(count, k);
-      scan<Metric>(db_, queries + first * db_.dim(), count, panel_begin, panel_end, best, scratch);
+      scan<Metric>(db_.table(), db_.inverse_norms(), queries + first * db_.dim(), count, panel_begin, panel_end,
+                   best, scratch);
       for (int64_t i = 0; i < count; ++i) {
         if (plan.slices == 1) {
           best[i].finish<Metric>(db_.ids(), distances + (first + i) * k, ids + (first + i) * k);
@@ -96,14 +121,14 @@ class Index final : public AnyIndex {
   // Chunks of at most chunk_queries(dim) queries, at least one per thread where nq allows; when there
   // are fewer chunks than threads, the database is cut into slices of at least kMinSlicePanels panels.
   Plan make_plan(int64_t nq, int threads) const {
-    static constexpr int64_t kMinSlicePanels = 64;
     const int64_t per_thread = (nq + threads - 1) / threads;
     const int64_t tiles = (per_thread + kTileQueries - 1) / kTileQueries;
     const int64_t chunk = std::max<int64_t>(1, std::min(chunk_queries(db_.dim()), tiles * kTileQueries));
     const int64_t chunks = (nq + chunk - 1) / chunk;
     int64_t slices = 1;
     if (chunks < threads) {
-      slices = std::min<int64_t>((threads + chunks - 1) / chunks, std::max<int64_t>(1, db_.panels() / kMinSlicePanels));
+      // four slices per thread, taken from a shared counter: a thread that starts late takes fewer
+      slices = std::min<int64_t>(4 * ((threads + chunks - 1) / chunks), std::max<int64_t>(1, db_.panels() / kMinSlicePanels));
     }
     return Plan{chunk, chunks, slices};
   }
@@ -124,6 +149,7 @@ class Index final : public AnyIndex {
 
   std::shared_mutex mutex_;  // searches share it; add and reset take it alone
   Database<Storage> db_;
+  Sketch sketch_;
 };
 
 inline std::unique_ptr<AnyIndex> make_index(int64_t dim, int metric, int dtype) {

@@ -13,6 +13,7 @@
 #include "../metrics.cuh"
 #include "database.h"
 #include "simd.h"
+#include "sketch.h"
 
 namespace tinyknn {
 
@@ -23,6 +24,20 @@ struct Candidate {
     return key < other.key || (key == other.key && position < other.position);
   }
 };
+
+// Offers `count` consecutive positions from first_position (count <= kPanel; keys has room for kPanel)
+// to a selector: one vector comparison rejects a whole panel when no key is below its threshold.
+template <class Selector>
+void push_panel(Selector& best, const float* keys, int count, int64_t first_position) {
+  const Vec bar = broadcast(best.threshold());
+  bool any = false;
+  for (int v = 0; v < kVectorsPerPanel; ++v) {
+    const auto below = load(keys + v * kLanes) < bar;
+    for (int l = 0; l < kLanes; ++l) any |= below[l] != 0;
+  }
+  if (!any) return;
+  for (int r = 0; r < count; ++r) best.push(keys[r], first_position + r);
+}
 
 class TopK {
  public:
@@ -43,19 +58,6 @@ class TopK {
       entries_[size_++] = Candidate{key, position};
       if (size_ == 2 * k_) shrink();
     }
-  }
-
-  // The keys of `count` consecutive positions from first_position (count <= kPanel; keys has room for
-  // kPanel): one vector comparison rejects a whole panel when none of its keys beats the threshold.
-  void push_panel(const float* keys, int count, int64_t first_position) {
-    const Vec bar = broadcast(threshold_);
-    bool any = false;
-    for (int v = 0; v < kVectorsPerPanel; ++v) {
-      const auto below = load(keys + v * kLanes) < bar;
-      for (int l = 0; l < kLanes; ++l) any |= below[l] != 0;
-    }
-    if (!any) return;
-    for (int r = 0; r < count; ++r) push(keys[r], first_position + r);
   }
 
   // The k best, nearest first, as candidates (padded with key +inf, position -1): one slice's
@@ -87,6 +89,58 @@ class TopK {
   int64_t k_ = 0, size_ = 0;
   float threshold_ = 0.0f;
   Candidate* entries_ = nullptr;
+};
+
+// Keeps every (key, position) whose key is below bound.threshold(k-th smallest key so far): the
+// candidates of the sketch pass (sketch.h), usually a few more than k. The buffer grows as needed;
+// past `limit` entries the selector gives up (overflowed()) and rejects everything after.
+class SlackTopK {
+ public:
+  void start(int64_t k, int64_t limit, const SketchBound* bound, std::vector<Candidate>* entries) {
+    k_ = k;
+    limit_ = limit;
+    bound_ = bound;
+    entries_ = entries;
+    entries_->clear();
+    capacity_ = 2 * k;
+    threshold_ = positive_infinity();
+    overflowed_ = false;
+  }
+
+  float threshold() const { return threshold_; }
+  bool overflowed() const { return overflowed_; }
+  std::vector<Candidate>& entries() { return *entries_; }
+
+  void push(float key, int64_t position) {
+    if (key < threshold_) {
+      entries_->push_back(Candidate{key, position});
+      if ((int64_t)entries_->size() >= capacity_) compact();
+    }
+  }
+
+  // Lowers the threshold to bound(k-th smallest key) and drops what is no longer below it.
+  void compact() {
+    std::vector<Candidate>& entries = *entries_;
+    if ((int64_t)entries.size() >= k_) {
+      std::nth_element(entries.begin(), entries.begin() + (k_ - 1), entries.end());
+      threshold_ = std::min(threshold_, bound_->threshold(entries[k_ - 1].key));
+      const float bar = threshold_;
+      entries.erase(std::partition(entries.begin(), entries.end(), [bar](const Candidate& c) { return c.key < bar; }),
+                    entries.end());
+    }
+    capacity_ = std::max<int64_t>(capacity_, 2 * (int64_t)entries.size());
+    if ((int64_t)entries.size() > limit_) {
+      overflowed_ = true;
+      threshold_ = -positive_infinity();
+    }
+  }
+
+ private:
+  int64_t k_ = 0, limit_ = 0, capacity_ = 0;
+  const SketchBound* bound_ = nullptr;
+  std::vector<Candidate>* entries_ = nullptr;
+  float threshold_ = 0.0f;
+  bool overflowed_ = false;
 };
 
 }  // namespace tinyknn

@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define TK_ABI_VERSION 1
+#define TK_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,6 +35,9 @@ int tk_index_size(tk_index* index, int64_t* n);
 int tk_index_export(tk_index* index, int64_t n, void* vectors, int64_t* ids);
 // queries: nq float32 rows of dim; distances (float32) and ids (int64): nq * k each, nearest first,
 // padded with id -1 and +inf (-inf for ip and cosine) beyond the index's size.
+// How many searches of this index the float16 sketch answered, and how many it handed back to the
+// exact scan (see sketch_search.h); for tests and diagnostics.
+int tk_index_sketch_counts(tk_index* index, int64_t* answered, int64_t* declined);
 int tk_index_search(tk_index* index, const float* queries, int64_t nq, int64_t k, int threads,
                     float* distances, int64_t* ids);
 

@@ -28,7 +28,7 @@ from .._paths import kernels_dir
 from ..config import get_config
 from ..errors import CpuLibraryError
 
-ABI_VERSION = 1          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
+ABI_VERSION = 2          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
 COMPILERS = ("g++", "c++", "clang++")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-pthread", "-ffp-contract=fast",
          "-fvisibility=hidden", "-fno-math-errno")
@@ -47,6 +47,7 @@ _SIGNATURES = {
     "tk_index_reset": ([_ptr], _int),
     "tk_index_size": ([_ptr, ctypes.POINTER(_i64)], _int),
     "tk_index_export": ([_ptr, _i64, _ptr, _ptr], _int),
+    "tk_index_sketch_counts": ([_ptr, ctypes.POINTER(_i64), ctypes.POINTER(_i64)], _int),
     "tk_index_search": ([_ptr, _ptr, _i64, _i64, _int, _ptr, _ptr], _int),
 }
 

@@ -69,6 +69,13 @@ class CpuSearcher:
         self._call("reading the index size", self._library.tk_index_size, ctypes.byref(n))
         return n.value
 
+    def sketch_counts(self) -> tuple[int, int]:
+        """(searches the float16 sketch answered, searches it handed to the exact scan): diagnostics."""
+        answered, declined = ctypes.c_int64(), ctypes.c_int64()
+        self._call("reading the sketch counters", self._library.tk_index_sketch_counts, ctypes.byref(answered),
+                   ctypes.byref(declined))
+        return answered.value, declined.value
+
     def reset(self) -> None:
         self._call("resetting the index", self._library.tk_index_reset)
 

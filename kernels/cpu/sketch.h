@@ -1,0 +1,130 @@
+// A float16 sketch of a float32 l2 database, for searches of a few queries, which are bound by memory
+// bandwidth: the sketch is half the bytes of the database, so a first pass over it costs about half.
+//
+// Each row x is kept as r = f16((x - c) * 2^-s): c is a per-dimension centre (the mean of the first
+// batch added), 2^-s a power of two that puts the largest |x - c| of that batch near 2^14 (exact
+// scaling; later rows that do not fit are clamped, which only widens their error). Working in the
+// scaled residual space keeps data far from the origin precise. What is rounded away is measured,
+// not assumed: e_max = max over rows of ||(x - c) 2^-s - r|| (computed in double, rounded up), and
+// for a query q' = fl32(q - c) 2^-s, delta = ||(q - c) 2^-s - q'||. So, with rho = e_max + delta,
+// the true scaled distance satisfies |sqrt(D) - sqrt(D')| <= rho where D' = ||q' - r||^2, and the
+// float32 sum D~ of D' is within a relative gamma = 2 (dim + 2) 2^-24 (twice the classical bound for
+// sums of non-negative terms).
+//
+// SketchBound::threshold(kappa), where kappa is the k-th smallest D~, is a bound T such that every row
+// that a full exact scan could return has D~ <= T (see the proof in sketch_search.h). The rows under
+// T are then scored exactly, by the same kernel as the full scan, so the answer is the full scan's.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "../common.cuh"
+#include "database.h"
+
+namespace tinyknn {
+
+// float -> float16 bits, round to nearest even, for |f| <= 65504 (callers clamp).
+inline half_bits float_to_half(float f) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const std::uint32_t sign = (bits >> 16) & 0x8000u;
+  const float magnitude = std::fabs(f);
+  if (magnitude < 6.103515625e-05f) {  // below float16's smallest normal: a multiple of 2^-24
+    return (half_bits)(sign | (std::uint32_t)std::nearbyint(magnitude * 16777216.0f));
+  }
+  const std::uint32_t rest = bits & 0x1fffu;
+  std::uint32_t half = ((((bits >> 23) & 0xffu) - 112u) << 10) | ((bits >> 13) & 0x3ffu);
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // a carry moves into the exponent
+  return (half_bits)(sign | half);
+}
+
+// gamma_n: a relative bound on the float32 rounding of a sum of n non-negative terms, doubled.
+inline double sum_error(int64_t terms) { return 2.0 * (double)(terms + 2) * std::ldexp(1.0, -24); }
+
+struct SketchBound {
+  double gamma;        // relative error of the sketch pass's float32 sums
+  double gamma_exact;  // relative error of the exact scan's float32 sums
+  double rho;          // e_max + delta, scaled
+
+  // Every row the exact scan could return has D~ <= threshold(k-th smallest D~ seen).
+  float threshold(float kappa) const {
+    if (!std::isfinite(kappa)) return positive_infinity();
+    const double upper = std::pow(std::sqrt((double)kappa / (1.0 - gamma)) + rho, 2.0);
+    const double widened = upper * (1.0 + gamma_exact) / (1.0 - gamma_exact);
+    const double bound = (1.0 + gamma) * std::pow(std::sqrt(widened) + rho, 2.0) * (1.0 + 1e-9) + 1e-30;
+    return bound >= 3.0e38 ? positive_infinity() : std::nextafter((float)bound, positive_infinity());
+  }
+};
+
+class Sketch {
+ public:
+  explicit Sketch(int64_t dim) : residuals_(dim), center_(dim, 0.0f) {}
+
+  const Panels<half_bits>& residuals() const { return residuals_; }
+  int64_t dim() const { return residuals_.dim(); }
+
+  void add(const float* vectors, int64_t n) {
+    if (n == 0) return;
+    if (residuals_.rows() == 0) choose_frame(vectors, n);
+    const int64_t dim = this->dim();
+    std::vector<half_bits> row(dim);
+    for (int64_t i = 0; i < n; ++i) {
+      double error = 0.0;
+      for (int64_t d = 0; d < dim; ++d) {
+        const double exact = std::ldexp((double)vectors[i * dim + d] - (double)center_[d], -exponent_);
+        row[d] = float_to_half((float)std::max(-65504.0, std::min(65504.0, exact)));
+        const double gap = exact - (double)half_to_float(row[d]);
+        error += gap * gap;
+      }
+      error_max_ = std::max(error_max_, std::sqrt(error) * (1.0 + 1e-9) + 1e-300);
+      residuals_.append(1, [&](int64_t, int64_t d) { return row[d]; });
+    }
+  }
+
+  void clear() {
+    residuals_.clear();
+    error_max_ = 0.0;
+  }
+
+  // q' for one query into `out` (dim floats), and the bound for it; false when q' could overflow the
+  // float32 sums (a query far outside the data's scale): then the caller scans exactly.
+  bool prepare(const float* query, float* out, SketchBound* bound) const {
+    const int64_t dim = this->dim();
+    double error = 0.0;
+    for (int64_t d = 0; d < dim; ++d) {
+      const float shifted = query[d] - center_[d];
+      out[d] = std::ldexp(shifted, -exponent_);
+      if (!(std::fabs(out[d]) <= 1.0e15f)) return false;
+      const double gap = std::ldexp((double)query[d] - (double)center_[d], -exponent_) - (double)out[d];
+      error += gap * gap;
+    }
+    bound->gamma = sum_error(dim);
+    bound->gamma_exact = sum_error(dim);
+    bound->rho = error_max_ + std::sqrt(error) * (1.0 + 1e-9) + 1e-300;
+    return std::isfinite(bound->rho);
+  }
+
+ private:
+  // The centre (the batch's mean) and the power of two that puts its largest |x - c| near 2^14.
+  void choose_frame(const float* vectors, int64_t n) {
+    const int64_t dim = this->dim();
+    for (int64_t d = 0; d < dim; ++d) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < n; ++i) sum += vectors[i * dim + d];
+      center_[d] = (float)(sum / (double)n);
+    }
+    double largest = 0.0;
+    for (int64_t i = 0; i < n * dim; ++i) largest = std::max(largest, std::fabs((double)vectors[i] - center_[i % dim]));
+    exponent_ = largest > 0.0 ? std::max(-100, std::min(100, std::ilogb(largest) + 1 - 14)) : 0;
+  }
+
+  Panels<half_bits> residuals_;
+  std::vector<float> center_;
+  int exponent_ = 0;        // residuals are (x - c) * 2^-exponent_
+  double error_max_ = 0.0;  // max over rows of ||(x - c) 2^-s - r||, rounded up
+};
+
+}  // namespace tinyknn

@@ -1,0 +1,105 @@
+// The few-query l2 search of a float32 database through its float16 sketch (sketch.h): half the
+// bytes of a full scan, and the same answer.
+//
+// 1. Every slice of the sketch is scanned (threads) with one SlackTopK per query, which keeps every
+//    row whose sketch distance D~ is below threshold(k-th smallest D~ so far).
+// 2. Per query the slices' rows are merged: kappa = the k-th smallest D~ overall, T = threshold(kappa),
+//    candidates = rows with D~ < T.
+// 3. The candidates are scored exactly: each one's float32 panel through the same kernel, same
+//    summation order, as the full scan, so their distances are bit for bit the full scan's.
+//
+// Why no row of the full scan's answer is lost (scaled space, rho = e_max + delta, see sketch.h):
+// the k rows with the smallest D~ (the largest being kappa) have true distance
+// D <= (sqrt(kappa / (1 - gamma)) + rho)^2 = U, so the full scan's k-th smallest float32 distance is at
+// most U (1 + gamma'). A row z in its answer has float32 distance <= U (1 + gamma'), so
+// D(z) <= U (1 + gamma') / (1 - gamma') = W, so sqrt(D'(z)) <= sqrt(W) + rho, so
+// D~(z) <= (1 + gamma) (sqrt(W) + rho)^2 = T. Rows dropped earlier were above a larger threshold.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "database.h"
+#include "kernel.h"
+#include "pool.h"
+#include "scan.h"
+#include "select.h"
+#include "sketch.h"
+
+namespace tinyknn {
+
+constexpr int64_t kSketchMaxQueries = 8;     // more queries share each panel load: the full scan wins
+constexpr int64_t kSketchMinPanels = 256;    // small databases are scanned exactly
+constexpr int64_t kMinSlicePanels = 64;      // a thread's share of the database is at least this
+
+// Whether a search of nq queries for k neighbours goes through the sketch.
+inline bool sketch_pays(int64_t nq, int64_t k, int64_t panels) {
+  return nq <= kSketchMaxQueries && panels >= kSketchMinPanels && k * 16 <= panels;
+}
+
+// Returns false, having written nothing that the caller keeps, when the sketch cannot answer: a query
+// far outside the sketch's scale, or more candidates than it pays to rescore (data the sketch
+// describes poorly). The caller then scans exactly.
+inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const float* queries, int64_t nq,
+                          int64_t k, int threads, float* distances, int64_t* ids) {
+  const int64_t dim = db.dim(), panels = db.panels();
+  const int64_t limit = std::max<int64_t>(2 * k, panels / 8);
+  Scratch& caller = Scratch::of_this_thread();
+  caller.prepared.resize(nq * dim);
+  caller.bounds.resize(nq);
+  for (int64_t i = 0; i < nq; ++i) {
+    if (!sketch.prepare(queries + i * dim, caller.prepared.data() + i * dim, &caller.bounds[i])) return false;
+  }
+  // Four slices per thread, taken from a shared counter: a thread that starts late takes fewer.
+  const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(4 * threads, panels / kMinSlicePanels));
+  if ((int64_t)caller.kept.size() < slices * nq) caller.kept.resize(slices * nq);
+  std::atomic<bool> gave_up{false};
+  ThreadPool::shared().run((int)slices, threads, [&](int slice) {
+    Scratch& scratch = Scratch::of_this_thread();
+    if ((int64_t)scratch.slack.size() < nq) scratch.slack.resize(nq);
+    for (int64_t i = 0; i < nq; ++i) scratch.slack[i].start(k, limit, &caller.bounds[i], &caller.kept[slice * nq + i]);
+    scan<L2>(sketch.residuals(), nullptr, caller.prepared.data(), nq, panels * slice / slices,
+             panels * (slice + 1) / slices, scratch.slack.data(), scratch);
+    for (int64_t i = 0; i < nq; ++i) {
+      scratch.slack[i].compact();
+      if (scratch.slack[i].overflowed()) gave_up = true;
+    }
+  });
+  if (gave_up) return false;
+
+  caller.keys.resize(kTileQueries * 4 * kPanel);
+  std::vector<Candidate>& candidates = caller.gathered;
+  caller.final_entries.resize(TopK::capacity(k));
+  TopK best;
+  for (int64_t i = 0; i < nq; ++i) {
+    candidates.clear();
+    for (int64_t slice = 0; slice < slices; ++slice) {
+      const std::vector<Candidate>& part = caller.kept[slice * nq + i];
+      candidates.insert(candidates.end(), part.begin(), part.end());
+    }
+    if ((int64_t)candidates.size() >= k) {
+      std::nth_element(candidates.begin(), candidates.begin() + (k - 1), candidates.end());
+      const float bar = caller.bounds[i].threshold(candidates[k - 1].key);
+      candidates.erase(std::partition(candidates.begin(), candidates.end(),
+                                      [bar](const Candidate& c) { return c.key < bar; }),
+                       candidates.end());
+    }
+    if ((int64_t)candidates.size() > limit) return false;
+    std::sort(candidates.begin(), candidates.end(),
+              [](const Candidate& a, const Candidate& b) { return a.position < b.position; });
+    best.start(k, caller.final_entries.data());
+    const float* query = queries + i * dim;
+    for (size_t c = 0; c < candidates.size();) {
+      const int64_t panel = candidates[c].position / kPanel;
+      tile<L2, float, 1, 1>(query, dim, db.panel(panel), nullptr, nullptr, caller.keys.data());
+      for (; c < candidates.size() && candidates[c].position / kPanel == panel; ++c) {
+        best.push(caller.keys[candidates[c].position % kPanel], candidates[c].position);
+      }
+    }
+    best.finish<L2>(db.ids(), distances + i * k, ids + i * k);
+  }
+  return true;
+}
+
+}  // namespace tinyknn
