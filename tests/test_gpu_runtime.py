@@ -367,10 +367,20 @@ def test_garbage_collection_frees_memory_from_any_thread():
     assert _free_device_bytes() <= baseline - 4 * chunk + (64 << 20)
     pinned = PinnedBuffer(1 << 20)
     view = pinned.array(np.float32, 1000)
+    assert pinned.array(np.float32, 1000) is view    # views are cached per (dtype, shape)
     del pinned
     gc.collect()
     view[:] = 3.0                                    # the view keeps the pinned memory alive
     assert view.sum() == 3000.0
+    gc.disable()                                     # no reference cycle: freed by reference counting
+    try:
+        pinned = PinnedBuffer(4096)
+        pinned.array(np.int32, (4, 8))[:] = 1
+        finalizer = pinned._finalizer
+        del pinned
+        assert not finalizer.alive
+    finally:
+        gc.enable()
     thread = threading.Thread(target=held.clear)     # finalizers run on a thread with no context
     thread.start()
     thread.join()

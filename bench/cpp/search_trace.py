@@ -136,16 +136,53 @@ def to_ops(records: list[dict]):
     return ops
 
 
-def trace_search(index, queries, k: int) -> tuple[dict, list[dict]]:
-    """The calls of one warm search, and its first kernel launch (with a snapshot of its arguments)."""
-    index.search(queries, k)
+class graphs:
+    """`with graphs(index, False):` switches the searcher's graph replay off (if it has the switch)."""
+
+    def __init__(self, index, enabled: bool):
+        self.searcher, self.enabled = index._searcher, enabled
+        self.available = hasattr(self.searcher, "use_graphs")
+
+    def __enter__(self):
+        if self.available:
+            self.saved = self.searcher.__dict__.get("use_graphs", _MISSING)
+            self.searcher.use_graphs = self.enabled
+        return self
+
+    def __exit__(self, *exc):
+        if self.available:
+            if self.saved is _MISSING:
+                del self.searcher.use_graphs
+            else:
+                self.searcher.use_graphs = self.saved
+
+
+_MISSING = object()
+
+
+def _record(index, queries, k: int) -> list[dict]:
+    for _ in range(3):                      # warm: plans built, repeated shapes captured as graphs
+        index.search(queries, k)
     with Recorder(full=True) as recorder:
         index.search(queries, k)
-    launches = [op for op in recorder.ops if op["kind"] == "launch"]
+    return recorder.ops
+
+
+def trace_search(index, queries, k: int) -> dict:
+    """The driver calls of a warm search as it runs ('default'), and one call at a time ('one_by_one':
+    graph replay switched off, when the searcher replays graphs), with the first kernel launch."""
+    default = _record(index, queries, k)
+    one_by_one = default
+    if any(op["kind"] == "graph" for op in default):
+        with graphs(index, False) as switch:
+            if not switch.available:
+                raise RuntimeError("the searcher replays graphs and has no use_graphs switch to see the calls")
+            one_by_one = _record(index, queries, k)
+    launches = [op for op in one_by_one if op["kind"] == "launch"]
     if not launches:
         raise RuntimeError(f"a search issued no PreparedLaunch launch (calls seen: "
-                           f"{[op['kind'] for op in recorder.ops]})")
-    return launches[0], recorder.ops
+                           f"{[op['kind'] for op in one_by_one]})")
+    return {"default": default, "one_by_one": one_by_one, "first_launch": launches[0]}
 
 
 def _stage_row(t0, t1, marks, ops) -> dict:
@@ -208,21 +245,33 @@ def stage_breakdown(index, queries, k: int, reps: int) -> dict:
                     "call); device stages from CUDA events recorded around each async call in a separate pass"}
 
 
-def whole_search(index, queries, k: int, ops: list[dict], cpp, reps: int) -> dict:
-    """Index.search wall time against C++ replaying the same driver calls one at a time."""
-    note = ("C++ replays the recorded driver calls (copies, launches, graph launches, events, syncs); it does "
-            "not copy the queries into pinned memory nor build the result arrays")
-    if not any(op["kind"] in ("sync", "event_sync") for op in ops):
-        last = next((op["stream"] for op in reversed(ops) if op.get("stream") is not None), None)
-        ops = [*ops, {"kind": "sync", "stream": last}]
-        note += "; no synchronisation was recorded, so C++ ends with a stream sync"
-    samples = _common.time_calls(lambda: index.search(queries, k), reps, warmup=5)
-    array = to_ops(ops)
-    cpp.replay(array, 5)
-    total, issue = cpp.replay(array, reps)
-    return {"calls": [op["kind"] for op in ops],
-            "tinyknn_search": _common.summary_us(samples),
-            "cpp_same_calls_total": _common.summary_us(total),
-            "cpp_same_calls_issue_only": _common.summary_us(issue),
-            "ratio_tinyknn_to_cpp": statistics.median(samples) / statistics.median(total),
-            "note": note}
+def _with_sync(ops: list[dict]) -> tuple[list[dict], bool]:
+    if any(op["kind"] in ("sync", "event_sync") for op in ops):
+        return ops, False
+    last = next((op["stream"] for op in reversed(ops) if op.get("stream") is not None), None)
+    return [*ops, {"kind": "sync", "stream": last}], True
+
+
+def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
+    """Index.search wall time (graphs on, and off) against C++ issuing the same driver calls."""
+    out = {"note": "C++ replays the recorded driver calls (copies, launches, graph launches, events, syncs) "
+                   "with the same buffers; it does not copy the queries into pinned memory nor build the "
+                   "result arrays. Totals include the GPU time, which is the same on both sides."}
+    modes = {"tinyknn_search": True, "tinyknn_search_without_graphs": False}
+    for name, enabled in modes.items():
+        with graphs(index, enabled) as switch:
+            if switch.available or enabled:
+                out[name] = _common.summary_us(_common.time_calls(lambda: index.search(queries, k), reps, 5))
+    for name, key in (("cpp_one_by_one", "one_by_one"), ("cpp_replaying_tinyknn_calls", "default")):
+        ops, appended = _with_sync(trace[key])
+        array = to_ops(ops)
+        cpp.replay(array, 5)
+        total, issue = cpp.replay(array, reps)
+        out[name] = {"calls": [op["kind"] for op in ops], "total": _common.summary_us(total),
+                     "issue_only": _common.summary_us(issue), "sync_appended": appended}
+    floor = out["cpp_one_by_one"]["total"]["median_us"]
+    for name in modes:
+        if name in out:
+            out[name]["ratio_to_cpp_one_by_one"] = out[name]["median_us"] / floor
+            out[name]["minus_cpp_one_by_one_us"] = out[name]["median_us"] - floor
+    return out

@@ -49,9 +49,10 @@ class _Owned:
     _open = False          # a plain flag: the hot paths check it instead of the finalizer
     _call = ""
 
-    def _own(self, call: str, handle, ctx) -> None:
+    def _own(self, call: str, handle, ctx, holder=None) -> None:
+        """Free `handle` when `holder` (default: self) is collected, or at close()."""
         self._call = call
-        self._finalizer = weakref.finalize(self, _release, call, handle, ctx)
+        self._finalizer = weakref.finalize(self if holder is None else holder, _release, call, handle, ctx)
         self._finalizer.atexit = False      # at exit the process frees everything; don't call a dying driver
         self._open = True
 
@@ -189,40 +190,62 @@ class DeviceBuffer(_Owned):
             check(driver.cuMemsetD8Async(dst, value & 0xFF, nbytes, _stream_handle(stream)), "cuMemsetD8Async")
 
 
+class _HostMemory:
+    """The pinned allocation itself: NumPy views point at it, and it is freed once nothing does."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
 class PinnedBuffer(_Owned):
     """`nbytes` of page-locked host memory (cuMemHostAlloc, portable across contexts).
 
-    `array()` returns NumPy views that keep this buffer alive; after close() they must not be used.
+    `array()` returns NumPy views that keep the memory alive (not this object, so the views it caches
+    form no reference cycle); after close() they must not be used.
     """
 
     def __init__(self, nbytes: int):
         self.nbytes = _check_nbytes(nbytes, "PinnedBuffer")
         self.ptr = 0
+        self._views: dict = {}
         if self.nbytes:
             ctx = ensure_context()
             flags = driver.CU_MEMHOSTALLOC_PORTABLE
             self.ptr = int(check(driver.cuMemHostAlloc(self.nbytes, flags), "cuMemHostAlloc"))
-            self._own("cuMemFreeHost", self.ptr, ctx)
+            self._memory = _HostMemory(self.ptr, self.nbytes)
+            self._own("cuMemFreeHost", self.ptr, ctx, holder=self._memory)
 
     def __repr__(self) -> str:
         return f"PinnedBuffer(nbytes={self.nbytes}, ptr={self.ptr:#x}{', closed' if self.closed else ''})"
 
-    @property
-    def __array_interface__(self) -> dict:
-        if self.nbytes and self.closed:
-            raise ValueError("PinnedBuffer is closed")
-        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (self.ptr, False), "version": 3}
-
     def array(self, dtype, shape) -> np.ndarray:
-        """A NumPy view of the first prod(shape) elements of `dtype` (its base keeps this buffer alive)."""
-        dtype = np.dtype(dtype)
-        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        """A NumPy view of the first prod(shape) elements of `dtype` (its base keeps the memory alive).
+
+        Views are cached per (dtype, shape): the search hot path asks for the same few every call.
+        """
+        key = (dtype, shape)
+        found = self._views.get(key)
+        if found is not None and self._open:
+            return found
+        if self.nbytes and not self._open:
+            raise ValueError("PinnedBuffer is closed")
+        view = self._make_view(np.dtype(dtype), (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape))
+        if len(self._views) >= 64:
+            self._views.clear()
+        self._views[key] = view
+        return view
+
+    def _make_view(self, dtype: np.dtype, shape: tuple) -> np.ndarray:
         count = int(np.prod(shape, dtype=np.int64))
         if count * dtype.itemsize > self.nbytes:
             raise ValueError(f"PinnedBuffer.array: {shape} x {dtype} needs {count * dtype.itemsize} bytes; "
                              f"the buffer holds {self.nbytes}")
-        raw = np.asarray(self) if self.nbytes else np.empty(0, np.uint8)
+        raw = np.asarray(self._memory) if self.nbytes else np.empty(0, np.uint8)
         return raw[: count * dtype.itemsize].view(dtype).reshape(shape)
+
+    def close(self) -> None:
+        self._views.clear()
+        super().close()
 
 
 class Stream(_Owned):
