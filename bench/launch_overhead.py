@@ -444,11 +444,29 @@ def main(argv=None) -> int:
                 print("measuring the search kernel ...", flush=True)
                 _attempt(payload["targets"], "tinyknn search kernel",
                          lambda: measure_search_kernel(trace["first_launch"], stream, cpp, workdir, q))
+        for result in payload["targets"].values():
+            if "paths" in result:
+                result["where_the_microseconds_go"] = explain(result["paths"])
         payload["checks"] = checks(payload)
         out = _common.write_results(name, payload, figure(payload["targets"]), env, args.out_dir)
     print_summary(payload)
     print(f"wrote {out['json']} and {out.get('png')}")
     return 0
+
+
+def explain(paths: dict) -> dict:
+    """Where tinyknn's launch spends the microseconds above C++'s, as differences between paths."""
+    med = {name: r["median_us"] for name, r in paths.items() if "median_us" in r}
+    steps = [("called from a Python loop through ctypes, GIL kept", "ctypes -> C++ launch (GIL held, PyDLL)", CPP_LOOP),
+             ("GIL released and re-acquired around the call", "ctypes -> C++ launch (GIL released)",
+              "ctypes -> C++ launch (GIL held, PyDLL)"),
+             ("cuda.bindings argument parsing and unwrapping", "cuda.bindings, pre-packed address",
+              "ctypes -> C++ launch (GIL released)"),
+             ("tinyknn's launch() (grid/block, attributes, error check)", TINYKNN, "cuda.bindings, pre-packed address")]
+    out = {name: med[a] - med[b] for name, a, b in steps if a in med and b in med}
+    if TINYKNN in med and CPP_LOOP in med:
+        out["total above C++"] = med[TINYKNN] - med[CPP_LOOP]
+    return {key: round(value, 3) for key, value in out.items()}
 
 
 def checks(payload: dict) -> dict:
