@@ -71,6 +71,64 @@ def test_threads_and_database_slices(rng, threads, n_queries, n_threads):
         check_search(distances, ids, db, q, 17, metric)
 
 
+def sketch_data(rng, kind, n=6000, dim=24):
+    """Databases for the float16 sketch (float32 l2, few queries): easy, shifted, tiny, huge, tied."""
+    if kind == "normal":
+        return rng.standard_normal((n, dim)).astype(np.float32)
+    if kind == "far":
+        return (1e6 + rng.standard_normal((n, dim))).astype(np.float32)
+    if kind == "tiny":
+        return (rng.standard_normal((n, dim)) * 1e-30).astype(np.float32)
+    if kind == "huge":
+        return (rng.standard_normal((n, dim)) * 1e14).astype(np.float32)
+    if kind == "ties":
+        db = rng.integers(-2, 3, size=(n, dim)).astype(np.float32)
+        db[n // 2:] = db[: n - n // 2]
+        return db
+    if kind == "near-duplicates":
+        base = rng.standard_normal(dim).astype(np.float32)
+        return (base + rng.standard_normal((n, dim)) * 1e-5).astype(np.float32)
+    # a tight cluster inside a wide spread: the sketch's float16 scale follows the spread, so it cannot
+    # tell the cluster's rows apart; only the exact rescoring of every row inside the bound does
+    db = rng.standard_normal((n, dim)) * 1e4
+    db[:30] = rng.standard_normal(dim) + rng.standard_normal((30, dim)) * 1e-3
+    return db.astype(np.float32)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("kind", ["normal", "far", "tiny", "huge", "ties", "near-duplicates", "cluster-in-spread"])
+def test_few_queries_through_the_sketch_match_the_full_scan(rng, threads, kind, n_threads):
+    """Float32 l2 searches of <= 8 queries go through the float16 sketch: exact, bit for bit the full scan."""
+    threads(n_threads)
+    db = sketch_data(rng, kind)
+    index = tinyknn.Index(db.shape[1])
+    index.add(db[:1000])
+    index.add(db[1000:])
+    rows = rng.choice(30 if kind == "cluster-in-spread" else len(db), 8)
+    q = db[rows] + (rng.standard_normal((8, db.shape[1])) * db[:30].std() * 0.1).astype(np.float32)
+    for k in (1, 10):
+        for batch in (q[:1], q[1:3], q):
+            distances, ids = index.search(batch, k)
+            check_search(distances, ids, db, batch, k, "l2")
+            full_d, _ = index.search(np.concatenate([batch] * 3 + [q]), k)   # > 8 queries: the full scan
+            assert np.array_equal(distances, full_d[: len(batch)])
+    answered, declined = index._searcher.sketch_counts()
+    assert answered + declined == 6
+    if kind in ("normal", "far", "tiny", "huge"):
+        assert answered == 6, (answered, declined)
+
+
+def test_sketch_declines_data_it_describes_poorly(rng):
+    """A first batch with far outliers sets a coarse float16 scale: the sketch hands over to the full scan."""
+    db = rng.standard_normal((6000, 16)).astype(np.float32)
+    db[::97] *= 1e5
+    index = build(db, "l2", "float32")
+    q = rng.standard_normal((2, 16)).astype(np.float32)
+    distances, ids = index.search(q, 5)
+    check_search(distances, ids, db, q, 5, "l2")
+    assert index._searcher.sketch_counts() == (0, 1)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("metric", METRICS)
 def test_empty_index_answers_with_padding(metric, dtype):

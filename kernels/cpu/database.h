@@ -8,7 +8,9 @@
 // inverse norm (computed once, at add).
 #pragma once
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 #include "../metrics.cuh"
@@ -16,6 +18,21 @@
 #include "simd.h"
 
 namespace tinyknn {
+
+// std::allocator with 64-byte alignment: SIMD loads of a panel never straddle two cache lines.
+template <class T>
+struct CacheAligned {
+  typedef T value_type;
+  CacheAligned() = default;
+  template <class U>
+  CacheAligned(const CacheAligned<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const CacheAligned<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const CacheAligned<U>&) const { return false; }
+};
 
 constexpr int kVectorsPerPanel = 2;
 constexpr int kPanel = kVectorsPerPanel * kLanes;  // rows per panel
@@ -52,7 +69,7 @@ class Panels {
 
  private:
   int64_t dim_, rows_ = 0;
-  std::vector<Storage> elements_;
+  std::vector<Storage, CacheAligned<Storage>> elements_;
 };
 
 template <class Storage>

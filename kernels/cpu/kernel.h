@@ -5,6 +5,7 @@
 // accumulate()/finish() (metrics.cuh) run on whole vectors, one lane per database row; each lane sums
 // its row's terms in dimension order (the summation order the accuracy bound assumes), whatever Q and P.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -26,14 +27,28 @@ inline Vec key_of(Vec distance) {
   return Metric::larger_is_better ? -distance : distance;
 }
 
-// keys[i * P * kPanel + r]: the key of query i against row r of the P panels starting at `panels`
-// (panel j at panels + j * dim * kPanel), whose elements are float or float16 bits (widened on load).
-// Inverse norms are read only for Cosine.
-template <class Metric, class Element, int Q, int P>
+// Offers one vector of keys (rows first_row .. first_row + kLanes - 1, those below n) to a selector.
+template <class Selector>
+void offer(Selector& best, Vec keys, int64_t first_row, int64_t n) {
+  float lanes[kLanes];
+  store(lanes, keys);
+  const int64_t count = std::min<int64_t>(kLanes, n - first_row);
+  for (int64_t l = 0; l < count; ++l) best.push(lanes[l], first_row + l);
+}
+
+// Scores queries [0, Q) against the P panels starting at `panels` (panel j at panels + j * dim * kPanel,
+// whose first row is first_row + j * kPanel; elements float, or float16 bits widened on load) and
+// offers each query's keys to best[i]. The keys never leave the registers unless one beats the
+// selector's threshold, which after the first few thousand rows is rare. Rows >= n (the last panel's
+// padding) are never offered. Inverse norms are read only for Cosine.
+template <class Metric, class Element, class Selector, int Q, int P>
 void tile(const float* queries, int64_t dim, const Element* panels, const float* query_inverse_norms,
-          const float* panel_inverse_norms, float* keys) {
+          const float* panel_inverse_norms, Selector* best, int64_t first_row, int64_t n) {
   constexpr int V = kVectorsPerPanel;
-  Vec acc[Q][P * V] = {};
+  Vec acc[Q][P * V];
+  for (int i = 0; i < Q; ++i) {
+    for (int w = 0; w < P * V; ++w) acc[i][w] = Vec{};
+  }
   for (int64_t d = 0; d < dim; ++d) {
     Vec x[P * V];
     for (int j = 0; j < P; ++j) {
@@ -45,30 +60,36 @@ void tile(const float* queries, int64_t dim, const Element* panels, const float*
     }
   }
   for (int i = 0; i < Q; ++i) {
+    Vec bar = broadcast(best[i].threshold());
     for (int w = 0; w < P * V; ++w) {
       Vec distance = acc[i][w];
       if (Metric::needs_norms) {
         distance = Metric::finish(distance, broadcast(query_inverse_norms[i]), load(panel_inverse_norms + w * kLanes));
       }
-      store(keys + i * P * kPanel + w * kLanes, key_of<Metric>(distance));
+      const Vec key = key_of<Metric>(distance);
+      if (any_less(key, bar)) {
+        offer(best[i], key, first_row + w * kLanes, n);
+        bar = broadcast(best[i].threshold());
+      }
     }
   }
 }
 
-template <class Element>
-using TileFunction = void (*)(const float*, int64_t, const Element*, const float*, const float*, float*);
+template <class Element, class Selector>
+using TileFunction = void (*)(const float*, int64_t, const Element*, const float*, const float*, Selector*,
+                              int64_t, int64_t);
 
 // The kernel for q queries (1..kTileQueries) and p panels (1, or panels_per_call(q)).
-template <class Metric, class Element>
+template <class Metric, class Element, class Selector>
 struct Kernels {
   template <int... I>
-  static TileFunction<Element> one_panel(int q, std::integer_sequence<int, I...>) {
-    static const TileFunction<Element> table[] = {&tile<Metric, Element, I + 1, 1>...};
+  static TileFunction<Element, Selector> one_panel(int q, std::integer_sequence<int, I...>) {
+    static const TileFunction<Element, Selector> table[] = {&tile<Metric, Element, Selector, I + 1, 1>...};
     return table[q - 1];
   }
-  static TileFunction<Element> get(int q, int p) {
-    if (p == 4 && q == 1) return &tile<Metric, Element, 1, 4>;
-    if (p == 2 && q == 2) return &tile<Metric, Element, 2, 2>;
+  static TileFunction<Element, Selector> get(int q, int p) {
+    if (p == 4 && q == 1) return &tile<Metric, Element, Selector, 1, 4>;
+    if (p == 2 && q == 2) return &tile<Metric, Element, Selector, 2, 2>;
     return one_panel(q, std::make_integer_sequence<int, kTileQueries>());
   }
 };

@@ -69,23 +69,15 @@ void scan_panels(const Panels<Storage>& table, const float* inverse_norms, const
                  int64_t panel_begin, int64_t panel_end, Selector* best, Scratch& scratch, View view) {
   const int64_t dim = table.dim(), n = table.rows();
   const int group = panels_per_call(nq);
-  scratch.keys.resize(kTileQueries * 4 * kPanel);
+  const float* const query_norms = scratch.query_norms.data();  // not re-read through the thread_local
   for (int64_t p = panel_begin; p < panel_end;) {
     const int count = panel_end - p >= group ? group : 1;
     const Element* panels = view(table.panel(p), count);
     const float* panel_norms = Metric::needs_norms ? inverse_norms + p * kPanel : nullptr;
     for (int64_t first = 0; first < nq; first += kTileQueries) {
       const int q_count = (int)std::min<int64_t>(kTileQueries, nq - first);
-      Kernels<Metric, Element>::get(q_count, count)(queries + first * dim, dim, panels,
-                                                    scratch.query_norms.data() + first, panel_norms,
-                                                    scratch.keys.data());
-      for (int i = 0; i < q_count; ++i) {
-        for (int j = 0; j < count; ++j) {
-          const int64_t start = (p + j) * kPanel;
-          const int rows = (int)std::min<int64_t>(kPanel, n - start);
-          push_panel(best[first + i], scratch.keys.data() + (i * count + j) * kPanel, rows, start);
-        }
-      }
+      Kernels<Metric, Element, Selector>::get(q_count, count)(queries + first * dim, dim, panels, query_norms + first,
+                                                              panel_norms, best + first, p * kPanel, n);
     }
     p += count;
   }

@@ -25,20 +25,6 @@ struct Candidate {
   }
 };
 
-// Offers `count` consecutive positions from first_position (count <= kPanel; keys has room for kPanel)
-// to a selector: one vector comparison rejects a whole panel when no key is below its threshold.
-template <class Selector>
-void push_panel(Selector& best, const float* keys, int count, int64_t first_position) {
-  const Vec bar = broadcast(best.threshold());
-  bool any = false;
-  for (int v = 0; v < kVectorsPerPanel; ++v) {
-    const auto below = load(keys + v * kLanes) < bar;
-    for (int l = 0; l < kLanes; ++l) any |= below[l] != 0;
-  }
-  if (!any) return;
-  for (int r = 0; r < count; ++r) best.push(keys[r], first_position + r);
-}
-
 class TopK {
  public:
   // `storage` must hold capacity(k) entries and outlive this object.
@@ -89,6 +75,14 @@ class TopK {
   int64_t k_ = 0, size_ = 0;
   float threshold_ = 0.0f;
   Candidate* entries_ = nullptr;
+};
+
+// Records every key offered (its threshold lets all through): the exact keys of one panel's rows.
+struct PanelKeys {
+  float key[kPanel];
+  int64_t first_row;
+  float threshold() const { return positive_infinity(); }
+  void push(float value, int64_t position) { key[position - first_row] = value; }
 };
 
 // Keeps every (key, position) whose key is below bound.threshold(k-th smallest key so far): the

@@ -6,7 +6,7 @@
 
 #include "../common.cuh"
 
-#if defined(__F16C__)
+#if defined(__AVX__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -45,6 +45,20 @@ inline Vec load(const half_bits* p) {
 inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
 inline Vec broadcast(float x) { return x - Vec{}; }
+
+// Whether any lane of a < b holds.
+inline bool any_less(Vec a, Vec b) {
+#if TK_LANES == 8 && defined(__AVX__)
+  return _mm256_movemask_ps(_mm256_cmp_ps((__m256)a, (__m256)b, _CMP_LT_OQ)) != 0;
+#elif TK_LANES == 16 && defined(__AVX512F__)
+  return _mm512_cmp_ps_mask((__m512)a, (__m512)b, _CMP_LT_OQ) != 0;
+#else
+  const auto below = a < b;
+  bool any = false;
+  for (int l = 0; l < kLanes; ++l) any |= below[l] != 0;
+  return any;
+#endif
+}
 
 inline float horizontal_sum(Vec v) {
   float sum = 0.0f;

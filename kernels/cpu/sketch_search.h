@@ -68,7 +68,6 @@ inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const
   });
   if (gave_up) return false;
 
-  caller.keys.resize(kTileQueries * 4 * kPanel);
   std::vector<Candidate>& candidates = caller.gathered;
   caller.final_entries.resize(TopK::capacity(k));
   TopK best;
@@ -92,9 +91,12 @@ inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const
     const float* query = queries + i * dim;
     for (size_t c = 0; c < candidates.size();) {
       const int64_t panel = candidates[c].position / kPanel;
-      tile<L2, float, 1, 1>(query, dim, db.panel(panel), nullptr, nullptr, caller.keys.data());
+      PanelKeys exact;
+      exact.first_row = panel * kPanel;
+      tile<L2, float, PanelKeys, 1, 1>(query, dim, db.panel(panel), nullptr, nullptr, &exact, exact.first_row,
+                                       db.size());
       for (; c < candidates.size() && candidates[c].position / kPanel == panel; ++c) {
-        best.push(caller.keys[candidates[c].position % kPanel], candidates[c].position);
+        best.push(exact.key[candidates[c].position - exact.first_row], candidates[c].position);
       }
     }
     best.finish<L2>(db.ids(), distances + i * k, ids + i * k);
