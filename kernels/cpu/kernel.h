@@ -49,6 +49,7 @@ void tile(const float* queries, int64_t dim, const Element* panels, const float*
   for (int i = 0; i < Q; ++i) {
     for (int w = 0; w < P * V; ++w) acc[i][w] = Vec{};
   }
+#pragma GCC unroll 2  // measured: +10% on the 6-query kernel (fewer loop micro-ops per step)
   for (int64_t d = 0; d < dim; ++d) {
     Vec x[P * V];
     for (int j = 0; j < P; ++j) {
