@@ -22,12 +22,13 @@ TINYKNN_D void store_as(half_bits& out, double value) { asm("cvt.rn.f16.f64 %0, 
 template <class T> struct StorageLimit { static constexpr double value = 1125899906842624.0; };
 template <> struct StorageLimit<half_bits> { static constexpr double value = 65504.0; };
 
-// One warp per row. src holds n_rows rows of DIM elements of float16/32/64 (src_itemsize 2/4/8),
-// src_row_stride elements apart. dst gets dst_row_stride (>= DIM) elements per row, zero padded.
+// One warp per row. src holds n_rows rows of dim elements of float16/32/64 (src_itemsize 2/4/8),
+// src_row_stride elements apart. dst gets dst_row_stride (>= dim) elements per row, zero padded.
 // status |= 1 when a value is NaN, infinite or beyond StorageLimit. inv_norms may be null.
-template <class T, int DIM>
+// Not on the search path, so dim is a run-time value: one kernel per storage type serves every dim.
+template <class T>
 __global__ void __launch_bounds__(256)
-ingest_kernel(const void* __restrict__ src, int src_itemsize, long long src_row_stride, long long n_rows,
+ingest_kernel(const void* __restrict__ src, int src_itemsize, long long src_row_stride, long long n_rows, int dim,
               T* __restrict__ dst, int dst_row_stride, float* __restrict__ inv_norms, int* __restrict__ status) {
   const int lane = threadIdx.x & 31;
   const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
@@ -37,7 +38,7 @@ ingest_kernel(const void* __restrict__ src, int src_itemsize, long long src_row_
     for (int e = lane; e < dst_row_stride; e += 32) {
       T out;
       store_as(out, 0.0f);
-      if (e < DIM) {
+      if (e < dim) {
         const long long at = row * src_row_stride + e;
         double value;
         if (src_itemsize == 8) {
@@ -71,7 +72,7 @@ ingest_kernel(const void* __restrict__ src, int src_itemsize, long long src_row_
 template <class Metric, class T, int DIM, int K, int QB, int G, int WARPS, int SMEM>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 scan_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms, long long n_data,
-            long long rows_per_slice, const float* __restrict__ queries, int n_queries,
+            long long rows_per_slice, const float* __restrict__ queries, int n_queries, int /*row_stride: STRIDE*/,
             float* __restrict__ out_keys, int* __restrict__ out_positions) {
   using Layout = RowLayout<T, DIM>;
   static_assert(is_pow2(G) && G <= 32, "G (lanes per row) must be a power of two <= 32");
@@ -190,12 +191,14 @@ TINYKNN_D void load_shared(const float* from, float (&to)[N]) {
 
 constexpr int TILED_DEPTH = 16;
 
-template <class Metric, class T, int DIM, int K, int BQ, int BN, int WARPS, int SMEM>
+// The dimension only sets how many staging steps a tile takes (a run-time loop anyway), so it is a
+// run-time value here: row_stride (elements per padded row, a multiple of 16 bytes) serves every dim.
+template <class Metric, class T, int K, int BQ, int BN, int WARPS, int SMEM>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms, long long n_data,
-             long long rows_per_slice, const float* __restrict__ queries, int n_queries,
+             long long rows_per_slice, const float* __restrict__ queries, int n_queries, int row_stride,
              float* __restrict__ out_keys, int* __restrict__ out_positions) {
-  using Layout = RowLayout<T, DIM>;
+  constexpr int PER_CHUNK = Chunk<T>::N;
   constexpr int THREADS = WARPS * 32;
   constexpr int DEPTH = TILED_DEPTH;
   constexpr int TN = BN / 32, TQ = BQ / WARPS;
@@ -207,12 +210,13 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
   constexpr int STAGE_BYTES = align16(DEPTH * (QP + XP) * 4);
   constexpr int NEED = LIST_BYTES + STAGE_BYTES + align16(BQ * 4);
   static_assert(SMEM >= NEED, "tiled_kernel: SMEM is smaller than its shared memory layout");
-  constexpr int STEPS = (Layout::STRIDE + DEPTH - 1) / DEPTH;   // staging steps per tile
+  const int steps = (row_stride + DEPTH - 1) / DEPTH;           // staging steps per tile
+  const int chunks = row_stride / PER_CHUNK;                    // 16-byte chunks per row
   constexpr int Q_UNITS = BQ * DEPTH / 4;                       // float4 loads of queries per step
-  constexpr int X_PER_ROW = DEPTH / Layout::PER_CHUNK;          // 16-byte chunks per row per step
+  constexpr int X_PER_ROW = DEPTH / PER_CHUNK;                  // 16-byte chunks per row per step
   constexpr int X_UNITS = BN * X_PER_ROW;
   constexpr int Q_LOADS = (Q_UNITS + THREADS - 1) / THREADS, X_LOADS = (X_UNITS + THREADS - 1) / THREADS;
-  static_assert(DEPTH % Layout::PER_CHUNK == 0, "a step must hold whole chunks");
+  static_assert(DEPTH % PER_CHUNK == 0, "a step must hold whole chunks");
 
   extern __shared__ float4 shared_space[];
   float* list_keys = reinterpret_cast<float*>(shared_space);
@@ -227,7 +231,7 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
   if constexpr (Metric::needs_norms) {
     for (int q = warp; q < BQ; q += WARPS) {
       float inv = 0.0f;
-      if (q0 + q < n_queries) inv = warp_inverse_norm(queries + (long long)(q0 + q) * Layout::STRIDE, Layout::STRIDE, lane);
+      if (q0 + q < n_queries) inv = warp_inverse_norm(queries + (long long)(q0 + q) * row_stride, row_stride, lane);
       if (lane == 0) query_inv[q] = inv;
     }
   }
@@ -238,28 +242,28 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
   const long long begin = (long long)blockIdx.x * rows_per_slice;
   const long long end = begin + rows_per_slice < n_data ? begin + rows_per_slice : n_data;
   const int tiles = end > begin ? (int)((end - begin + BN - 1) / BN) : 0;
-  const int total = tiles * STEPS;
+  const int total = tiles * steps;
 
   float4 q_next[Q_LOADS];
   uint4 x_next[X_LOADS];
   auto fetch = [&](int it) {
-    const long long row0 = begin + (long long)(it / STEPS) * BN;
-    const int k0 = (it % STEPS) * DEPTH;
+    const long long row0 = begin + (long long)(it / steps) * BN;
+    const int k0 = (it % steps) * DEPTH;
 #pragma unroll
     for (int i = 0; i < Q_LOADS; ++i) {
       const int unit = threadIdx.x + i * THREADS;
       const int q = unit / (DEPTH / 4), e = k0 + (unit % (DEPTH / 4)) * 4;
-      const bool ok = unit < Q_UNITS && q0 + q < n_queries && e < Layout::STRIDE;
-      q_next[i] = ok ? __ldg(reinterpret_cast<const float4*>(queries + (long long)(q0 + q) * Layout::STRIDE + e))
+      const bool ok = unit < Q_UNITS && q0 + q < n_queries && e < row_stride;
+      q_next[i] = ok ? __ldg(reinterpret_cast<const float4*>(queries + (long long)(q0 + q) * row_stride + e))
                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int i = 0; i < X_LOADS; ++i) {
       const int unit = threadIdx.x + i * THREADS;
       const long long row = row0 + unit / X_PER_ROW;
-      const int c = k0 / Layout::PER_CHUNK + unit % X_PER_ROW;
-      const bool ok = unit < X_UNITS && row < end && c < Layout::CHUNKS;
-      x_next[i] = ok ? __ldg(reinterpret_cast<const uint4*>(data) + row * Layout::CHUNKS + c) : zero_chunk();
+      const int c = k0 / PER_CHUNK + unit % X_PER_ROW;
+      const bool ok = unit < X_UNITS && row < end && c < chunks;
+      x_next[i] = ok ? __ldg(reinterpret_cast<const uint4*>(data) + row * chunks + c) : zero_chunk();
     }
   };
   auto stage = [&]() {
@@ -278,7 +282,7 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
     for (int i = 0; i < X_LOADS; ++i) {
       const int unit = threadIdx.x + i * THREADS;
       if (unit < X_UNITS) {
-        const int r = unit / X_PER_ROW, e = (unit % X_PER_ROW) * Layout::PER_CHUNK;
+        const int r = unit / X_PER_ROW, e = (unit % X_PER_ROW) * PER_CHUNK;
         float x[Chunk<T>::N];
         Chunk<T>::unpack(x_next[i], x);
 #pragma unroll
@@ -294,7 +298,7 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
     stage();
     __syncthreads();
     if (it + 1 < total) fetch(it + 1);
-    const int step = it % STEPS;
+    const int step = it % steps;
     if (step == 0) {
 #pragma unroll
       for (int t = 0; t < TQ; ++t)
@@ -311,8 +315,8 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[t][j] = Metric::accumulate(acc[t][j], qv[t], xv[j]);
     }
-    if (step == STEPS - 1) {
-      const long long row0 = begin + (long long)(it / STEPS) * BN + lane * TN;
+    if (step == steps - 1) {
+      const long long row0 = begin + (long long)(it / steps) * BN + lane * TN;
       float data_inv[TN];
 #pragma unroll
       for (int j = 0; j < TN; ++j) {

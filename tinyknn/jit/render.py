@@ -9,7 +9,7 @@ chosen here, in Python, and handed to the template as a compile-time argument; t
 compile (in CI) instead of corrupting memory.
 
 Variants (spec.variant):
-- "norms":  ingest_kernel<T, DIM>: copies rows of any float dtype and row stride into the padded
+- "norms":  ingest_kernel<T>: copies rows of any float dtype and row stride into the padded
             storage layout, converting the dtype, computing inverse norms and flagging NaN / inf /
             out-of-range values. Used for the database at add() and for CUDA queries.
 - "scan":   scan_kernel: small batches. The database is split into slices across many blocks; each
@@ -18,6 +18,12 @@ Variants (spec.variant):
             memory (register tiles, like a GEMM) and selected per tile into per-query lists.
 - "merge":  merge_kernel: merges the per-slice lists of one query, sorts them nearest first, maps
             positions to user ids, converts keys to distances and pads where k > ntotal.
+
+Only the scan kernel has the dimension as a template argument (its per-lane loads unroll over it).
+The tiled kernel stages a tile 16 dimensions at a time in a loop that does not unroll over the
+dimension, and ingest is off the search path, so both take the padded row length at run time and
+one instantiation serves every dim: specs that differ only in dim render the same name expression,
+hence the same cache key and one cubin. That keeps the default manifest at ~250 kernels per arch.
 """
 
 from __future__ import annotations
@@ -105,11 +111,11 @@ def name_expression(spec: KernelSpec) -> str:
     metric, storage = _METRIC_TYPES[spec.metric], _STORAGE_TYPES[spec.dtype]
     p = spec.param
     if spec.variant == "norms":
-        args = [storage, spec.dim]
+        args = [storage]
     elif spec.variant == "scan":
         args = [metric, storage, spec.dim, spec.k, p("qb"), p("lanes"), p("warps"), p("smem")]
     elif spec.variant == "tiled":
-        args = [metric, storage, spec.dim, spec.k, p("bq"), p("bn"), p("warps"), p("smem")]
+        args = [metric, storage, spec.k, p("bq"), p("bn"), p("warps"), p("smem")]
     else:  # merge
         args = [metric, spec.k, p("warps"), p("smem")]
     return f"tinyknn::{_KERNEL_NAMES[spec.variant]}<{', '.join(str(a) for a in args)}>"

@@ -1,0 +1,106 @@
+"""The renderer: one self-contained source, name expressions per spec, the plans' parameters (no NVRTC)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tinyknn.jit import render
+from tinyknn.spec import KernelSpec
+
+
+def test_source_is_self_contained():
+    source = render.kernel_source()
+    assert '#include "' not in source
+    assert not re.search(r"#\s*pragma\s+once", source)
+    for header in ("common.cuh", "metrics.cuh", "distance.cuh", "topk.cuh", "search.cuh"):
+        assert source.count(f"// ---- kernels/{header} ----") == 1, header
+    # dependency order: what a header defines comes before the code of the header that includes it
+    markers = ("float positive_infinity()", "struct L2 {", "struct RowLayout {", "class WarpLists {", "scan_kernel(")
+    positions = [source.index(marker) for marker in markers]
+    assert positions == sorted(positions)
+
+
+def test_render_source_names_the_instantiation():
+    spec = render.scan_spec("cosine", "float16", 130, 37, "sm_90")
+    rendered = render.render_source(spec)
+    assert rendered.source == render.kernel_source()        # only the name expression differs per spec
+    (name,) = rendered.name_expressions
+    p = dict(spec.params)
+    assert name == (f"tinyknn::scan_kernel<tinyknn::Cosine, tinyknn::half_bits, 130, 37, {p['qb']}, {p['lanes']}, "
+                    f"{p['warps']}, {p['smem']}>")
+    assert "-std=c++17" in rendered.options
+    assert not any(o.startswith("-arch") for o in rendered.options)
+
+
+def test_dim_independent_kernels_share_one_name():
+    a = render.tiled_spec("l2", "float32", 64, 10, "sm_90")
+    b = render.tiled_spec("l2", "float32", 1536, 10, "sm_90")
+    assert a != b and render.name_expression(a) == render.name_expression(b)
+    assert render.name_expression(render.norms_spec("float16", 3, "sm_90")) == "tinyknn::ingest_kernel<tinyknn::half_bits>"
+    assert render.merge_spec("ip", 10, "sm_80") == render.merge_spec("ip", 10, "sm_80")
+    assert render.name_expression(render.merge_spec("ip", 10, "sm_80")).startswith("tinyknn::merge_kernel<tinyknn::InnerProduct, 10,")
+
+
+@pytest.mark.parametrize("dim,dtype,expected", [
+    (1, "float32", (1, 4)), (3, "float32", (1, 4)), (128, "float32", (32, 128)), (130, "float32", (33, 132)),
+    (1, "float16", (1, 8)), (130, "float16", (17, 136)), (1536, "float16", (192, 1536)),
+])
+def test_row_layout_pads_to_16_bytes(dim, dtype, expected):
+    assert render.row_layout(dim, dtype) == expected
+
+
+def test_specs_for_search_cover_every_plan():
+    specs = render.specs_for_search("cosine", "float16", 96, 10, "sm_90")
+    variants = [s.variant for s in specs]
+    assert variants.count("norms") == 2                    # database (float16) and CUDA queries (float32)
+    assert {"scan", "tiled", "merge"} <= set(variants)
+    big = render.specs_for_search("l2", "float32", 96, 2048, "90")
+    assert "tiled" not in [s.variant for s in big]          # k beyond the tiled kernel: scan only
+    assert all(s.arch == "sm_90" for s in big)
+    assert all(isinstance(s, KernelSpec) for s in big)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (("L1", "float32", 8, 1, "sm_90"), "metric must be one of"),
+    (("l2", "int8", 8, 1, "sm_90"), "dtype must be one of"),
+    (("l2", "float32", 0, 1, "sm_90"), "dim must be between"),
+    (("l2", "float32", 8, 4096, "sm_90"), "k must be between"),
+    (("l2", "float32", 8, 1, "ampere"), "arch must look like"),
+])
+def test_specs_for_search_refuse_bad_input(bad, match):
+    with pytest.raises(ValueError, match=match):
+        render.specs_for_search(*bad)
+
+
+@pytest.mark.parametrize("k", [1, 10, 32, 33, 100, 256, 1000, 2048])
+@pytest.mark.parametrize("dim,dtype", [(1, "float32"), (130, "float16"), (1536, "float32")])
+def test_parameters_are_consistent(k, dim, dtype):
+    scan = dict(render.scan_spec("l2", dtype, dim, k, "sm_90").params)
+    kp = render.padded_k(k)
+    assert scan["lanes"] in (1, 2, 4, 8, 16, 32)
+    assert scan["qb"] >= 1 and (scan["qb"] * kp <= render.REGISTER_LIST_SLOTS or scan["qb"] == 1)
+    assert scan["smem"] >= scan["warps"] * scan["qb"] * kp * 8
+    assert scan["smem"] <= 227 * 1024                        # what an H100/H200 block may opt in to
+    merge = dict(render.merge_spec("l2", k, "sm_90").params)
+    assert merge["smem"] <= 227 * 1024
+    if k <= render.TILED_MAX_K:
+        tiled = dict(render.tiled_spec("l2", dtype, dim, k, "sm_90").params)
+        assert tiled["bq"] % tiled["warps"] == 0 and tiled["bn"] % 128 == 0
+        assert tiled["smem"] <= 100 * 1024
+
+
+def test_include_cycles_and_missing_headers_are_reported(tmp_path, monkeypatch):
+    (tmp_path / "a.cuh").write_text('#include "b.cuh"\n')
+    (tmp_path / "b.cuh").write_text('#include "a.cuh"\n')
+    (tmp_path / "c.cuh").write_text('#include "missing.cuh"\n')
+    monkeypatch.setattr(render, "kernels_dir", lambda: tmp_path)
+    render.kernel_source.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="includes itself"):
+            render.kernel_source("a.cuh")
+        with pytest.raises(FileNotFoundError, match="missing.cuh"):
+            render.kernel_source("c.cuh")
+    finally:
+        render.kernel_source.cache_clear()

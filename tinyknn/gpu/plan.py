@@ -1,0 +1,142 @@
+"""The search plan: which kernels a search of (n_queries, k) launches, on which grid, with parameters
+packed once.
+
+A search is two launches: a selection kernel (`scan` for small batches, `tiled` for large ones) that
+writes the k best of every (query, database slice), then `merge`, which merges the slices of each
+query into the sorted answer. The database is split into enough slices to give every SM several
+blocks, so a single query still uses the whole GPU. A plan is built once per (n_queries, k) for the
+index's current buffers and size; `add`, `reset` and buffer growth throw the plans away.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+from ..jit import render
+from ..jit.cache import get_cubin
+from ..spec import KernelSpec
+from .launcher import Kernel, PreparedLaunch, load_module
+
+# Tuning, from the measurements in bench/NOTES_GPU.md.
+SCAN_MAX_QUERIES = 16       # up to this many queries per batch: scan (each block streams its slice once per QB queries)
+SCAN_WAVES = 1              # scan grid: SMs x resident blocks per SM x this many waves
+TILED_WAVES = 4             # tiled grid: more waves, so that the last one's tail costs little
+MAX_BATCH = 8192            # queries per launch pair (bounds the candidate buffer; grid.y <= 65535)
+INGEST_THREADS = 256
+
+_P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+ARGUMENTS = {
+    # ingest_kernel(src, src_itemsize, src_row_stride, n_rows, dim, dst, dst_row_stride, inv_norms, status)
+    "norms": (_P, _I, _L, _L, _I, _P, _I, _P, _P),
+    # scan/tiled(data, inv_norms, n_data, rows_per_slice, queries, n_queries, row_stride, out_keys, out_positions)
+    "scan": (_P, _P, _L, _L, _P, _I, _I, _P, _P),
+    "tiled": (_P, _P, _L, _L, _P, _I, _I, _P, _P),
+    # merge_kernel(keys, positions, n_lists, ids, out_distances, out_ids)
+    "merge": (_P, _P, _I, _P, _P, _P),
+}
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    """A kernel of one spec, loaded into the current context, with its launch shape."""
+
+    spec: KernelSpec
+    kernel: Kernel
+    threads: int
+    shared_bytes: int
+    blocks_per_sm: int
+
+    def prepare(self, *values) -> PreparedLaunch:
+        return self.kernel.prepare(ARGUMENTS[self.spec.variant], values or None)
+
+
+def load_kernel(spec: KernelSpec) -> LoadedKernel:
+    """cubin (memory, disk or NVRTC) -> module (once per process) -> kernel with its shared memory set."""
+    kernel = load_module(get_cubin(spec)).kernel(render.name_expression(spec))
+    if spec.variant == "norms":
+        threads, shared = INGEST_THREADS, 0
+    else:
+        threads, shared = spec.param("warps") * 32, spec.param("smem")
+    if shared > 48 * 1024:
+        kernel.set_max_dynamic_shared(shared)
+    return LoadedKernel(spec, kernel, threads, shared, max(1, kernel.max_active_blocks_per_sm(threads, shared)))
+
+
+def choose_variant(n_queries: int, k: int) -> str:
+    """scan for small batches (and whenever k is beyond the tiled kernel), tiled for large ones."""
+    return "scan" if n_queries <= SCAN_MAX_QUERIES or k > render.TILED_MAX_K else "tiled"
+
+
+def queries_per_block(spec: KernelSpec) -> int:
+    return spec.param("qb") if spec.variant == "scan" else spec.param("bq")
+
+
+def rows_granule(spec: KernelSpec) -> int:
+    """Rows a block handles per step: slices are whole multiples of it."""
+    if spec.variant == "scan":
+        return spec.param("warps") * 32 // spec.param("lanes")
+    return spec.param("bn")
+
+
+def split_rows(n_data: int, groups: int, loaded: LoadedKernel, sm_count: int, k: int,
+               slices: int | None = None) -> tuple[int, int]:
+    """(slices, rows_per_slice): enough blocks for every SM, slices no smaller than a step or k."""
+    waves = SCAN_WAVES if loaded.spec.variant == "scan" else TILED_WAVES
+    if slices is None:
+        slices = math.ceil(sm_count * loaded.blocks_per_sm * waves / groups)
+    granule = rows_granule(loaded.spec)
+    rows = max(granule, k, math.ceil(max(n_data, 1) / max(1, slices)))
+    rows = math.ceil(rows / granule) * granule
+    return max(1, math.ceil(n_data / rows)), rows
+
+
+@dataclass
+class SearchPlan:
+    """The two launches of one batch shape, parameters packed; `launch` enqueues both."""
+
+    variant: str
+    n_queries: int
+    k: int
+    slices: int
+    rows_per_slice: int
+    main: PreparedLaunch
+    main_grid: tuple[int, int, int]
+    main_block: int
+    main_shared: int
+    merge: PreparedLaunch
+    merge_block: int
+    merge_shared: int
+
+    def launch(self, stream) -> None:
+        self.main.launch(self.main_grid, self.main_block, self.main_shared, stream)
+        self.merge.launch(self.n_queries, self.merge_block, self.merge_shared, stream)
+
+    def set_outputs(self, distances_ptr: int, ids_ptr: int) -> None:
+        """Point the merge at other result arrays (device arrays of the caller's framework)."""
+        self.merge.set(4, distances_ptr)
+        self.merge.set(5, ids_ptr)
+
+
+def candidate_bytes(n_queries: int, slices: int, k: int) -> int:
+    """Bytes of (key, position) candidates a plan writes: n_queries x slices x k x (4 + 4)."""
+    return n_queries * slices * k * 8
+
+
+def build_plan(main: LoadedKernel, merge: LoadedKernel, *, n_queries: int, k: int, n_data: int,
+               slices: int, rows_per_slice: int, row_stride: int, data_ptr: int, norms_ptr: int, queries_ptr: int,
+               keys_ptr: int, positions_ptr: int, ids_ptr: int, distances_out: int, ids_out: int) -> SearchPlan:
+    groups = math.ceil(n_queries / queries_per_block(main.spec))
+    main_launch = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, n_queries, row_stride,
+                               keys_ptr, positions_ptr)
+    merge_launch = merge.prepare(keys_ptr, positions_ptr, slices, ids_ptr, distances_out, ids_out)
+    return SearchPlan(main.spec.variant, n_queries, k, slices, rows_per_slice, main_launch,
+                      (slices, groups, 1), main.threads, main.shared_bytes,
+                      merge_launch, merge.threads, merge.shared_bytes)
+
+
+__all__ = [
+    "LoadedKernel", "MAX_BATCH", "SearchPlan", "build_plan", "candidate_bytes", "choose_variant",
+    "load_kernel", "split_rows",
+]

@@ -1,0 +1,360 @@
+"""GpuSearcher: the database on the GPU, its stream and staging buffers, and the search plans.
+
+Layout: rows stored in the index's dtype, padded with zeros to a 16-byte multiple (render.row_layout),
+inverse norms for cosine, the user's int64 ids. Queries are float32, padded the same way.
+
+Host queries (NumPy): copied into pinned staging allocated once and grown (never per call), one async
+copy in, the selection kernel and the merge, one async copy of the (n_queries, k) results out, one
+stream synchronisation with the GIL released, then into the two result arrays (the only per-call
+allocations). A batch shape seen twice is captured as a CUDA graph and replayed (one driver call).
+
+CUDA queries (CuPy, torch): read in place by the ingest kernel (dtype conversion, padding and the
+NaN check on the device), results written straight into arrays of the caller's framework; our
+stream waits for the caller's current stream and the caller's stream waits for the results
+(events). The NaN flag is read back, so the call returns once the results are ready.
+
+Threads: one lock per index serialises its searches and adds (they share the staging, the plans and
+the stream); the GPU work of one search already fills the device.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from .._validate import DeviceArray
+from ..config import get_config
+from ..jit import render
+from . import interop, plan as plans
+from .device import current_device, ensure_context
+from .launcher import CapturedGraph
+from .memory import DeviceBuffer, Event, PinnedBuffer, Stream
+
+MAX_ROWS = 2**31 - 1            # positions are int32 in the kernels
+ADD_CHUNK_BYTES = 64 << 20      # host vectors are copied to the device in chunks of this size
+PLAN_CACHE = 32
+GRAPH_AFTER_USES = 2            # capture a host batch shape as a graph on its second use
+
+
+def _align8(nbytes: int) -> int:
+    return (nbytes + 7) // 8 * 8
+
+
+class _HostBatch:
+    """A plan plus the copies around it for host queries; replayed as a graph once it repeats."""
+
+    def __init__(self, plan: plans.SearchPlan, query_bytes: int, ids_offset: int, result_bytes: int):
+        self.plan, self.query_bytes, self.ids_offset, self.result_bytes = plan, query_bytes, ids_offset, result_bytes
+        self.uses = 0
+        self.graph: CapturedGraph | None = None
+
+    def issue(self, searcher: "GpuSearcher") -> None:
+        stream, buffers = searcher._stream, searcher._buffers
+        buffers["queries"].copy_from_host(buffers["query_stage"], self.query_bytes, stream)
+        self.plan.launch(stream)
+        buffers["results"].copy_to_host(buffers["result_stage"], self.result_bytes, stream)
+
+    def close(self) -> None:
+        if self.graph is not None:
+            self.graph.close()
+
+
+class GpuSearcher:
+    """The Searcher protocol (tinyknn.index) on the current CUDA device."""
+
+    use_graphs = True
+
+    def __init__(self, dim: int, metric: str, dtype: str):
+        self.dim, self.metric, self.dtype = dim, metric, dtype
+        ensure_context()
+        info = current_device()
+        self._ordinal, self._sm_count = info.ordinal, info.sm_count
+        self._arch = get_config().arch or info.arch
+        self._stride = render.row_layout(dim, dtype)[1]
+        self._itemsize = np.dtype(dtype).itemsize
+        self._row_bytes = self._stride * self._itemsize
+        self._lock = threading.Lock()
+        self._stream = Stream()
+        self._events = (Event(timing=False), Event(timing=False))
+        self._buffers: dict[str, DeviceBuffer | PinnedBuffer] = {}
+        self._kernels: dict = {}
+        self._plans: OrderedDict = OrderedDict()
+        self._n = 0
+        self._capacity = 0
+        self._status_host = PinnedBuffer(4)
+        self._device("status", 4)
+        self._closed = False
+
+    # -- buffers ----------------------------------------------------------------------------------
+    def _device(self, name: str, nbytes: int) -> DeviceBuffer:
+        return self._buffer(name, nbytes, DeviceBuffer)
+
+    def _pinned(self, name: str, nbytes: int) -> PinnedBuffer:
+        return self._buffer(name, nbytes, PinnedBuffer)
+
+    def _buffer(self, name, nbytes, kind):
+        """The named buffer, grown (doubling) when too small; growth invalidates the plans."""
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.nbytes < nbytes:
+            size = max(nbytes, 2 * buffer.nbytes if buffer is not None else 0, 64)
+            if buffer is not None:
+                self._stream.synchronize()     # nothing enqueued may still use the old one
+                buffer.close()
+            buffer = kind(size)
+            if kind is PinnedBuffer:
+                buffer.array(np.uint8, size)[:] = 0   # the query padding columns stay zero forever
+            self._buffers[name] = buffer
+            self._forget_plans()
+        return buffer
+
+    def _reserve(self, rows: int) -> None:
+        """Room for `rows` database rows; existing rows move to the new buffers on the stream."""
+        if rows <= self._capacity:
+            return
+        capacity = max(rows, 2 * self._capacity, 1024)
+        sizes = {"data": self._row_bytes, "ids": 8, "norms": 4 if self.metric == "cosine" else 0}
+        old = {name: self._buffers.pop(name, None) for name in sizes}
+        for name, per_row in sizes.items():
+            if per_row:
+                new = self._device(name, capacity * per_row)
+                if old[name] is not None and self._n:
+                    new.copy_from_device(old[name].ptr, self._n * per_row, self._stream)
+        self._stream.synchronize()
+        for buffer in old.values():
+            if buffer is not None:
+                buffer.close()
+        self._capacity = capacity
+        self._forget_plans()
+
+    def _forget_plans(self) -> None:
+        for batch in self._plans.values():
+            if isinstance(batch, _HostBatch):
+                batch.close()
+        self._plans.clear()
+
+    def _pointer(self, name: str) -> int:
+        buffer = self._buffers.get(name)
+        return 0 if buffer is None else buffer.ptr
+
+    # -- kernels ------------------------------------------------------------------------------------
+    def _kernel(self, spec) -> plans.LoadedKernel:
+        loaded = self._kernels.get(spec)
+        if loaded is None:
+            loaded = self._kernels[spec] = plans.load_kernel(spec)
+        return loaded
+
+    def _ingest(self, source_ptr: int, itemsize: int, row_step: int, rows: int, storage: str,
+                dest_ptr: int, norms_ptr: int) -> None:
+        """Enqueue the ingest kernel: rows of any float dtype -> padded `storage` rows, NaN flag set."""
+        loaded = self._kernel(render.norms_spec(storage, self.dim, self._arch))
+        launch = loaded.prepare(source_ptr, itemsize, row_step, rows, self.dim, dest_ptr, self._stride, norms_ptr,
+                                self._pointer("status"))
+        blocks = max(1, min(math.ceil(rows / (loaded.threads // 32)), self._sm_count * 8))
+        launch.launch(blocks, loaded.threads, 0, self._stream)
+
+    def _raise_if_bad(self, what: str) -> None:
+        """Read the device's bad-value flag (synchronising the stream) and raise if it is set."""
+        self._buffers["status"].copy_to_host(self._status_host, 4, self._stream)
+        self._stream.synchronize()
+        if self._status_host.array(np.int32, 1)[0]:
+            raise ValueError(f"{what} contains NaN, infinity or a value beyond what dtype {self.dtype!r} "
+                             "holds; tinyknn accepts finite values only")
+
+    # -- the Searcher protocol ------------------------------------------------------------------------
+    def add(self, vectors, ids: np.ndarray) -> None:
+        """Append rows (a validated host array in the storage dtype, or a CUDA array) with their ids."""
+        with self._lock:
+            self._check_open()
+            n = len(ids)
+            if self._n + n > MAX_ROWS:
+                raise ValueError(f"a GPU index holds at most {MAX_ROWS} vectors; it has {self._n}, adding {n}")
+            self._reserve(self._n + n)
+            self._buffers["status"].fill_bytes(0, 4, self._stream)
+            data_ptr = self._pointer("data") + self._n * self._row_bytes
+            norms_ptr = self._pointer("norms") + self._n * 4 if self.metric == "cosine" else 0
+            if isinstance(vectors, DeviceArray):
+                self._add_device(vectors, data_ptr, norms_ptr)
+            else:
+                self._add_host(vectors, data_ptr, norms_ptr)
+            self._buffers["ids"].copy_from_host(np.ascontiguousarray(ids, dtype=np.int64), n * 8, self._stream,
+                                                offset=self._n * 8)
+            self._raise_if_bad("vectors to add")
+            self._n += n
+            self._forget_plans()
+
+    def _add_host(self, vectors: np.ndarray, data_ptr: int, norms_ptr: int) -> None:
+        row_bytes = self.dim * self._itemsize
+        chunk = max(1, min(len(vectors), ADD_CHUNK_BYTES // row_bytes))
+        source = self._device("add_source", chunk * row_bytes)
+        for start in range(0, len(vectors), chunk):
+            part = vectors[start:start + chunk]
+            source.copy_from_host(part, part.nbytes, self._stream)
+            self._ingest(source.ptr, self._itemsize, self.dim, len(part), self.dtype,
+                         data_ptr + start * self._row_bytes, norms_ptr + start * 4 if norms_ptr else 0)
+
+    def _add_device(self, vectors: DeviceArray, data_ptr: int, norms_ptr: int) -> None:
+        interop.check_device(vectors, self._ordinal, "vectors to add")
+        step = interop.row_step(vectors, "vectors to add")
+        self._wait_for_caller(interop.caller_stream(vectors))
+        self._ingest(vectors.ptr, vectors.dtype.itemsize, step, vectors.shape[0], self.dtype, data_ptr, norms_ptr)
+
+    def search(self, queries, k: int):
+        """(distances, ids) of the k nearest: NumPy for host queries, the caller's framework for CUDA ones."""
+        if isinstance(queries, DeviceArray):
+            return self._search_device(queries, k)
+        n_queries = queries.shape[0]
+        distances = np.empty((n_queries, k), dtype=np.float32)
+        ids = np.empty((n_queries, k), dtype=np.int64)
+        with self._lock:
+            self._check_open()
+            for start in range(0, n_queries, plans.MAX_BATCH):
+                stop = min(n_queries, start + plans.MAX_BATCH)
+                self._search_host_batch(queries[start:stop], k, distances[start:stop], ids[start:stop])
+        return distances, ids
+
+    def _search_host_batch(self, queries: np.ndarray, k: int, distances: np.ndarray, ids: np.ndarray) -> None:
+        n_queries = len(queries)
+        batch = self._host_batch(n_queries, k)
+        stage = self._buffers["query_stage"].array(np.float32, (n_queries, self._stride))
+        if self._stride == self.dim:
+            np.copyto(stage, queries)
+        else:
+            stage[:, :self.dim] = queries
+        batch.uses += 1
+        if batch.graph is None and self.use_graphs and batch.uses >= GRAPH_AFTER_USES:
+            batch.graph = CapturedGraph(self._stream, lambda: batch.issue(self))
+        if batch.graph is not None and self.use_graphs:
+            batch.graph.launch(self._stream)
+        else:
+            batch.issue(self)
+        self._stream.synchronize()
+        raw = self._buffers["result_stage"].array(np.uint8, batch.result_bytes)
+        distances[...] = raw[:n_queries * k * 4].view(np.float32).reshape(n_queries, k)
+        ids[...] = raw[batch.ids_offset:batch.result_bytes].view(np.int64).reshape(n_queries, k)
+
+    def _search_device(self, queries: DeviceArray, k: int):
+        interop.check_device(queries, self._ordinal, "queries")
+        step = interop.row_step(queries, "queries")
+        n_queries = queries.shape[0]
+        distances, ids, distances_ptr, ids_ptr = interop.empty_results(queries, n_queries, k, self._ordinal)
+        caller = interop.caller_stream(queries)
+        with self._lock:
+            self._check_open()
+            self._wait_for_caller(caller)        # after the result arrays were allocated on it
+            self._buffers["status"].fill_bytes(0, 4, self._stream)
+            item = queries.dtype.itemsize
+            for start in range(0, n_queries, plans.MAX_BATCH):
+                count = min(plans.MAX_BATCH, n_queries - start)
+                search_plan = self._plan(count, k, "device")
+                self._ingest(queries.ptr + start * step * item, item, step, count, "float32",
+                             self._pointer("queries"), 0)
+                search_plan.set_outputs(distances_ptr + start * k * 4, ids_ptr + start * k * 8)
+                search_plan.launch(self._stream)
+            done = self._events[1]
+            done.record(self._stream)
+            Stream.from_handle(caller).wait(done)
+            self._raise_if_bad("queries")
+        return distances, ids
+
+    def _wait_for_caller(self, caller: int) -> None:
+        ready = self._events[0]
+        ready.record(Stream.from_handle(caller))
+        self._stream.wait(ready)
+
+    # -- plans ----------------------------------------------------------------------------------------
+    def _host_batch(self, n_queries: int, k: int) -> _HostBatch:
+        key = (n_queries, k, "host")
+        batch = self._plans.get(key)
+        if batch is None:
+            ids_offset = _align8(n_queries * k * 4)
+            result_bytes = ids_offset + n_queries * k * 8
+            self._pinned("query_stage", n_queries * self._stride * 4)
+            self._pinned("result_stage", result_bytes)
+            self._device("results", result_bytes)
+            search_plan = self._plan(n_queries, k, "host")     # after the buffers: they may move
+            batch = self._plans[key] = _HostBatch(search_plan, n_queries * self._stride * 4, ids_offset, result_bytes)
+        self._plans.move_to_end(key)
+        return batch
+
+    def _plan(self, n_queries: int, k: int, purpose: str) -> plans.SearchPlan:
+        """The cached plan of a batch shape; the buffers it needs are grown first."""
+        key = (n_queries, k, purpose, "plan")
+        found = self._plans.get(key)
+        if found is not None:
+            self._plans.move_to_end(key)
+            return found
+        args = (self.metric, self.dtype, self.dim, k, self._arch)
+        variant = plans.choose_variant(n_queries, k)
+        main = self._kernel(render.scan_spec(*args) if variant == "scan" else render.tiled_spec(*args))
+        merge = self._kernel(render.merge_spec(self.metric, k, self._arch))
+        groups = math.ceil(n_queries / plans.queries_per_block(main.spec))
+        slices, rows = plans.split_rows(self._n, groups, main, self._sm_count, k, self.slices_override)
+        self._device("queries", n_queries * self._stride * 4)
+        self._device("candidates", plans.candidate_bytes(n_queries, slices, k))
+        ids_offset = _align8(n_queries * k * 4)
+        results = self._pointer("results")
+        candidates = self._pointer("candidates")
+        search_plan = plans.build_plan(
+            main, merge, n_queries=n_queries, k=k, n_data=self._n, slices=slices, rows_per_slice=rows, row_stride=self._stride,
+            data_ptr=self._pointer("data"), norms_ptr=self._pointer("norms"), queries_ptr=self._pointer("queries"),
+            keys_ptr=candidates, positions_ptr=candidates + n_queries * slices * k * 4, ids_ptr=self._pointer("ids"),
+            distances_out=results, ids_out=results + ids_offset)
+        self._plans[key] = search_plan
+        while len(self._plans) > PLAN_CACHE:
+            _, dropped = self._plans.popitem(last=False)
+            if isinstance(dropped, _HostBatch):
+                dropped.close()
+        return search_plan
+
+    slices_override: int | None = None   # benchmarks only: force the number of database slices
+
+    # -- the rest of the protocol ---------------------------------------------------------------------
+    def reset(self) -> None:
+        with self._lock:
+            self._check_open()
+            self._n = 0
+            self._forget_plans()
+
+    def export(self) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies of the stored vectors (n, dim) in the storage dtype and of the ids, for save()."""
+        with self._lock:
+            self._check_open()
+            rows = np.empty((self._n, self._stride), dtype=self.dtype)
+            ids = np.empty(self._n, dtype=np.int64)
+            if self._n:
+                self._buffers["data"].copy_to_host(rows, rows.nbytes, self._stream)
+                self._buffers["ids"].copy_to_host(ids, ids.nbytes, self._stream)
+                self._stream.synchronize()
+            return np.ascontiguousarray(rows[:, :self.dim]), ids
+
+    def close(self) -> None:
+        """Free every device and pinned buffer, the graphs, events and the stream (once)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._stream.synchronize()
+            finally:
+                self._forget_plans()
+                for buffer in self._buffers.values():
+                    buffer.close()
+                self._buffers.clear()
+                self._status_host.close()
+                for event in self._events:
+                    event.close()
+                self._stream.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("this GPU index was closed")
+
+    @property
+    def ntotal(self) -> int:
+        return self._n
+
+
+__all__ = ["GpuSearcher"]
