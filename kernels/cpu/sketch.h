@@ -23,11 +23,15 @@
 
 #include "../common.cuh"
 #include "database.h"
+#include "simd.h"
 
 namespace tinyknn {
 
 // float -> float16 bits, round to nearest even, for |f| <= 65504 (callers clamp).
 inline half_bits float_to_half(float f) {
+#if defined(__F16C__)
+  return (half_bits)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#endif
   std::uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);
   const std::uint32_t sign = (bits >> 16) & 0x8000u;
@@ -39,6 +43,14 @@ inline half_bits float_to_half(float f) {
   std::uint32_t half = ((((bits >> 23) & 0xffu) - 112u) << 10) | ((bits >> 13) & 0x3ffu);
   if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // a carry moves into the exponent
   return (half_bits)(sign | half);
+}
+
+inline float widen(half_bits h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return half_to_float(h);
+#endif
 }
 
 // gamma_n: a relative bound on the float32 rounding of a sum of n non-negative terms, doubled.
@@ -70,13 +82,14 @@ class Sketch {
     if (n == 0) return;
     if (residuals_.rows() == 0) choose_frame(vectors, n);
     const int64_t dim = this->dim();
+    const double scale = std::ldexp(1.0, -exponent_);  // a power of two: multiplying by it is exact
     std::vector<half_bits> row(dim);
     for (int64_t i = 0; i < n; ++i) {
       double error = 0.0;
       for (int64_t d = 0; d < dim; ++d) {
-        const double exact = std::ldexp((double)vectors[i * dim + d] - (double)center_[d], -exponent_);
+        const double exact = ((double)vectors[i * dim + d] - (double)center_[d]) * scale;
         row[d] = float_to_half((float)std::max(-65504.0, std::min(65504.0, exact)));
-        const double gap = exact - (double)half_to_float(row[d]);
+        const double gap = exact - (double)widen(row[d]);
         error += gap * gap;
       }
       error_max_ = std::max(error_max_, std::sqrt(error) * (1.0 + 1e-9) + 1e-300);
@@ -93,12 +106,12 @@ class Sketch {
   // float32 sums (a query far outside the data's scale): then the caller scans exactly.
   bool prepare(const float* query, float* out, SketchBound* bound) const {
     const int64_t dim = this->dim();
+    const float scale = std::ldexp(1.0f, -exponent_);  // 2^-100 .. 2^100: a normal float
     double error = 0.0;
     for (int64_t d = 0; d < dim; ++d) {
-      const float shifted = query[d] - center_[d];
-      out[d] = std::ldexp(shifted, -exponent_);
+      out[d] = (query[d] - center_[d]) * scale;  // rounded once, in the subtraction (then underflow, if any)
       if (!(std::fabs(out[d]) <= 1.0e15f)) return false;
-      const double gap = std::ldexp((double)query[d] - (double)center_[d], -exponent_) - (double)out[d];
+      const double gap = ((double)query[d] - (double)center_[d]) * (double)scale - (double)out[d];
       error += gap * gap;
     }
     bound->gamma = sum_error(dim);
@@ -111,13 +124,15 @@ class Sketch {
   // The centre (the batch's mean) and the power of two that puts its largest |x - c| near 2^14.
   void choose_frame(const float* vectors, int64_t n) {
     const int64_t dim = this->dim();
-    for (int64_t d = 0; d < dim; ++d) {
-      double sum = 0.0;
-      for (int64_t i = 0; i < n; ++i) sum += vectors[i * dim + d];
-      center_[d] = (float)(sum / (double)n);
+    std::vector<double> sums(dim, 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t d = 0; d < dim; ++d) sums[d] += vectors[i * dim + d];
     }
+    for (int64_t d = 0; d < dim; ++d) center_[d] = (float)(sums[d] / (double)n);
     double largest = 0.0;
-    for (int64_t i = 0; i < n * dim; ++i) largest = std::max(largest, std::fabs((double)vectors[i] - center_[i % dim]));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t d = 0; d < dim; ++d) largest = std::max(largest, std::fabs((double)vectors[i * dim + d] - center_[d]));
+    }
     exponent_ = largest > 0.0 ? std::max(-100, std::min(100, std::ilogb(largest) + 1 - 14)) : 0;
   }
 
