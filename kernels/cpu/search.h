@@ -73,9 +73,8 @@ class Index final : public AnyIndex {
     db_.export_to(n, static_cast<Storage*>(vectors), ids);
   }
 
-  // Step 5 of the ladder: all cores (pool.h). Tasks are (query chunk, database slice) pairs: many
-  // queries split by chunk; few queries also split the database, each slice keeping its own k best,
-  // merged at the end.
+  // All cores (pool.h): tasks are (query chunk, database slice) pairs, see make_plan. Float32 l2
+  // searches of a few queries go through the float16 sketch first (sketch_search.h).
   void search(const float* queries, int64_t nq, int64_t k, int threads, float* distances,
               int64_t* ids) override {
     if (nq == 0) return;
@@ -118,17 +117,21 @@ class Index final : public AnyIndex {
     int64_t chunk, chunks, slices;
   };
 
-  // Chunks of at most chunk_queries(dim) queries, at least one per thread where nq allows; when there
-  // are fewer chunks than threads, the database is cut into slices of at least kMinSlicePanels panels.
+  // About four tasks per thread, taken from a shared counter, so a thread that starts late (another
+  // process on its core) takes fewer. Tasks split the queries into chunks of at most chunk_queries(dim)
+  // (what stays in L2) and at least kMinChunk (below that a chunk's compute no longer hides the
+  // database stream it reads); where that leaves too few chunks, the database is cut into slices of
+  // at least kMinSlicePanels panels, each slice keeping its own k best, merged at the end.
   Plan make_plan(int64_t nq, int threads) const {
-    const int64_t per_thread = (nq + threads - 1) / threads;
-    const int64_t tiles = (per_thread + kTileQueries - 1) / kTileQueries;
-    const int64_t chunk = std::max<int64_t>(1, std::min(chunk_queries(db_.dim()), tiles * kTileQueries));
+    static constexpr int64_t kMinChunk = 8 * kTileQueries;
+    const int64_t tasks = 4 * (int64_t)threads;
+    const int64_t per_task = (nq + tasks - 1) / tasks;
+    const int64_t rounded = (per_task + kTileQueries - 1) / kTileQueries * kTileQueries;
+    const int64_t chunk = std::min(std::max(rounded, kMinChunk), std::max<int64_t>(chunk_queries(db_.dim()), kMinChunk));
     const int64_t chunks = (nq + chunk - 1) / chunk;
     int64_t slices = 1;
-    if (chunks < threads) {
-      // four slices per thread, taken from a shared counter: a thread that starts late takes fewer
-      slices = std::min<int64_t>(4 * ((threads + chunks - 1) / chunks), std::max<int64_t>(1, db_.panels() / kMinSlicePanels));
+    if (chunks < tasks) {
+      slices = std::min<int64_t>((tasks + chunks - 1) / chunks, std::max<int64_t>(1, db_.panels() / kMinSlicePanels));
     }
     return Plan{chunk, chunks, slices};
   }
