@@ -30,7 +30,9 @@ from ..errors import CpuLibraryError
 
 ABI_VERSION = 2          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
 COMPILERS = ("g++", "c++", "clang++")
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-pthread", "-ffp-contract=fast",
+# -march=native: exactly the running CPU's instructions (arm64 compilers spell it -mcpu=native)
+_NATIVE = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
+FLAGS = ("-O3", _NATIVE, "-std=c++17", "-fPIC", "-shared", "-pthread", "-ffp-contract=fast",
          "-fvisibility=hidden", "-fno-math-errno")
 STATUS_INVALID_ARGUMENT, STATUS_OUT_OF_MEMORY = 1, 2
 METRIC_CODES = {"l2": 0, "ip": 1, "cosine": 2}
