@@ -10,7 +10,9 @@ How: host NumPy in and out, host clock (perf_counter_ns; every call returns host
 synchronised). Two warm-up calls per peer, then rounds: in each round every peer makes one call, in an
 order rotated per round, so a slow spell of the machine hits all peers alike; the median over rounds is
 reported. One-query rounds cycle through different queries. The load averages before and after the
-timing are recorded: other processes on these cores slow the OpenMP peers (FAISS) most. Recall is against an exact float64 search
+timing are recorded, and so is the share of the machine's CPU time other processes took while each
+phase was timed (from /proc/stat): they slow the OpenMP peers (FAISS) most, so only runs where that
+share is small are fair comparisons. Recall is against an exact float64 search
 (bench/datasets.py: ties with the k-th neighbour count as correct).
 Targets (issue 2): 1 query <= 0.7 x min(hnswlib, FAISS); 1,000 queries <= 0.7 x FAISS.
 Writes bench/results/cpu_vs_peers_<date>_<machine>.json and .png.
@@ -50,6 +52,7 @@ def parse_args():
     parser.add_argument("--nq-many", type=int, default=1000)
     parser.add_argument("--rounds-1", type=int, default=None, help="timed rounds of one query (default 200; quick 40)")
     parser.add_argument("--rounds-many", type=int, default=None, help="timed rounds of nq-many queries (default 9; quick 3)")
+    parser.add_argument("--peers", default=",".join(PEER_NAMES), help="comma-separated subset of " + ",".join(PEER_NAMES))
     parser.add_argument("--truth-queries", type=int, default=100, help="queries checked against float64")
     args = parser.parse_args()
     args.rounds_1 = args.rounds_1 or (40 if args.quick else 200)
@@ -57,9 +60,11 @@ def parse_args():
     return args
 
 
-def build_peers(db, config):
+def build_peers(db, config, names):
     built, notes = {}, {}
-    for name in PEER_NAMES:
+    for name in names:
+        if name not in PEER_NAMES:
+            raise SystemExit(f"--peers: unknown peer {name!r}; known: {', '.join(PEER_NAMES)}")
         reason = PEERS[name].probe()
         if reason:
             notes[name] = reason
@@ -69,6 +74,29 @@ def build_peers(db, config):
         built[name] = PEERS[name].build(db, config)
         print(f"[build] {name}: {time.perf_counter() - started:.2f} s")
     return built, notes
+
+
+class ForeignLoad:
+    """The share of the machine's CPU time that other processes used while timing ran (Linux /proc/stat):
+    this script's numbers are only as clean as that share is small."""
+
+    def __enter__(self):
+        self.start = (self._busy_seconds(), sum(os.times()[:2]), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc):
+        busy, ours, wall = self._busy_seconds(), sum(os.times()[:2]), time.perf_counter()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        foreign = (busy - self.start[0]) - (ours - self.start[1])
+        self.fraction = max(0.0, foreign / ((wall - self.start[2]) * cores)) if busy else None
+
+    @staticmethod
+    def _busy_seconds() -> float:
+        try:
+            fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+        except OSError:
+            return 0.0
+        return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle, iowait
 
 
 def measure(built, queries, nq, rounds, warmup):
@@ -140,11 +168,14 @@ def main():
     config = Config(dim=args.dim, dtype="float32", metric="l2", k=args.k)
     db, queries = datasets.random_data(args.n_data, max(args.nq_many, args.truth_queries), args.dim)
     truth = datasets.ground_truth(db, queries, args.k, "l2", rows=args.truth_queries)
-    built, notes = build_peers(db, config)
+    built, notes = build_peers(db, config, [p.strip() for p in args.peers.split(",") if p.strip()])
     load_before = os.getloadavg()
     rows = []
+    foreign = {}
     for nq, rounds in ((1, args.rounds_1), (args.nq_many, args.rounds_many)):
-        results = measure(built, queries, nq, rounds, warmup=1 if args.quick and nq > 1 else 2)
+        with ForeignLoad() as load:
+            results = measure(built, queries, nq, rounds, warmup=1 if args.quick and nq > 1 else 2)
+        foreign[str(nq)] = load.fraction
         for name, (samples, ids) in results.items():
             summary = _common.summary_us(samples)
             rows.append({"peer": name, "nq": nq, "median_ms": summary["median_us"] / 1e3, "timing_us": summary,
@@ -155,11 +186,14 @@ def main():
                           "quick": args.quick, "rounds": {"1": args.rounds_1, str(args.nq_many): args.rounds_many}},
                "settings": settings(), "skipped": notes, "rows": rows, "targets": targets(rows, args.nq_many),
                # other processes share these cores: the 1, 5 and 15 minute load averages around the timing
-               "load_average": {"before": load_before, "after": os.getloadavg()}}
+               "load_average": {"before": load_before, "after": os.getloadavg()},
+               "foreign_cpu_share": foreign}
     paths = _common.write_results("cpu_vs_peers" + ("_quick" if args.quick else ""), payload,
                                   plot(rows, (1, args.nq_many)), env=env, out_dir=args.out_dir)
     print(table(rows))
-    print(f"load average before {payload['load_average']['before']}, after {payload['load_average']['after']}")
+    print(f"load average before {payload['load_average']['before']}, after {payload['load_average']['after']}; "
+          f"CPU share used by other processes while timing: " +
+          ", ".join(f"nq={nq}: {share:.0%}" for nq, share in foreign.items() if share is not None))
     for name, target in payload["targets"].items():
         print(f"{name}: ratio {target['ratio']:.2f} (target <= 0.7): {'met' if target['met'] else 'MISSED'}")
     print("wrote", *paths.values())
