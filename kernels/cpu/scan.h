@@ -27,7 +27,7 @@ struct Scratch {
   std::vector<float> panel, keys, query_norms;
   std::vector<Candidate> candidates, merged;
   std::vector<TopK> best;
-  // the sketch search's (sketch_search.h)
+  // the caller thread's, for the sketch search (sketch_search.h) and the merge of slices
   std::vector<float> prepared;
   std::vector<SketchBound> bounds;
   std::vector<SlackTopK> slack;

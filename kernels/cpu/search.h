@@ -138,7 +138,8 @@ class Index final : public AnyIndex {
 
   // Each query's k best over all slices.
   void merge(int64_t nq, int64_t k, int64_t slices, Candidate* merged, float* distances, int64_t* ids) {
-    std::vector<Candidate> storage(TopK::capacity(k));
+    std::vector<Candidate>& storage = Scratch::of_this_thread().final_entries;
+    storage.resize(TopK::capacity(k));
     TopK best;
     for (int64_t i = 0; i < nq; ++i) {
       best.start(k, storage.data());
