@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -241,6 +243,44 @@ def test_eight_python_threads_search_one_index(rng, threads):
     assert not errors
     for slot, (distances, ids) in enumerate(results):
         check_search(distances, ids, db, queries[slot], 9, "l2")
+
+
+class _CallTimer:
+    """Stands in for the loaded library and times the native search call itself (the worker's side)."""
+
+    def __init__(self, library):
+        self.library, self.window = library, None
+
+    def __getattr__(self, name):
+        return getattr(self.library, name)
+
+    def tk_index_search(self, *args):
+        start = time.perf_counter()
+        status = self.library.tk_index_search(*args)
+        self.window = (start, time.perf_counter())
+        return status
+
+
+def test_search_releases_the_gil(rng, threads):
+    """Python threads run while the library searches: ctypes.CDLL drops the GIL for the call (with a
+    PyDLL the main thread only runs around the call's ends, at GIL switches; checked by hand)."""
+    threads(1)
+    db = rng.standard_normal((20000, 64)).astype(np.float32)
+    q = rng.standard_normal((1500, 64)).astype(np.float32)   # about 50 ms of work on one core
+    index = build(db, "l2", "float32")
+    timer = _CallTimer(index._searcher._library)
+    index._searcher._library = timer
+    done, stamps = threading.Event(), []
+    worker = threading.Thread(target=lambda: (index.search(q, 5), done.set()))
+    worker.start()
+    while not done.is_set():
+        stamps.append(time.perf_counter())
+    worker.join()
+    start, end = timer.window
+    third = (end - start) / 3   # near the ends the main thread may run at a GIL switch even with a PyDLL
+    assert third > 2 * sys.getswitchinterval(), f"the search took only {end - start:.4f} s; the test needs more"
+    assert any(start + third < t < end - third for t in stamps), \
+        "the main thread never ran during the middle third of the native search call"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
