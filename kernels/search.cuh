@@ -92,6 +92,7 @@ scan_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int q0 = blockIdx.y * QB;
+  const int queries_here = n_queries - q0 < QB ? n_queries - q0 : QB;
   for (int i = threadIdx.x; i < QB * QROW; i += WARPS * 32) {
     const int q = i / QROW, e = i % QROW;
     query_s[i] = (q0 + q < n_queries && e < Layout::STRIDE) ? queries[(long long)(q0 + q) * Layout::STRIDE + e] : 0.0f;
@@ -127,6 +128,8 @@ scan_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms
     float keys[QB][1];
 #pragma unroll
     for (int q = 0; q < QB; ++q) {
+      keys[q][0] = positive_infinity();
+      if (q >= queries_here) continue;     // a last, partial group: no work for absent queries
       float even = 0.0f, odd = 0.0f;
 #pragma unroll
       for (int i = 0; i < CPL; ++i) {
@@ -193,8 +196,10 @@ constexpr int TILED_DEPTH = 16;
 
 // The dimension only sets how many staging steps a tile takes (a run-time loop anyway), so it is a
 // run-time value here: row_stride (elements per padded row, a multiple of 16 bytes) serves every dim.
-template <class Metric, class T, int K, int BQ, int BN, int WARPS, int SMEM>
-__global__ void __launch_bounds__(WARPS * 32, 1)
+// REGISTER_LISTS: the warp's TQ lists in registers (when TQ * padded k <= 256) or in shared memory;
+// shared lists leave the registers to the tile, which keeps two blocks resident per SM.
+template <class Metric, class T, int K, int BQ, int BN, int WARPS, bool REGISTER_LISTS, int SMEM>
+__global__ void __launch_bounds__(WARPS * 32, 2)
 tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms, long long n_data,
              long long rows_per_slice, const float* __restrict__ queries, int n_queries, int row_stride,
              float* __restrict__ out_keys, int* __restrict__ out_positions) {
@@ -204,7 +209,8 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
   constexpr int TN = BN / 32, TQ = BQ / WARPS;
   static_assert(BN % 128 == 0 && BQ % WARPS == 0, "tiled_kernel: BN must be a multiple of 128, BQ of WARPS");
   constexpr int KP = padded_k(K);
-  constexpr bool IN_REGISTERS = TQ * KP <= 256;
+  constexpr bool IN_REGISTERS = REGISTER_LISTS;
+  static_assert(!REGISTER_LISTS || TQ * KP <= 256, "tiled_kernel: register lists hold at most 256 slots a lane");
   constexpr int QP = BQ + 4, XP = BN + 4;                     // padded shared rows (float4-aligned)
   constexpr int LIST_BYTES = IN_REGISTERS ? 0 : BQ * KP * 8;
   constexpr int STAGE_BYTES = align16(DEPTH * (QP + XP) * 4);

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from ..jit import render
 from ..jit.cache import get_cubin
 from ..spec import KernelSpec
-from .launcher import Kernel, PreparedLaunch, load_module
+import numpy as np
+
+from .launcher import CapturedGraph, Kernel, PreparedLaunch, load_module
 
 # Tuning, from the measurements in bench/NOTES_GPU.md.
 SCAN_MAX_QUERIES = 16       # up to this many queries per batch: scan (each block streams its slice once per QB queries)
@@ -119,6 +121,46 @@ class SearchPlan:
         self.merge.set(5, ids_ptr)
 
 
+class HostBatch:
+    """A plan plus the copies around it for host queries: pinned stage -> device, the two launches,
+    device results -> pinned. The NumPy views of the staging are made once. On its second use the
+    whole sequence is captured as a CUDA graph and replayed with one driver call."""
+
+    GRAPH_AFTER_USES = 2
+
+    def __init__(self, plan: SearchPlan, queries, stage, query_bytes: int, results, results_stage,
+                 ids_offset: int, row_stride: int):
+        n, k = plan.n_queries, plan.k
+        self.plan, self.queries, self.stage_buffer, self.query_bytes = plan, queries, stage, query_bytes
+        self.results, self.results_stage = results, results_stage
+        self.result_bytes = ids_offset + n * k * 8
+        self.stage = stage.array(np.float32, (n, row_stride))
+        raw = results_stage.array(np.uint8, self.result_bytes)
+        self.distances = raw[:n * k * 4].view(np.float32).reshape(n, k)
+        self.ids = raw[ids_offset:].view(np.int64).reshape(n, k)
+        self.uses = 0
+        self.graph: CapturedGraph | None = None
+
+    def issue(self, stream) -> None:
+        self.queries.copy_from_host(self.stage_buffer, self.query_bytes, stream)
+        self.plan.launch(stream)
+        self.results.copy_to_host(self.results_stage, self.result_bytes, stream)
+
+    def run(self, stream, use_graphs: bool) -> None:
+        self.uses += 1
+        if use_graphs and self.graph is None and self.uses >= self.GRAPH_AFTER_USES:
+            self.graph = CapturedGraph(stream, lambda: self.issue(stream))
+        if use_graphs and self.graph is not None:
+            self.graph.launch(stream)
+        else:
+            self.issue(stream)
+
+    def close(self) -> None:
+        if self.graph is not None:
+            self.graph.close()
+            self.graph = None
+
+
 def candidate_bytes(n_queries: int, slices: int, k: int) -> int:
     """Bytes of (key, position) candidates a plan writes: n_queries x slices x k x (4 + 4)."""
     return n_queries * slices * k * 8
@@ -137,6 +179,6 @@ def build_plan(main: LoadedKernel, merge: LoadedKernel, *, n_queries: int, k: in
 
 
 __all__ = [
-    "LoadedKernel", "MAX_BATCH", "SearchPlan", "build_plan", "candidate_bytes", "choose_variant",
+    "HostBatch", "LoadedKernel", "MAX_BATCH", "SearchPlan", "build_plan", "candidate_bytes", "choose_variant",
     "load_kernel", "split_rows",
 ]

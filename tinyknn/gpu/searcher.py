@@ -30,36 +30,15 @@ from ..config import get_config
 from ..jit import render
 from . import interop, plan as plans
 from .device import current_device, ensure_context
-from .launcher import CapturedGraph
 from .memory import DeviceBuffer, Event, PinnedBuffer, Stream
 
 MAX_ROWS = 2**31 - 1            # positions are int32 in the kernels
 ADD_CHUNK_BYTES = 64 << 20      # host vectors are copied to the device in chunks of this size
 PLAN_CACHE = 32
-GRAPH_AFTER_USES = 2            # capture a host batch shape as a graph on its second use
 
 
 def _align8(nbytes: int) -> int:
     return (nbytes + 7) // 8 * 8
-
-
-class _HostBatch:
-    """A plan plus the copies around it for host queries; replayed as a graph once it repeats."""
-
-    def __init__(self, plan: plans.SearchPlan, query_bytes: int, ids_offset: int, result_bytes: int):
-        self.plan, self.query_bytes, self.ids_offset, self.result_bytes = plan, query_bytes, ids_offset, result_bytes
-        self.uses = 0
-        self.graph: CapturedGraph | None = None
-
-    def issue(self, searcher: "GpuSearcher") -> None:
-        stream, buffers = searcher._stream, searcher._buffers
-        buffers["queries"].copy_from_host(buffers["query_stage"], self.query_bytes, stream)
-        self.plan.launch(stream)
-        buffers["results"].copy_to_host(buffers["result_stage"], self.result_bytes, stream)
-
-    def close(self) -> None:
-        if self.graph is not None:
-            self.graph.close()
 
 
 class GpuSearcher:
@@ -131,7 +110,7 @@ class GpuSearcher:
 
     def _forget_plans(self) -> None:
         for batch in self._plans.values():
-            if isinstance(batch, _HostBatch):
+            if isinstance(batch, plans.HostBatch):
                 batch.close()
         self._plans.clear()
 
@@ -216,24 +195,15 @@ class GpuSearcher:
         return distances, ids
 
     def _search_host_batch(self, queries: np.ndarray, k: int, distances: np.ndarray, ids: np.ndarray) -> None:
-        n_queries = len(queries)
-        batch = self._host_batch(n_queries, k)
-        stage = self._buffers["query_stage"].array(np.float32, (n_queries, self._stride))
+        batch = self._host_batch(len(queries), k)
         if self._stride == self.dim:
-            np.copyto(stage, queries)
+            np.copyto(batch.stage, queries)
         else:
-            stage[:, :self.dim] = queries
-        batch.uses += 1
-        if batch.graph is None and self.use_graphs and batch.uses >= GRAPH_AFTER_USES:
-            batch.graph = CapturedGraph(self._stream, lambda: batch.issue(self))
-        if batch.graph is not None and self.use_graphs:
-            batch.graph.launch(self._stream)
-        else:
-            batch.issue(self)
+            batch.stage[:, :self.dim] = queries
+        batch.run(self._stream, self.use_graphs)
         self._stream.synchronize()
-        raw = self._buffers["result_stage"].array(np.uint8, batch.result_bytes)
-        distances[...] = raw[:n_queries * k * 4].view(np.float32).reshape(n_queries, k)
-        ids[...] = raw[batch.ids_offset:batch.result_bytes].view(np.int64).reshape(n_queries, k)
+        distances[...] = batch.distances
+        ids[...] = batch.ids
 
     def _search_device(self, queries: DeviceArray, k: int):
         interop.check_device(queries, self._ordinal, "queries")
@@ -265,17 +235,19 @@ class GpuSearcher:
         self._stream.wait(ready)
 
     # -- plans ----------------------------------------------------------------------------------------
-    def _host_batch(self, n_queries: int, k: int) -> _HostBatch:
+    def _host_batch(self, n_queries: int, k: int) -> plans.HostBatch:
         key = (n_queries, k, "host")
         batch = self._plans.get(key)
         if batch is None:
             ids_offset = _align8(n_queries * k * 4)
             result_bytes = ids_offset + n_queries * k * 8
-            self._pinned("query_stage", n_queries * self._stride * 4)
-            self._pinned("result_stage", result_bytes)
-            self._device("results", result_bytes)
+            stage = self._pinned("query_stage", n_queries * self._stride * 4)
+            results_stage = self._pinned("result_stage", result_bytes)
+            results = self._device("results", result_bytes)
             search_plan = self._plan(n_queries, k, "host")     # after the buffers: they may move
-            batch = self._plans[key] = _HostBatch(search_plan, n_queries * self._stride * 4, ids_offset, result_bytes)
+            batch = self._plans[key] = plans.HostBatch(
+                search_plan, self._buffers["queries"], stage, n_queries * self._stride * 4, results, results_stage,
+                ids_offset, self._stride)
         self._plans.move_to_end(key)
         return batch
 
@@ -305,7 +277,7 @@ class GpuSearcher:
         self._plans[key] = search_plan
         while len(self._plans) > PLAN_CACHE:
             _, dropped = self._plans.popitem(last=False)
-            if isinstance(dropped, _HostBatch):
+            if isinstance(dropped, plans.HostBatch):
                 dropped.close()
         return search_plan
 

@@ -115,7 +115,7 @@ def name_expression(spec: KernelSpec) -> str:
     elif spec.variant == "scan":
         args = [metric, storage, spec.dim, spec.k, p("qb"), p("lanes"), p("warps"), p("smem")]
     elif spec.variant == "tiled":
-        args = [metric, storage, spec.k, p("bq"), p("bn"), p("warps"), p("smem")]
+        args = [metric, storage, spec.k, p("bq"), p("bn"), p("warps"), "true" if p("reglists") else "false", p("smem")]
     else:  # merge
         args = [metric, spec.k, p("warps"), p("smem")]
     return f"tinyknn::{_KERNEL_NAMES[spec.variant]}<{', '.join(str(a) for a in args)}>"
@@ -162,15 +162,17 @@ def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: i
 
 
 def tiled_params(dtype: str, dim: int, k: int, *, bq: int | None = None, bn: int = TILED_BN,
-                 warps: int = TILED_WARPS) -> dict[str, int]:
-    """Parameters of the tiled kernel (k <= TILED_MAX_K)."""
+                 warps: int = TILED_WARPS, reglists: bool = False) -> dict[str, int]:
+    """Parameters of the tiled kernel (k <= TILED_MAX_K). Lists in shared memory by default: in
+    registers they push the k <= 32 kernels past 128 registers, to one block per SM."""
     kp = padded_k(k)
     if bq is None:
         bq = max(warps, min(64, _pow2_floor(TILED_LIST_SMEM // (kp * 8))))
-    lists = 0 if (bq // warps) * kp <= REGISTER_LIST_SLOTS else bq * kp * 8
+    reglists = bool(reglists) and (bq // warps) * kp <= REGISTER_LIST_SLOTS
+    lists = 0 if reglists else bq * kp * 8
     staging = _align16(TILED_DEPTH * (bq + 4 + bn + 4) * 4)
     smem = lists + staging + _align16(bq * 4)
-    return {"bq": bq, "bn": bn, "warps": warps, "smem": smem}
+    return {"bq": bq, "bn": bn, "warps": warps, "reglists": int(reglists), "smem": smem}
 
 
 def merge_params(k: int) -> dict[str, int]:
