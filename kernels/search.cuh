@@ -329,17 +329,16 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
         data_inv[j] = 1.0f;
         if constexpr (Metric::needs_norms) data_inv[j] = row0 + j < end ? __ldg(data_inv_norms + row0 + j) : 0.0f;
       }
-      float keys[TQ][TN];
 #pragma unroll
-      for (int t = 0; t < TQ; ++t) {
+      for (int t = 0; t < TQ; ++t) {                    // the accumulators become the keys, in place
         const float query_inv_t = Metric::needs_norms ? query_inv[warp * TQ + t] : 1.0f;
 #pragma unroll
         for (int j = 0; j < TN; ++j) {
-          keys[t][j] = row0 + j < end ? to_key<Metric>(Metric::finish(acc[t][j], query_inv_t, data_inv[j]))
-                                      : positive_infinity();
+          acc[t][j] = row0 + j < end ? to_key<Metric>(Metric::finish(acc[t][j], query_inv_t, data_inv[j]))
+                                     : positive_infinity();
         }
       }
-      lists.offer(keys, (int)row0);
+      lists.offer(acc, (int)row0);
     }
   }
 
