@@ -9,7 +9,8 @@ matmul on the norm expansion, argpartition). Every peer uses all usable cores.
 How: host NumPy in and out, host clock (perf_counter_ns; every call returns host arrays, so it is
 synchronised). Two warm-up calls per peer, then rounds: in each round every peer makes one call, in an
 order rotated per round, so a slow spell of the machine hits all peers alike; the median over rounds is
-reported. One-query rounds cycle through different queries. The load averages before and after the
+reported. Every call is followed by a pause (`--settle-s`, 0.15 s) so that the thread pools of the peer
+just timed (OpenBLAS spins ~0.1 s after a call) do not compete with the next one. One-query rounds cycle through different queries. The load averages before and after the
 timing are recorded, and so is the share of the machine's CPU time other processes took while each
 phase was timed (from /proc/stat): they slow the OpenMP peers (FAISS) most, so only runs where that
 share is small are fair comparisons. Recall is against an exact float64 search
@@ -50,12 +51,14 @@ def parse_args():
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--nq-many", type=int, default=1000)
-    parser.add_argument("--rounds-1", type=int, default=None, help="timed rounds of one query (default 200; quick 40)")
+    parser.add_argument("--rounds-1", type=int, default=None, help="timed rounds of one query (default 100; quick 25)")
     parser.add_argument("--rounds-many", type=int, default=None, help="timed rounds of nq-many queries (default 9; quick 3)")
     parser.add_argument("--peers", default=",".join(PEER_NAMES), help="comma-separated subset of " + ",".join(PEER_NAMES))
+    parser.add_argument("--settle-s", type=float, default=0.15,
+                        help="pause after every call so the last peer's spinning thread pools go idle")
     parser.add_argument("--truth-queries", type=int, default=100, help="queries checked against float64")
     args = parser.parse_args()
-    args.rounds_1 = args.rounds_1 or (40 if args.quick else 200)
+    args.rounds_1 = args.rounds_1 or (25 if args.quick else 100)
     args.rounds_many = args.rounds_many or (3 if args.quick else 9)
     return args
 
@@ -99,8 +102,12 @@ class ForeignLoad:
         return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle, iowait
 
 
-def measure(built, queries, nq, rounds, warmup):
-    """{peer: (seconds per call list, ids of the truth queries)} from interleaved, rotated rounds."""
+def measure(built, queries, nq, rounds, warmup, settle):
+    """{peer: (seconds per call list, ids of the truth queries)} from interleaved, rotated rounds.
+
+    After every call the script sleeps `settle` seconds: OpenBLAS (NumPy) keeps its threads spinning for
+    about 0.1 s after a call and OpenMP (FAISS) for a few ms, which would otherwise steal the cores from
+    whichever peer is timed next."""
     names = list(built)
     samples = {name: [] for name in names}
     ids = {name: [] for name in names}
@@ -108,6 +115,7 @@ def measure(built, queries, nq, rounds, warmup):
     for name in names:
         for _ in range(warmup):
             built[name].search(batches[0])
+            time.sleep(settle)
     clock = time.perf_counter_ns
     for r in range(rounds):
         batch = batches[r % len(batches)]
@@ -115,6 +123,7 @@ def measure(built, queries, nq, rounds, warmup):
             t0 = clock()
             _, found = built[name].search(batch)
             samples[name].append((clock() - t0) * 1e-9)
+            time.sleep(settle)
             if nq > 1 or r < len(queries):
                 ids[name].append(np.asarray(found))
     return {name: (samples[name], np.concatenate(ids[name])[: len(queries)] if nq == 1 else ids[name][-1])
@@ -174,7 +183,7 @@ def main():
     foreign = {}
     for nq, rounds in ((1, args.rounds_1), (args.nq_many, args.rounds_many)):
         with ForeignLoad() as load:
-            results = measure(built, queries, nq, rounds, warmup=1 if args.quick and nq > 1 else 2)
+            results = measure(built, queries, nq, rounds, 1 if args.quick and nq > 1 else 2, args.settle_s)
         foreign[str(nq)] = load.fraction
         for name, (samples, ids) in results.items():
             summary = _common.summary_us(samples)
@@ -183,7 +192,7 @@ def main():
     for item in built.values():
         item.close()
     payload = {"config": {"n_data": args.n_data, **config.__dict__, "data": "standard normal (seed 0)",
-                          "quick": args.quick, "rounds": {"1": args.rounds_1, str(args.nq_many): args.rounds_many}},
+                          "quick": args.quick, "settle_s": args.settle_s, "rounds": {"1": args.rounds_1, str(args.nq_many): args.rounds_many}},
                "settings": settings(), "skipped": notes, "rows": rows, "targets": targets(rows, args.nq_many),
                # other processes share these cores: the 1, 5 and 15 minute load averages around the timing
                "load_average": {"before": load_before, "after": os.getloadavg()},
