@@ -6,6 +6,8 @@
 // best (key, position) of every (query, database slice), then merge_kernel, which merges the slices
 // of a query, sorts, maps positions to user ids and turns keys back into distances.
 // Output of scan/tiled: keys[(q * n_slices + slice) * K + j], positions likewise (int32 rows).
+// bounds[q] (zeroed before the launch) lets the slices of one query share their k-th best key, so a
+// slice skips candidates another slice already beats k times (topk.cuh, read_bound).
 #pragma once
 #include "topk.cuh"
 
@@ -73,7 +75,7 @@ template <class Metric, class T, int DIM, int K, int QB, int G, int WARPS, int S
 __global__ void __launch_bounds__(WARPS * 32, 1)
 scan_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms, long long n_data,
             long long rows_per_slice, const float* __restrict__ queries, int n_queries, int /*row_stride: STRIDE*/,
-            float* __restrict__ out_keys, int* __restrict__ out_positions) {
+            float* __restrict__ out_keys, int* __restrict__ out_positions, unsigned* __restrict__ bounds) {
   using Layout = RowLayout<T, DIM>;
   static_assert(is_pow2(G) && G <= 32, "G (lanes per row) must be a power of two <= 32");
   constexpr int CPL = (Layout::CHUNKS + G - 1) / G;            // chunks per lane
@@ -125,6 +127,9 @@ scan_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms
     }
     float data_inv = 1.0f;
     if constexpr (Metric::needs_norms) data_inv = valid ? __ldg(data_inv_norms + row) : 0.0f;
+    float bound[QB];   // what the other slices already guarantee for each query (see read_bound)
+#pragma unroll
+    for (int q = 0; q < QB; ++q) bound[q] = q < queries_here ? read_bound(bounds + q0 + q) : 0.0f;
     float keys[QB][1];
 #pragma unroll
     for (int q = 0; q < QB; ++q) {
@@ -137,10 +142,19 @@ scan_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms
       }
       const float sum = sum_over_lanes<G>(even + odd);
       const float query_inv_q = Metric::needs_norms ? query_inv[q] : 1.0f;
-      keys[q][0] = (valid && part == 0) ? to_key<Metric>(Metric::finish(sum, query_inv_q, data_inv))
-                                        : positive_infinity();
+      const float key = to_key<Metric>(Metric::finish(sum, query_inv_q, data_inv));
+      keys[q][0] = (valid && part == 0 && key < bound[q]) ? key : positive_infinity();
     }
-    lists.offer(keys, row);
+    const unsigned changed = lists.offer(keys, row);
+    if (changed) {
+#pragma unroll
+      for (int q = 0; q < QB; ++q) {
+        if ((changed >> q) & 1u) {
+          const float threshold = lists.threshold(q);
+          if (lane == 0) publish_bound(bounds + q0 + q, threshold);
+        }
+      }
+    }
   }
 
   // Merge the block's warps: every warp's lists go to shared memory, warp q % WARPS merges query q
@@ -202,7 +216,7 @@ template <class Metric, class T, int K, int BQ, int BN, int WARPS, bool REGISTER
 __global__ void __launch_bounds__(WARPS * 32, 2)
 tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms, long long n_data,
              long long rows_per_slice, const float* __restrict__ queries, int n_queries, int row_stride,
-             float* __restrict__ out_keys, int* __restrict__ out_positions) {
+             float* __restrict__ out_keys, int* __restrict__ out_positions, unsigned* __restrict__ bounds) {
   constexpr int PER_CHUNK = Chunk<T>::N;
   constexpr int THREADS = WARPS * 32;
   constexpr int DEPTH = TILED_DEPTH;
@@ -298,6 +312,7 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
   };
 
   float acc[TQ][TN];
+  float bound[TQ];   // read when a tile starts, used when it ends (see read_bound)
   if (total > 0) fetch(0);
   for (int it = 0; it < total; ++it) {
     __syncthreads();   // the previous step's reads of the staging area are done
@@ -307,9 +322,12 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
     const int step = it % steps;
     if (step == 0) {
 #pragma unroll
-      for (int t = 0; t < TQ; ++t)
+      for (int t = 0; t < TQ; ++t) {
+        const int q = q0 + warp * TQ + t;
+        bound[t] = q < n_queries ? read_bound(bounds + q) : 0.0f;
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[t][j] = 0.0f;
+      }
     }
 #pragma unroll
     for (int e = 0; e < DEPTH; ++e) {
@@ -334,11 +352,21 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
         const float query_inv_t = Metric::needs_norms ? query_inv[warp * TQ + t] : 1.0f;
 #pragma unroll
         for (int j = 0; j < TN; ++j) {
-          acc[t][j] = row0 + j < end ? to_key<Metric>(Metric::finish(acc[t][j], query_inv_t, data_inv[j]))
-                                     : positive_infinity();
+          const float key = to_key<Metric>(Metric::finish(acc[t][j], query_inv_t, data_inv[j]));
+          acc[t][j] = row0 + j < end && key < bound[t] ? key : positive_infinity();
         }
       }
-      lists.offer(acc, (int)row0);
+      const unsigned changed = lists.offer(acc, (int)row0);
+      if (changed) {
+#pragma unroll
+        for (int t = 0; t < TQ; ++t) {
+          const int q = q0 + warp * TQ + t;
+          if (((changed >> t) & 1u) && q < n_queries) {
+            const float threshold = lists.threshold(t);
+            if (lane == 0) publish_bound(bounds + q, threshold);
+          }
+        }
+      }
     }
   }
 
@@ -353,8 +381,11 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
 }
 
 // ---- merge: one block per query -------------------------------------------------------------
-// Merges the query's n_lists lists of K, sorts nearest first, writes distances and user ids
-// (ids[position]); empty entries become (-1, +inf for l2 / -inf for ip and cosine).
+// The query's n_lists lists of K hold n_lists * K candidates (empty entries are (+inf, -1)). A radix
+// select finds the K-th smallest key, the K winners are gathered (ties at the K-th key taken in any
+// order), sorted nearest first, and written as distances and user ids (ids[position]); empty
+// entries become (-1, +inf for l2 / -inf for ip and cosine). No serial insertion: the cost is a few
+// passes over the candidates, whatever K.
 __host__ __device__ constexpr int next_pow2(int n) {
   int p = 1;
   while (p < n) p *= 2;
@@ -366,16 +397,14 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 merge_kernel(const float* __restrict__ keys, const int* __restrict__ positions, int n_lists,
              const long long* __restrict__ ids, float* __restrict__ out_distances, long long* __restrict__ out_ids) {
   constexpr int THREADS = WARPS * 32;
-  constexpr int KP = padded_k(K);
-  constexpr bool IN_REGISTERS = KP <= 256;
   constexpr int SORT = next_pow2(K < 2 ? 2 : K);
-  constexpr int NEED = WARPS * KP * 8 + SORT * 8;
+  constexpr int NEED = SORT * 8 + (256 + 4) * 4;
   static_assert(SMEM >= NEED, "merge_kernel: SMEM is smaller than its shared memory layout");
   extern __shared__ float4 shared_space[];
-  float* list_keys = reinterpret_cast<float*>(shared_space);
-  int* list_positions = reinterpret_cast<int*>(list_keys + WARPS * KP);
-  float* sort_keys = reinterpret_cast<float*>(list_positions + WARPS * KP);
+  float* sort_keys = reinterpret_cast<float*>(shared_space);
   int* sort_positions = reinterpret_cast<int*>(sort_keys + SORT);
+  unsigned* histogram = reinterpret_cast<unsigned*>(sort_positions + SORT);   // 256 bins + 2 results
+  unsigned* taken = histogram + 258;                                           // [0] below, [1] ties
   require_dynamic_smem(NEED);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -384,21 +413,38 @@ merge_kernel(const float* __restrict__ keys, const int* __restrict__ positions, 
   const float* my_keys = keys + q * total;
   const int* my_positions = positions + q * total;
 
-  WarpLists<K, 1, IN_REGISTERS> list;
-  list.init(list_keys + warp * KP, list_positions + warp * KP);
-  for (long long base = warp * 32; base < total; base += THREADS) {
-    const long long i = base + lane;
-    list.offer_to(0, i < total ? my_keys[i] : positive_infinity(), i < total ? my_positions[i] : -1);
-  }
-  if constexpr (IN_REGISTERS) list.store(0, list_keys + warp * KP, list_positions + warp * KP);
-  __syncthreads();
-  if (warp == 0) {
-    for (int w = 1; w < WARPS; ++w) list.offer_stored(0, list_keys + w * KP, list_positions + w * KP);
-    list.store(0, sort_keys, sort_positions);
-  }
+  int ties;
+  const unsigned kth = block_select(my_keys, total, K, histogram, ties);
+  if (threadIdx.x < 2) taken[threadIdx.x] = 0;
   for (int i = K + threadIdx.x; i < SORT; i += THREADS) {
     sort_keys[i] = positive_infinity();
     sort_positions[i] = -1;
+  }
+  __syncthreads();
+  // Gather: keys below the K-th go to [0, K - ties), keys equal to it to [K - ties, K) while room lasts.
+  const unsigned lanes_below = (1u << lane) - 1;
+  for (long long base = (long long)warp * 32; base < total; base += THREADS) {
+    const long long i = base + lane;
+    const unsigned u = i < total ? ordered_bits(my_keys[i]) : 0xffffffffu;
+    const bool below = i < total && u < kth, equal = i < total && u == kth;
+    const unsigned below_mask = __ballot_sync(FULL_WARP, below), equal_mask = __ballot_sync(FULL_WARP, equal);
+    unsigned below_base = 0, equal_base = 0;
+    if (lane == 0) {
+      if (below_mask) below_base = atomicAdd(&taken[0], (unsigned)__popc(below_mask));
+      if (equal_mask) equal_base = atomicAdd(&taken[1], (unsigned)__popc(equal_mask));
+    }
+    below_base = __shfl_sync(FULL_WARP, below_base, 0);
+    equal_base = __shfl_sync(FULL_WARP, equal_base, 0);
+    int slot = -1;
+    if (below) slot = (int)(below_base + __popc(below_mask & lanes_below));
+    if (equal) {
+      const int e = (int)(equal_base + __popc(equal_mask & lanes_below));
+      if (e < ties) slot = K - ties + e;
+    }
+    if (slot >= 0) {
+      sort_keys[slot] = my_keys[i];
+      sort_positions[slot] = my_positions[i];
+    }
   }
   __syncthreads();
   block_sort(sort_keys, sort_positions, SORT);

@@ -42,14 +42,16 @@ class WarpLists {
   }
 
   // keys[l][j] is this lane's candidate for list l at position first + j (+inf offers nothing).
+  // Returns a warp-uniform mask of the lists that changed (bit l: list l took a candidate).
   template <int N>
-  TINYKNN_D void offer(const float (&keys)[LISTS][N], int first) {
+  TINYKNN_D unsigned offer(const float (&keys)[LISTS][N], int first) {
     bool any = false;
 #pragma unroll
     for (int l = 0; l < LISTS; ++l)
 #pragma unroll
       for (int j = 0; j < N; ++j) any |= keys[l][j] < threshold_[l][0];
-    if (!__any_sync(FULL_WARP, any)) return;   // the common case once the lists have filled
+    if (!__any_sync(FULL_WARP, any)) return 0;   // the common case once the lists have filled
+    unsigned changed = 0;
 #pragma unroll 1
     for (int l = 0; l < LISTS; ++l) {
       float mine[N];
@@ -64,21 +66,27 @@ class WarpLists {
         float key = mine[0];
 #pragma unroll
         for (int i = 1; i < N; ++i) key = i == j ? mine[i] : key;
-        offer_to(l, key, first + j);
+        if (offer_to(l, key, first + j)) changed |= 1u << l;
       }
     }
+    return changed;
   }
 
-  // Each lane offers one candidate to list l (l may be a run-time value).
-  TINYKNN_D void offer_to(int l, float key, int position) {
+  // Each lane offers one candidate to list l (l may be a run-time value); true if the list changed.
+  TINYKNN_D bool offer_to(int l, float key, int position) {
     unsigned pending = __ballot_sync(FULL_WARP, key < threshold(l));
+    bool changed = false;
     while (pending) {
       const int source = __ffs(pending) - 1;
       pending &= pending - 1;
       const float candidate = __shfl_sync(FULL_WARP, key, source);
       const int candidate_position = __shfl_sync(FULL_WARP, position, source);
-      if (candidate < threshold(l)) insert(l, candidate, candidate_position);
+      if (candidate < threshold(l)) {
+        insert(l, candidate, candidate_position);
+        changed = true;
+      }
     }
+    return changed;
   }
 
   // Offers to list l the k entries of a list written by store() at keys/positions.
@@ -195,6 +203,89 @@ class WarpLists {
   int worst_[LISTS][1];
   int lane_;
 };
+
+// ---- keys as ordered integers: a <= b as floats exactly when ordered_bits(a) <= ordered_bits(b) ----
+TINYKNN_D unsigned ordered_bits(float key) {
+  const unsigned u = __float_as_uint(key);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+TINYKNN_D float from_ordered_bits(unsigned u) {
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
+// ---- a bound shared by every block that serves one query ---------------------------------------
+// Each list that holds k real candidates publishes its threshold (its k-th best key); the true k-th
+// best key of the query is no larger, so a candidate whose key is not below the smallest published
+// threshold can never be needed (ties at the bound: k candidates at least as good exist already).
+// Stored as ~ordered_bits(key) and max-accumulated, so that 0 (a zeroed buffer) means "none yet".
+TINYKNN_D float read_bound(const unsigned* bound) {
+  const unsigned stored = __ldcg(bound);
+  return stored ? from_ordered_bits(~stored) : positive_infinity();
+}
+TINYKNN_D void publish_bound(unsigned* bound, float threshold) {
+  if (threshold < positive_infinity()) atomicMax(bound, ~ordered_bits(threshold));
+}
+
+// ---- block-wide radix select --------------------------------------------------------------------
+// The ordered bits of the k-th smallest of n keys (k <= n) and how many keys equal to it belong to
+// the k smallest (the rest are strictly smaller). Four passes of 8 bits over the keys (read from
+// global memory, usually L2); histogram counts are aggregated per warp (__match_any_sync) so that
+// keys sharing their top bits do not serialise on one shared counter. `histogram` holds 256 + 2
+// unsigned ints of shared memory. Every thread of the block calls it; ends with a __syncthreads().
+TINYKNN_D unsigned block_select(const float* keys, long long n, int k, unsigned* histogram, int& ties) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, threads = blockDim.x;
+  unsigned prefix = 0;
+  int remaining = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += threads) histogram[i] = 0;
+    __syncthreads();
+    const unsigned high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+    for (long long base = (long long)warp * 32; base < n; base += threads) {
+      const long long i = base + lane;
+      unsigned digit = 256;   // no bin: outside the keys or not under the prefix
+      if (i < n) {
+        const unsigned u = ordered_bits(keys[i]);
+        if ((u & high) == prefix) digit = (u >> shift) & 255u;
+      }
+      const unsigned peers = __match_any_sync(FULL_WARP, digit);
+      if (digit < 256 && lane == __ffs(peers) - 1) atomicAdd(&histogram[digit], (unsigned)__popc(peers));
+    }
+    __syncthreads();
+    if (warp == 0) {   // the digit where the running count reaches `remaining`: 8 bins per lane
+      unsigned counts[8], sum = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        counts[b] = histogram[lane * 8 + b];
+        sum += counts[b];
+      }
+      unsigned inclusive = sum;
+#pragma unroll
+      for (int offset = 1; offset < 32; offset *= 2) {
+        const unsigned other = __shfl_up_sync(FULL_WARP, inclusive, offset);
+        if (lane >= offset) inclusive += other;
+      }
+      const unsigned before = inclusive - sum;
+      if (before < (unsigned)remaining && (unsigned)remaining <= inclusive) {
+        unsigned below = before;
+        int digit = lane * 8;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          if (below + counts[b] >= (unsigned)remaining) break;
+          below += counts[b];
+          ++digit;
+        }
+        histogram[256] = digit;
+        histogram[257] = below;
+      }
+    }
+    __syncthreads();
+    prefix |= histogram[256] << shift;
+    remaining -= (int)histogram[257];
+  }
+  __syncthreads();   // every thread has read histogram[256..257] before anyone reuses them
+  ties = remaining;
+  return prefix;
+}
 
 // Sorts n (a power of two) (key, position) pairs in shared memory by key, ascending, with all the
 // block's threads (bitonic network). Ends with a __syncthreads().

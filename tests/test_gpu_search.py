@@ -63,8 +63,9 @@ def _check(result, db, q, k, metric, dtype, id_map=None, sample=96):
     nq = len(q)
     rows = np.arange(nq)
     if nq > sample:
-        rest = np.random.default_rng(nq).choice(np.arange(32, nq - 32), sample - 64, replace=False)
-        rows = np.unique(np.concatenate([rows[:32], rows[-32:], rest]))
+        edge = sample // 3
+        rest = np.random.default_rng(nq).choice(np.arange(edge, nq - edge), sample - 2 * edge, replace=False)
+        rows = np.unique(np.concatenate([rows[:edge], rows[-edge:], rest]))
     step = max(1, int(2e7 // max(1, db.size)))
     for start in range(0, len(rows), step):
         part = rows[start:start + step]

@@ -22,9 +22,9 @@ import numpy as np
 from .launcher import CapturedGraph, Kernel, PreparedLaunch, load_module
 
 # Tuning, from the measurements in bench/NOTES_GPU.md.
-SCAN_MAX_QUERIES = 16       # up to this many queries per batch: scan (each block streams its slice once per QB queries)
+SCAN_MAX_QUERIES = 64       # up to this many queries per batch: scan (measured faster than tiled up to 64-128, NOTES_GPU.md)
 SCAN_WAVES = 1              # scan grid: SMs x resident blocks per SM x this many waves
-TILED_WAVES = 4             # tiled grid: more waves, so that the last one's tail costs little
+TILED_WAVES = 2             # tiled grid: two waves (measured best of 1, 2, 4, 8 at 1,000 queries)
 MAX_BATCH = 8192            # queries per launch pair (bounds the candidate buffer; grid.y <= 65535)
 INGEST_THREADS = 256
 
@@ -32,9 +32,10 @@ _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 ARGUMENTS = {
     # ingest_kernel(src, src_itemsize, src_row_stride, n_rows, dim, dst, dst_row_stride, inv_norms, status)
     "norms": (_P, _I, _L, _L, _I, _P, _I, _P, _P),
-    # scan/tiled(data, inv_norms, n_data, rows_per_slice, queries, n_queries, row_stride, out_keys, out_positions)
-    "scan": (_P, _P, _L, _L, _P, _I, _I, _P, _P),
-    "tiled": (_P, _P, _L, _L, _P, _I, _I, _P, _P),
+    # scan/tiled(data, inv_norms, n_data, rows_per_slice, queries, n_queries, row_stride, out_keys, out_positions,
+    #            bounds)
+    "scan": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
+    "tiled": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
     # merge_kernel(keys, positions, n_lists, ids, out_distances, out_ids)
     "merge": (_P, _P, _I, _P, _P, _P),
 }
@@ -110,8 +111,10 @@ class SearchPlan:
     merge: PreparedLaunch
     merge_block: int
     merge_shared: int
+    bounds: object          # DeviceBuffer of n_queries uint32, zeroed before every launch
 
     def launch(self, stream) -> None:
+        self.bounds.fill_bytes(0, self.n_queries * 4, stream)
         self.main.launch(self.main_grid, self.main_block, self.main_shared, stream)
         self.merge.launch(self.n_queries, self.merge_block, self.merge_shared, stream)
 
@@ -168,14 +171,15 @@ def candidate_bytes(n_queries: int, slices: int, k: int) -> int:
 
 def build_plan(main: LoadedKernel, merge: LoadedKernel, *, n_queries: int, k: int, n_data: int,
                slices: int, rows_per_slice: int, row_stride: int, data_ptr: int, norms_ptr: int, queries_ptr: int,
-               keys_ptr: int, positions_ptr: int, ids_ptr: int, distances_out: int, ids_out: int) -> SearchPlan:
+               keys_ptr: int, positions_ptr: int, ids_ptr: int, distances_out: int, ids_out: int,
+               bounds) -> SearchPlan:
     groups = math.ceil(n_queries / queries_per_block(main.spec))
     main_launch = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, n_queries, row_stride,
-                               keys_ptr, positions_ptr)
+                               keys_ptr, positions_ptr, bounds.ptr)
     merge_launch = merge.prepare(keys_ptr, positions_ptr, slices, ids_ptr, distances_out, ids_out)
     return SearchPlan(main.spec.variant, n_queries, k, slices, rows_per_slice, main_launch,
                       (slices, groups, 1), main.threads, main.shared_bytes,
-                      merge_launch, merge.threads, merge.shared_bytes)
+                      merge_launch, merge.threads, merge.shared_bytes, bounds)
 
 
 __all__ = [

@@ -60,6 +60,7 @@ class GpuSearcher:
         self._events = (Event(timing=False), Event(timing=False))
         self._buffers: dict[str, DeviceBuffer | PinnedBuffer] = {}
         self._kernels: dict = {}
+        self._ingest_launches: dict = {}
         self._plans: OrderedDict = OrderedDict()
         self._n = 0
         self._capacity = 0
@@ -129,8 +130,11 @@ class GpuSearcher:
                 dest_ptr: int, norms_ptr: int) -> None:
         """Enqueue the ingest kernel: rows of any float dtype -> padded `storage` rows, NaN flag set."""
         loaded = self._kernel(render.norms_spec(storage, self.dim, self._arch))
-        launch = loaded.prepare(source_ptr, itemsize, row_step, rows, self.dim, dest_ptr, self._stride, norms_ptr,
-                                self._pointer("status"))
+        launch = self._ingest_launches.get(storage)
+        if launch is None:     # packed once per index; the slots are rewritten in place
+            launch = self._ingest_launches[storage] = loaded.prepare(*[0] * len(plans.ARGUMENTS["norms"]))
+        launch.set_all(source_ptr, itemsize, row_step, rows, self.dim, dest_ptr, self._stride, norms_ptr,
+                       self._pointer("status"))
         blocks = max(1, min(math.ceil(rows / (loaded.threads // 32)), self._sm_count * 8))
         launch.launch(blocks, loaded.threads, 0, self._stream)
 
@@ -266,6 +270,7 @@ class GpuSearcher:
         slices, rows = plans.split_rows(self._n, groups, main, self._sm_count, k, self.slices_override)
         self._device("queries", n_queries * self._stride * 4)
         self._device("candidates", plans.candidate_bytes(n_queries, slices, k))
+        bounds = self._device("bounds", n_queries * 4)
         ids_offset = _align8(n_queries * k * 4)
         results = self._pointer("results")
         candidates = self._pointer("candidates")
@@ -273,7 +278,7 @@ class GpuSearcher:
             main, merge, n_queries=n_queries, k=k, n_data=self._n, slices=slices, rows_per_slice=rows, row_stride=self._stride,
             data_ptr=self._pointer("data"), norms_ptr=self._pointer("norms"), queries_ptr=self._pointer("queries"),
             keys_ptr=candidates, positions_ptr=candidates + n_queries * slices * k * 4, ids_ptr=self._pointer("ids"),
-            distances_out=results, ids_out=results + ids_offset)
+            distances_out=results, ids_out=results + ids_offset, bounds=bounds)
         self._plans[key] = search_plan
         while len(self._plans) > PLAN_CACHE:
             _, dropped = self._plans.popitem(last=False)
