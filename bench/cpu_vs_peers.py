@@ -10,7 +10,9 @@ How: host NumPy in and out, host clock (perf_counter_ns; every call returns host
 synchronised). Two warm-up calls per peer, then rounds: in each round every peer makes one call, in an
 order rotated per round, so a slow spell of the machine hits all peers alike; the median over rounds is
 reported. Every call is followed by a pause (`--settle-s`, 0.15 s) so that the thread pools of the peer
-just timed (OpenBLAS spins ~0.1 s after a call) do not compete with the next one. One-query rounds cycle through different queries. The load averages before and after the
+just timed (OpenBLAS spins ~0.1 s after a call) do not compete with the next one. `--protocol blocked`
+times each peer's rounds back to back instead (its data as hot as the caches allow; written to
+cpu_vs_peers_blocked_...). One-query rounds cycle through different queries. The load averages before and after the
 timing are recorded, and so is the share of the machine's CPU time other processes took while each
 phase was timed (from /proc/stat): they slow the OpenMP peers (FAISS) most, so only runs where that
 share is small are fair comparisons. Recall is against an exact float64 search
@@ -54,6 +56,8 @@ def parse_args():
     parser.add_argument("--rounds-1", type=int, default=None, help="timed rounds of one query (default 100; quick 25)")
     parser.add_argument("--rounds-many", type=int, default=None, help="timed rounds of nq-many queries (default 9; quick 3)")
     parser.add_argument("--peers", default=",".join(PEER_NAMES), help="comma-separated subset of " + ",".join(PEER_NAMES))
+    parser.add_argument("--protocol", choices=("interleaved", "blocked"), default="interleaved",
+                        help="interleaved rounds (default) or each peer's rounds back to back (hot caches)")
     parser.add_argument("--settle-s", type=float, default=0.15,
                         help="pause after every call so the last peer's spinning thread pools go idle")
     parser.add_argument("--truth-queries", type=int, default=100, help="queries checked against float64")
@@ -102,12 +106,21 @@ class ForeignLoad:
         return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle, iowait
 
 
-def measure(built, queries, nq, rounds, warmup, settle):
-    """{peer: (seconds per call list, ids of the truth queries)} from interleaved, rotated rounds.
+def schedule(names, rounds, protocol):
+    """(round, peer) in timing order. interleaved: every round calls every peer once, in an order rotated
+    per round (a slow spell hits all alike; each call finds the caches full of the other peers' data).
+    blocked: each peer's rounds back to back (its own data stays as hot as the caches allow)."""
+    if protocol == "blocked":
+        return [(r, name) for name in names for r in range(rounds)]
+    return [(r, name) for r in range(rounds) for name in names[r % len(names):] + names[: r % len(names)]]
 
-    After every call the script sleeps `settle` seconds: OpenBLAS (NumPy) keeps its threads spinning for
-    about 0.1 s after a call and OpenMP (FAISS) for a few ms, which would otherwise steal the cores from
-    whichever peer is timed next."""
+
+def measure(built, queries, nq, rounds, warmup, settle, protocol):
+    """{peer: (seconds per call list, ids of the truth queries)}.
+
+    The script sleeps `settle` seconds whenever the next call is another peer's (interleaved: after every
+    call): OpenBLAS (NumPy) keeps its threads spinning for about 0.1 s after a call and OpenMP (FAISS)
+    for a few ms, which would otherwise steal the cores from whichever peer is timed next."""
     names = list(built)
     samples = {name: [] for name in names}
     ids = {name: [] for name in names}
@@ -117,15 +130,17 @@ def measure(built, queries, nq, rounds, warmup, settle):
             built[name].search(batches[0])
             time.sleep(settle)
     clock = time.perf_counter_ns
-    for r in range(rounds):
-        batch = batches[r % len(batches)]
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            t0 = clock()
-            _, found = built[name].search(batch)
-            samples[name].append((clock() - t0) * 1e-9)
+    order = schedule(names, rounds, protocol)
+    for step, (r, name) in enumerate(order):
+        if protocol == "blocked" and r == 0:
+            built[name].search(batches[0])  # warm this peer's data again after the others ran
+        t0 = clock()
+        _, found = built[name].search(batches[r % len(batches)])
+        samples[name].append((clock() - t0) * 1e-9)
+        if step + 1 < len(order) and order[step + 1][1] != name:
             time.sleep(settle)
-            if nq > 1 or r < len(queries):
-                ids[name].append(np.asarray(found))
+        if nq > 1 or r < len(queries):
+            ids[name].append(np.asarray(found))
     return {name: (samples[name], np.concatenate(ids[name])[: len(queries)] if nq == 1 else ids[name][-1])
             for name in names}
 
@@ -183,7 +198,8 @@ def main():
     foreign = {}
     for nq, rounds in ((1, args.rounds_1), (args.nq_many, args.rounds_many)):
         with ForeignLoad() as load:
-            results = measure(built, queries, nq, rounds, 1 if args.quick and nq > 1 else 2, args.settle_s)
+            results = measure(built, queries, nq, rounds, 1 if args.quick and nq > 1 else 2, args.settle_s,
+                              args.protocol)
         foreign[str(nq)] = load.fraction
         for name, (samples, ids) in results.items():
             summary = _common.summary_us(samples)
@@ -192,12 +208,13 @@ def main():
     for item in built.values():
         item.close()
     payload = {"config": {"n_data": args.n_data, **config.__dict__, "data": "standard normal (seed 0)",
-                          "quick": args.quick, "settle_s": args.settle_s, "rounds": {"1": args.rounds_1, str(args.nq_many): args.rounds_many}},
+                          "quick": args.quick, "protocol": args.protocol, "settle_s": args.settle_s, "rounds": {"1": args.rounds_1, str(args.nq_many): args.rounds_many}},
                "settings": settings(), "skipped": notes, "rows": rows, "targets": targets(rows, args.nq_many),
                # other processes share these cores: the 1, 5 and 15 minute load averages around the timing
                "load_average": {"before": load_before, "after": os.getloadavg()},
                "foreign_cpu_share": foreign}
-    paths = _common.write_results("cpu_vs_peers" + ("_quick" if args.quick else ""), payload,
+    name = "cpu_vs_peers" + ("_quick" if args.quick else "") + ("_blocked" if args.protocol == "blocked" else "")
+    paths = _common.write_results(name, payload,
                                   plot(rows, (1, args.nq_many)), env=env, out_dir=args.out_dir)
     print(table(rows))
     print(f"load average before {payload['load_average']['before']}, after {payload['load_average']['after']}; "
