@@ -60,6 +60,8 @@ def parse_args():
                         help="interleaved rounds (default) or each peer's rounds back to back (hot caches)")
     parser.add_argument("--settle-s", type=float, default=0.15,
                         help="pause after every call so the last peer's spinning thread pools go idle")
+    parser.add_argument("--max-foreign", type=float, default=0.10,
+                        help="a run where other processes took more of the CPU than this is written as *_noisy")
     parser.add_argument("--truth-queries", type=int, default=100, help="queries checked against float64")
     args = parser.parse_args()
     args.rounds_1 = args.rounds_1 or (25 if args.quick else 100)
@@ -213,7 +215,9 @@ def main():
                # other processes share these cores: the 1, 5 and 15 minute load averages around the timing
                "load_average": {"before": load_before, "after": os.getloadavg()},
                "foreign_cpu_share": foreign}
-    name = "cpu_vs_peers" + ("_quick" if args.quick else "") + ("_blocked" if args.protocol == "blocked" else "")
+    noisy = any(share is not None and share > args.max_foreign for share in foreign.values())
+    name = ("cpu_vs_peers" + ("_quick" if args.quick else "") + ("_blocked" if args.protocol == "blocked" else "")
+            + ("_noisy" if noisy else ""))  # a run other processes disturbed never replaces a clean one
     paths = _common.write_results(name, payload,
                                   plot(rows, (1, args.nq_many)), env=env, out_dir=args.out_dir)
     print(table(rows))
