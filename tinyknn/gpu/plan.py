@@ -22,7 +22,7 @@ import numpy as np
 from .launcher import CapturedGraph, Kernel, PreparedLaunch, load_module
 
 # Tuning, from the measurements in bench/NOTES_GPU.md.
-SCAN_MAX_QUERIES = 64       # up to this many queries per batch: scan (measured faster than tiled up to 64-128, NOTES_GPU.md)
+SCAN_MAX_QUERIES = 8        # up to this many queries per batch: scan; tiled beyond (crossover in NOTES_GPU.md)
 SCAN_WAVES = 1              # scan grid: SMs x resident blocks per SM x this many waves
 TILED_WAVES = 2             # tiled grid: two waves (measured best of 1, 2, 4, 8 at 1,000 queries)
 MAX_BATCH = 8192            # queries per launch pair (bounds the candidate buffer; grid.y <= 65535)
@@ -87,8 +87,8 @@ def split_rows(n_data: int, groups: int, loaded: LoadedKernel, sm_count: int, k:
                slices: int | None = None) -> tuple[int, int]:
     """(slices, rows_per_slice): enough blocks for every SM, slices no smaller than a step or k."""
     waves = SCAN_WAVES if loaded.spec.variant == "scan" else TILED_WAVES
-    if slices is None:
-        slices = math.ceil(sm_count * loaded.blocks_per_sm * waves / groups)
+    if slices is None:   # rounded down: a last wave of a few blocks would cost as much as a full one
+        slices = max(1, sm_count * loaded.blocks_per_sm * waves // groups)
     granule = rows_granule(loaded.spec)
     rows = max(granule, k, math.ceil(max(n_data, 1) / max(1, slices)))
     rows = math.ceil(rows / granule) * granule

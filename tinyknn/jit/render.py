@@ -46,7 +46,7 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
 
 # Tuning (see bench/NOTES_GPU.md for the measurements behind each number).
-SCAN_WARPS = 4                  # warps per scan block
+SCAN_WARPS = 8                  # warps per scan block (8: half the slices of 4 at the same occupancy)
 SCAN_CHUNKS_PER_LANE = 8        # a row is split across the fewest lanes that keep <= this many 16-byte loads each
 SCAN_QUERY_SMEM = 16 * 1024     # shared memory for a scan block's queries
 REGISTER_LIST_SLOTS = 256       # QB * padded k up to this: candidate lists in registers, else in shared memory
@@ -55,7 +55,7 @@ TILED_BN = 128                  # database rows per tile
 TILED_WARPS = 8                 # warps per tiled block (one row of the register tile each)
 TILED_DEPTH = 16                # dimensions staged per step
 TILED_LIST_SMEM = 32 * 1024     # shared memory for a tiled block's per-query lists
-MERGE_WARPS = 8                 # warps per merge block (32 for k > 256: more candidates per pass)
+MERGE_WARPS = 32                # warps per merge block: its passes are load-latency bound, more loads in flight
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def tiled_params(dtype: str, dim: int, k: int, *, bq: int | None = None, bn: int
     registers they push the k <= 32 kernels past 128 registers, to one block per SM."""
     kp = padded_k(k)
     if bq is None:
-        bq = max(warps, min(32, _pow2_floor(TILED_LIST_SMEM // (kp * 8))))   # 32 measured faster than 64
+        bq = max(warps, min(64, _pow2_floor(TILED_LIST_SMEM // (kp * 8))))
     reglists = bool(reglists) and (bq // warps) * kp <= REGISTER_LIST_SLOTS
     lists = 0 if reglists else bq * kp * 8
     staging = _align16(TILED_DEPTH * (bq + 4 + bn + 4) * 4)
@@ -177,7 +177,7 @@ def tiled_params(dtype: str, dim: int, k: int, *, bq: int | None = None, bn: int
 
 def merge_params(k: int) -> dict[str, int]:
     """The radix-select merge: more threads where there are more candidates to pass over."""
-    warps = MERGE_WARPS if k <= REGISTER_LIST_SLOTS else 32
+    warps = MERGE_WARPS
     sort_slots = max(2, 1 << (k - 1).bit_length())
     return {"warps": warps, "smem": sort_slots * 8 + (256 + 4) * 4}
 
