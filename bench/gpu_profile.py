@@ -1,0 +1,19 @@
+#!/usr/bin/env python3
+"""One scan launch (1 query) and one tiled launch (1,000 queries) of the headline search, for Nsight
+Compute: ncu -k regex:'scan_kernel|tiled_kernel' -c 2 --section SpeedOfLight --section Occupancy
+--section WarpStateStats --section MemoryWorkloadAnalysis python3 bench/gpu_profile.py"""
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import tinyknn  # noqa: E402
+
+rng = np.random.default_rng(0)
+db = rng.standard_normal((100_000, 128)).astype(np.float32)
+with tinyknn.Index(128, "l2", "float32", device="cuda") as index:
+    index.add(db)
+    for nq in (1, 1000):
+        index.search(rng.standard_normal((nq, 128)).astype(np.float32), 10)
+print("profiled")
