@@ -47,12 +47,22 @@ class Kernel:
         self.name = name                    # the name expression (or the symbol, for extern "C")
         self.lowered_name = lowered_name    # the mangled symbol in the cubin
         self.handle = handle                # CUfunction
+        self._param_sizes: list[int] | None = None
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r})"
 
     def param_sizes(self) -> list[int] | None:
-        """Byte size of each parameter from the cubin (cuFuncGetParamInfo); None if the driver can't say."""
+        """Byte size of each parameter from the cubin (cuFuncGetParamInfo); None if the driver can't say.
+
+        Probed once per kernel: the probe ends on the driver's CUDA_ERROR_INVALID_VALUE past the last
+        parameter, which compute-sanitizer reports, so later prepare() calls reuse the answer.
+        """
+        if self._param_sizes is None:
+            self._param_sizes = self._probe_param_sizes()
+        return None if self._param_sizes is None else list(self._param_sizes)
+
+    def _probe_param_sizes(self) -> list[int] | None:
         sizes = []
         for index in range(_MAX_PARAMS):
             try:
