@@ -1,0 +1,62 @@
+// tinyknn: the ingest kernel: any float rows -> the padded storage layout. Part of the GPU kernel templates; see search.cuh for how a search
+// uses them and tinyknn/jit/render.py for the template arguments.
+#pragma once
+#include "topk.cuh"
+
+namespace tinyknn {
+
+// ---- ingest: any float rows -> the padded storage layout (+ inverse norms, + a bad-value flag) ----
+TINYKNN_D void store_as(float& out, float value) { out = value; }
+TINYKNN_D void store_as(half_bits& out, float value) { asm("cvt.rn.f16.f32 %0, %1;" : "=h"(out) : "f"(value)); }
+TINYKNN_D void store_as(float& out, double value) { out = (float)value; }
+TINYKNN_D void store_as(half_bits& out, double value) { asm("cvt.rn.f16.f64 %0, %1;" : "=h"(out) : "d"(value)); }
+
+// Largest magnitude a stored value may have (same rule as tinyknn/_validate.py): float16's largest
+// finite value, or 2^50 so that float32 sums of squares cannot overflow.
+template <class T> struct StorageLimit { static constexpr double value = 1125899906842624.0; };
+template <> struct StorageLimit<half_bits> { static constexpr double value = 65504.0; };
+
+// One warp per row. src holds n_rows rows of dim elements of float16/32/64 (src_itemsize 2/4/8),
+// src_row_stride elements apart. dst gets dst_row_stride (>= dim) elements per row, zero padded.
+// status |= 1 when a value is NaN, infinite or beyond StorageLimit. inv_norms may be null.
+// Not on the search path, so dim is a run-time value: one kernel per storage type serves every dim.
+template <class T>
+__global__ void __launch_bounds__(256)
+ingest_kernel(const void* __restrict__ src, int src_itemsize, long long src_row_stride, long long n_rows, int dim,
+              T* __restrict__ dst, int dst_row_stride, float* __restrict__ inv_norms, int* __restrict__ status) {
+  const int lane = threadIdx.x & 31;
+  const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+  for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < n_rows; row += warps) {
+    float sum_of_squares = 0.0f;
+    bool bad = false;
+    for (int e = lane; e < dst_row_stride; e += 32) {
+      T out;
+      store_as(out, 0.0f);
+      if (e < dim) {
+        const long long at = row * src_row_stride + e;
+        double value;
+        if (src_itemsize == 8) {
+          value = static_cast<const double*>(src)[at];
+          store_as(out, value);
+        } else if (src_itemsize == 4) {
+          const float f = static_cast<const float*>(src)[at];
+          value = f;
+          store_as(out, f);
+        } else {
+          const float f = half_to_float(static_cast<const half_bits*>(src)[at]);
+          value = f;
+          store_as(out, f);
+        }
+        bad |= !(value <= StorageLimit<T>::value && value >= -StorageLimit<T>::value);  // NaN fails both
+      }
+      dst[row * dst_row_stride + e] = out;
+      const float stored = to_float(out);
+      sum_of_squares += stored * stored;
+    }
+    sum_of_squares = sum_over_lanes<32>(sum_of_squares);
+    if (lane == 0 && inv_norms != nullptr) inv_norms[row] = inverse_norm(sum_of_squares);
+    if (__any_sync(FULL_WARP, bad) && lane == 0) atomicOr(status, 1);
+  }
+}
+
+}  // namespace tinyknn
