@@ -94,14 +94,8 @@ class Index:
         device to device without visiting the host.
         """
         searcher = self._open_searcher()
-        if _validate.is_device_array(x):
-            if self.device != "cuda":
-                _validate.to_host_array(x, "vectors to add")  # raises the TypeError that explains
-            vectors = _validate.device_matrix(x, self.dim, "vectors to add")
-            n = vectors.shape[0]
-        else:
-            vectors = _validate.host_database(x, self.dim, self.dtype)
-            n = vectors.shape[0]
+        vectors = self._checked(x, "vectors to add", lambda a: _validate.host_database(a, self.dim, self.dtype))
+        n = vectors.shape[0]
         with self._add_lock:
             new = _validate.new_ids(ids, n, self._ids)
             if n == 0:
@@ -118,13 +112,15 @@ class Index:
         """
         searcher = self._open_searcher()
         k = _validate.check_k(k)
-        if _validate.is_device_array(q):
-            if self.device != "cuda":
-                _validate.to_host_array(q, "queries")  # raises the TypeError that explains
-            queries = _validate.device_matrix(q, self.dim, "queries")
-        else:
-            queries = _validate.host_queries(q, self.dim)
+        queries = self._checked(q, "queries", lambda a: _validate.host_queries(a, self.dim))
         return searcher.search(queries, k)
+
+    def _checked(self, x, what: str, check_host):
+        """CUDA input on a CUDA index is described in place; everything else goes through `check_host`,
+        whose to_host_array refuses CUDA arrays on a CPU index with a TypeError that says how to move them."""
+        if self.device == "cuda" and _validate.is_device_array(x):
+            return _validate.device_matrix(x, self.dim, what)
+        return check_host(x)
 
     def reset(self) -> None:
         """Remove every vector (the index keeps its dim, metric, dtype and device)."""
