@@ -170,6 +170,11 @@ def new_ids(ids, n: int, existing: np.ndarray | None) -> np.ndarray:
     n_existing = 0 if existing is None else len(existing)
     if ids is None:
         created = np.arange(n_existing, n_existing + n, dtype=np.int64)
+        # The existing ids are n_existing distinct values >= 0; if all lie below n_existing they are
+        # exactly 0..n_existing-1 and the next ones cannot collide: one pass instead of a sort of the
+        # whole index on every add.
+        if n_existing == 0 or int(existing.max()) < n_existing:
+            return created
     else:
         if is_device_array(ids):
             raise TypeError("ids must be a host (NumPy) array of integers; got a CUDA array")
