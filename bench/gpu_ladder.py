@@ -43,10 +43,13 @@ def record(**row):
         OUT[0].write_text(json.dumps(ROWS, indent=1, default=str))
 
 
-def kernel_times(index, nq: int, k: int, repeats: int) -> tuple[float, float, plans.SearchPlan]:
-    """Median (main, merge) kernel milliseconds of the plan for (nq, k), by events on the stream."""
+def kernel_times(index, nq: int, k: int, repeats: int, zero_bounds: bool = True,
+                 exact: bool = False) -> tuple[float, float, plans.SearchPlan]:
+    """Median (main, merge) kernel milliseconds of the plan for (nq, k), by events on the stream.
+    zero_bounds=False leaves the previous launch's bounds in place: no insertions, the arithmetic
+    alone. exact: the exact l2 kernel instead of the filter key."""
     searcher = index._searcher
-    batch = searcher._host_batch(nq, k)
+    batch = searcher._host_batch(nq, k, exact)
     plan, stream = batch.plan, searcher._stream
     events = [Event() for _ in range(3)]
     mains, merges = [], []
@@ -55,7 +58,8 @@ def kernel_times(index, nq: int, k: int, repeats: int) -> tuple[float, float, pl
         plan.launch(stream)
         stream.synchronize()
     for i in range(repeats + 2):
-        plan.bounds.fill_bytes(0, plan.n_queries * 4, stream)   # as a search does: slices start unpruned
+        if zero_bounds:    # as a search does: slices start unpruned
+            plan.bounds.fill_bytes(0, plan.n_queries * 4, stream)
         events[0].record(stream)
         plan.main.launch(plan.main_grid, plan.main_block, plan.main_shared, stream)
         events[1].record(stream)

@@ -18,12 +18,15 @@ template <> struct StorageLimit<half_bits> { static constexpr double value = 655
 
 // One warp per row. src holds n_rows rows of dim elements of float16/32/64 (src_itemsize 2/4/8),
 // src_row_stride elements apart. dst gets dst_row_stride (>= dim) elements per row, zero padded.
-// status |= 1 when a value is NaN, infinite or beyond StorageLimit. inv_norms may be null.
+// status |= 1 when a value is NaN, infinite or beyond StorageLimit. norms may be null; it gets
+// 1 / |x| (cosine) or, with `squared`, |x|^2 (l2's filter key), and then norm_max (if not null) the
+// largest |x|^2 as float bits (non-negative floats order like their bits: atomicMax works).
 // Not on the search path, so dim is a run-time value: one kernel per storage type serves every dim.
 template <class T>
 __global__ void __launch_bounds__(256)
 ingest_kernel(const void* __restrict__ src, int src_itemsize, long long src_row_stride, long long n_rows, int dim,
-              T* __restrict__ dst, int dst_row_stride, float* __restrict__ inv_norms, int* __restrict__ status) {
+              T* __restrict__ dst, int dst_row_stride, float* __restrict__ norms, int squared,
+              unsigned* __restrict__ norm_max, int* __restrict__ status) {
   const int lane = threadIdx.x & 31;
   const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
   for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < n_rows; row += warps) {
@@ -54,8 +57,11 @@ ingest_kernel(const void* __restrict__ src, int src_itemsize, long long src_row_
       sum_of_squares += stored * stored;
     }
     sum_of_squares = sum_over_lanes<32>(sum_of_squares);
-    if (lane == 0 && inv_norms != nullptr) inv_norms[row] = inverse_norm(sum_of_squares);
-    if (__any_sync(FULL_WARP, bad) && lane == 0) atomicOr(status, 1);
+    if (lane == 0 && norms != nullptr) norms[row] = squared ? sum_of_squares : inverse_norm(sum_of_squares);
+    // A bad row fails the whole add; only an over-estimate of the maximum may stay behind, never NaN.
+    const bool any_bad = __any_sync(FULL_WARP, bad);
+    if (lane == 0 && norm_max != nullptr && !any_bad) atomicMax(norm_max, __float_as_uint(sum_of_squares));
+    if (any_bad && lane == 0) atomicOr(status, 1);
   }
 }
 

@@ -18,7 +18,8 @@ namespace tinyknn {
 
 struct L2 {
   static constexpr bool larger_is_better = false;
-  static constexpr bool needs_norms = false;
+  static constexpr bool needs_norms = false;       // inverse norms of rows and queries (cosine)
+  static constexpr bool squared_row_norms = false; // |x|^2 of rows (L2Expanded)
   template <class T> TINYKNN_HD static T accumulate(T sum, T q, T x) {
     const T d = q - x;
     return sum + d * d;
@@ -32,6 +33,7 @@ struct L2 {
 struct InnerProduct {
   static constexpr bool larger_is_better = true;
   static constexpr bool needs_norms = false;
+  static constexpr bool squared_row_norms = false;
   template <class T> TINYKNN_HD static T accumulate(T sum, T q, T x) { return sum + q * x; }
   TINYKNN_HD static float accumulate(float sum, float q, float x) { return accumulate<float>(sum, q, x); }
   template <class T> TINYKNN_HD static T finish(T sum, T, T) { return sum; }
@@ -44,6 +46,7 @@ struct InnerProduct {
 struct Cosine {
   static constexpr bool larger_is_better = true;
   static constexpr bool needs_norms = true;
+  static constexpr bool squared_row_norms = false;
   template <class T> TINYKNN_HD static T accumulate(T sum, T q, T x) { return sum + q * x; }
   TINYKNN_HD static float accumulate(float sum, float q, float x) { return accumulate<float>(sum, q, x); }
   template <class T> TINYKNN_HD static T finish(T sum, T query_inv_norm, T data_inv_norm) {
@@ -52,6 +55,19 @@ struct Cosine {
   TINYKNN_HD static float finish(float sum, float query_inv_norm, float data_inv_norm) {
     return finish<float>(sum, query_inv_norm, data_inv_norm);
   }
+};
+
+// l2 for the GPU's large batches only: a *filter* key |x|^2 - 2 q.x (|q|^2 is the same for every row
+// of a query, so it is left out), one FMA per element instead of a subtraction and an FMA. It loses
+// precision far from the origin, so it only picks candidates: the rescore kernel (merge.cuh)
+// recomputes their distances as sums of squared differences and proves, from a rounding-error bound,
+// that no other row can be closer; a query where the proof fails is searched again with L2.
+struct L2Expanded {
+  static constexpr bool larger_is_better = false;
+  static constexpr bool needs_norms = false;
+  static constexpr bool squared_row_norms = true;
+  TINYKNN_HD static float accumulate(float sum, float q, float x) { return sum + q * x; }
+  TINYKNN_HD static float finish(float dot, float, float row_squared_norm) { return row_squared_norm - 2.0f * dot; }
 };
 
 // 1 / sqrt(sum of squares), or 0 for a zero vector.

@@ -31,20 +31,17 @@ TINYKNN_D void load_shared(const float* from, float (&to)[N]) {
   }
 }
 
-constexpr int TILED_DEPTH = 16;
-
 // The dimension only sets how many staging steps a tile takes (a run-time loop anyway), so it is a
 // run-time value here: row_stride (elements per padded row, a multiple of 16 bytes) serves every dim.
 // REGISTER_LISTS: the warp's TQ lists in registers (when TQ * padded k <= 256) or in shared memory;
 // shared lists leave the registers to the tile, which keeps two blocks resident per SM.
-template <class Metric, class T, int K, int BQ, int BN, int WARPS, bool REGISTER_LISTS, int SMEM>
+template <class Metric, class T, int K, int BQ, int BN, int WARPS, int DEPTH, bool REGISTER_LISTS, int SMEM>
 __global__ void __launch_bounds__(WARPS * 32, 2)
 tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms, long long n_data,
              long long rows_per_slice, const float* __restrict__ queries, int n_queries, int row_stride,
              float* __restrict__ out_keys, int* __restrict__ out_positions, unsigned* __restrict__ bounds) {
   constexpr int PER_CHUNK = Chunk<T>::N;
   constexpr int THREADS = WARPS * 32;
-  constexpr int DEPTH = TILED_DEPTH;
   constexpr int TN = BN / 32, TQ = BQ / WARPS;
   static_assert(BN % 128 == 0 && BQ % WARPS == 0, "tiled_kernel: BN must be a multiple of 128, BQ of WARPS");
   constexpr int KP = padded_k(K);
@@ -89,18 +86,29 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
   const int tiles = end > begin ? (int)((end - begin + BN - 1) / BN) : 0;
   const int total = tiles * steps;
 
+  // What each thread loads per step, fixed for the whole kernel except the step's offsets: no
+  // division on the way (the step counters below advance by increments).
+  const float* query_rows[Q_LOADS];
+  bool query_ok[Q_LOADS];
+#pragma unroll
+  for (int i = 0; i < Q_LOADS; ++i) {
+    const int unit = threadIdx.x + i * THREADS;
+    const int q = unit / (DEPTH / 4);
+    query_ok[i] = unit < Q_UNITS && q0 + q < n_queries;
+    query_rows[i] = queries + (long long)(query_ok[i] ? q0 + q : 0) * row_stride + (unit % (DEPTH / 4)) * 4;
+  }
+  const uint4* data_chunks = reinterpret_cast<const uint4*>(data);
+
   float4 q_next[Q_LOADS];
   uint4 x_next[X_LOADS];
-  auto fetch = [&](int it) {
-    const long long row0 = begin + (long long)(it / steps) * BN;
-    const int k0 = (it % steps) * DEPTH;
+  auto fetch = [&](int tile, int step) {
+    const long long row0 = begin + (long long)tile * BN;
+    const int k0 = step * DEPTH;
 #pragma unroll
     for (int i = 0; i < Q_LOADS; ++i) {
-      const int unit = threadIdx.x + i * THREADS;
-      const int q = unit / (DEPTH / 4), e = k0 + (unit % (DEPTH / 4)) * 4;
-      const bool ok = unit < Q_UNITS && q0 + q < n_queries && e < row_stride;
-      q_next[i] = ok ? __ldg(reinterpret_cast<const float4*>(queries + (long long)(q0 + q) * row_stride + e))
-                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const int e = k0 + ((threadIdx.x + i * THREADS) % (DEPTH / 4)) * 4;
+      const bool ok = query_ok[i] && e < row_stride;
+      q_next[i] = ok ? __ldg(reinterpret_cast<const float4*>(query_rows[i] + k0)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int i = 0; i < X_LOADS; ++i) {
@@ -108,7 +116,7 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
       const long long row = row0 + unit / X_PER_ROW;
       const int c = k0 / PER_CHUNK + unit % X_PER_ROW;
       const bool ok = unit < X_UNITS && row < end && c < chunks;
-      x_next[i] = ok ? __ldg(reinterpret_cast<const uint4*>(data) + row * chunks + c) : zero_chunk();
+      x_next[i] = ok ? __ldg(data_chunks + row * chunks + c) : zero_chunk();
     }
   };
   auto stage = [&]() {
@@ -138,13 +146,25 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
 
   float acc[TQ][TN];
   float bound[TQ];   // read when a tile starts, used when it ends (see read_bound)
-  if (total > 0) fetch(0);
+  int tile = 0, step = 0, next_tile = 0, next_step = 0;   // the step computed, the step fetched
+  auto advance = [&](int& t, int& s) {
+    if (++s == steps) {
+      s = 0;
+      ++t;
+    }
+  };
+  if (total > 0) {
+    fetch(0, 0);
+    advance(next_tile, next_step);
+  }
   for (int it = 0; it < total; ++it) {
     __syncthreads();   // the previous step's reads of the staging area are done
     stage();
     __syncthreads();
-    if (it + 1 < total) fetch(it + 1);
-    const int step = it % steps;
+    if (it + 1 < total) {
+      fetch(next_tile, next_step);
+      advance(next_tile, next_step);
+    }
     if (step == 0) {
 #pragma unroll
       for (int t = 0; t < TQ; ++t) {
@@ -165,12 +185,14 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
         for (int j = 0; j < TN; ++j) acc[t][j] = Metric::accumulate(acc[t][j], qv[t], xv[j]);
     }
     if (step == steps - 1) {
-      const long long row0 = begin + (long long)(it / steps) * BN + lane * TN;
-      float data_inv[TN];
+      const long long row0 = begin + (long long)tile * BN + lane * TN;
+      float data_inv[TN];   // inverse norms (cosine) or squared norms (L2Expanded) of the rows
 #pragma unroll
       for (int j = 0; j < TN; ++j) {
         data_inv[j] = 1.0f;
-        if constexpr (Metric::needs_norms) data_inv[j] = row0 + j < end ? __ldg(data_inv_norms + row0 + j) : 0.0f;
+        if constexpr (Metric::needs_norms || Metric::squared_row_norms) {
+          data_inv[j] = row0 + j < end ? __ldg(data_inv_norms + row0 + j) : 0.0f;
+        }
       }
 #pragma unroll
       for (int t = 0; t < TQ; ++t) {                    // the accumulators become the keys, in place
@@ -193,6 +215,7 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
         }
       }
     }
+    advance(tile, step);
   }
 
 #pragma unroll

@@ -8,6 +8,12 @@
 // a list has filled this is rare (for data in random order about k * ln(n / k) times over n
 // candidates), and it is always correct, whatever the order.
 //
+// Many candidates at once (a list's first tile, where every candidate beats the empty list's +inf):
+// shared-memory lists of up to BULK_MAX_SLOTS slots a lane are rebuilt in one go instead. A bitwise
+// radix select over the list and the candidates (one ballot per bit and value) finds the k-th best;
+// the k best are written back and the threshold found once. That replaces dozens of serial
+// insertions, each a chain of shuffles, by about 32 ballots per value.
+//
 // Storage: registers, indexed only by compile-time constants (so nothing goes to local memory), or
 // shared memory for large k (the same algorithm). The insertion code exists once per call site and
 // takes the list number at run time (registers are picked by select chains), which keeps the
@@ -19,11 +25,23 @@
 
 namespace tinyknn {
 
+// ---- keys as ordered integers: a <= b as floats exactly when ordered_bits(a) <= ordered_bits(b) ----
+TINYKNN_D unsigned ordered_bits(float key) {
+  const unsigned u = __float_as_uint(key);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+TINYKNN_D float from_ordered_bits(unsigned u) {
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
 template <int K, int LISTS, bool IN_REGISTERS>
 class WarpLists {
  public:
   static constexpr int SLOTS = (K + 31) / 32;
   static constexpr int LIST_SLOTS = SLOTS * 32;   // shared floats (and ints) per list
+  static constexpr int BULK_MAX_SLOTS = 4;        // rebuilt lists keep their slots in registers meanwhile
+  static constexpr bool BULK = !IN_REGISTERS && SLOTS <= BULK_MAX_SLOTS;
+  static constexpr int BULK_MIN_CANDIDATES = 8;   // from this many pending candidates a rebuild is cheaper
 
   // Empty lists. keys/positions: LISTS * LIST_SLOTS shared slots for this warp (unused in registers).
   TINYKNN_D void init(float* keys, int* positions) {
@@ -45,15 +63,42 @@ class WarpLists {
   // Returns a warp-uniform mask of the lists that changed (bit l: list l took a candidate).
   template <int N>
   TINYKNN_D unsigned offer(const float (&keys)[LISTS][N], int first) {
-    bool any = false;
+    unsigned waiting = 0;   // lists with a candidate below their threshold (tested with fixed indices)
 #pragma unroll
-    for (int l = 0; l < LISTS; ++l)
+    for (int l = 0; l < LISTS; ++l) {
+      bool any = false;
 #pragma unroll
       for (int j = 0; j < N; ++j) any |= keys[l][j] < threshold_[l][0];
-    if (!__any_sync(FULL_WARP, any)) return 0;   // the common case once the lists have filled
+      if (__any_sync(FULL_WARP, any)) waiting |= 1u << l;
+    }
     unsigned changed = 0;
+    if constexpr (!IN_REGISTERS) {
+      // Shared lists (the tiled kernel, where candidates pass the bounds on most early tiles): the
+      // list number stays a compile-time constant, so no select chain picks keys or thresholds.
+#pragma unroll
+      for (int l = 0; l < LISTS; ++l) {
+        if (!((waiting >> l) & 1u)) continue;
+        if constexpr (BULK) {
+          if (pending(l, keys[l]) >= BULK_MIN_CANDIDATES) {
+            int positions[N];
+#pragma unroll
+            for (int j = 0; j < N; ++j) positions[j] = first + j;
+            rebuild(l, keys[l], positions);
+            changed |= 1u << l;
+            continue;
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          if (offer_to(l, keys[l][j], first + j)) changed |= 1u << l;
+        }
+      }
+      return changed;
+    }
 #pragma unroll 1
-    for (int l = 0; l < LISTS; ++l) {
+    while (waiting) {       // register lists: one copy of the insertion code, the list picked at run time
+      const int l = __ffs(waiting) - 1;
+      waiting &= waiting - 1;
       float mine[N];
 #pragma unroll
       for (int j = 0; j < N; ++j) {
@@ -91,6 +136,20 @@ class WarpLists {
 
   // Offers to list l the k entries of a list written by store() at keys/positions.
   TINYKNN_D void offer_stored(int l, const float* keys, const int* positions) {
+    if constexpr (BULK) {
+      float stored_keys[SLOTS];
+      int stored_positions[SLOTS];
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        const int entry = s * 32 + lane_;
+        stored_keys[s] = entry < K ? keys[entry] : positive_infinity();
+        stored_positions[s] = entry < K ? positions[entry] : -1;
+      }
+      if (pending(l, stored_keys) >= BULK_MIN_CANDIDATES) {
+        rebuild(l, stored_keys, stored_positions);
+        return;
+      }
+    }
 #pragma unroll 1
     for (int s = 0; s < SLOTS; ++s) {
       const int entry = s * 32 + lane_;
@@ -142,6 +201,80 @@ class WarpLists {
       shared_keys_[l * LIST_SLOTS + s * 32 + lane_] = key;
       shared_positions_[l * LIST_SLOTS + s * 32 + lane_] = position;
     }
+  }
+
+  // How many of the warp's candidates (N a lane) beat list l's threshold.
+  template <int N>
+  TINYKNN_D int pending(int l, const float (&keys)[N]) const {
+    const float limit = threshold(l);
+    int count = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) count += __popc(__ballot_sync(FULL_WARP, keys[j] < limit));
+    return count;
+  }
+
+  // List l (shared memory) becomes the K best of itself and the candidates below its threshold.
+  template <int N>
+  TINYKNN_D void rebuild(int l, const float (&keys)[N], const int (&positions)[N]) {
+    const float limit = threshold(l);
+    float old_keys[SLOTS];
+    int old_positions[SLOTS];
+    unsigned old_bits[SLOTS], new_bits[N];
+    bool old_in[SLOTS], new_in[N];
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+      old_in[s] = s * 32 + lane_ < K;
+      old_keys[s] = old_in[s] ? shared_keys_[l * LIST_SLOTS + s * 32 + lane_] : positive_infinity();
+      old_positions[s] = old_in[s] ? shared_positions_[l * LIST_SLOTS + s * 32 + lane_] : -1;
+      old_bits[s] = ordered_bits(old_keys[s]);
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      new_in[j] = keys[j] < limit;   // the rest could never enter (and +inf ones must not)
+      new_bits[j] = ordered_bits(keys[j]);
+    }
+    // The K-th smallest ordered key, bit by bit from the top; `remaining` ends as how many of the
+    // values equal to it belong to the K best.
+    unsigned kth = 0;
+    int remaining = K;
+#pragma unroll 1
+    for (int bit = 31; bit >= 0; --bit) {
+      const unsigned high = ~0u << bit;
+      int count = 0;
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) count += __popc(__ballot_sync(FULL_WARP, old_in[s] && (old_bits[s] & high) == kth));
+#pragma unroll
+      for (int j = 0; j < N; ++j) count += __popc(__ballot_sync(FULL_WARP, new_in[j] && (new_bits[j] & high) == kth));
+      if (count < remaining) {
+        remaining -= count;
+        kth |= 1u << bit;
+      }
+    }
+    __syncwarp();   // every lane has read the old list
+    const unsigned lanes_below = (1u << lane_) - 1;
+    int below_taken = 0, equal_seen = 0;
+    auto place = [&](bool in, unsigned bits, float key, int position) {
+      const bool below = in && bits < kth, equal = in && bits == kth;
+      const unsigned below_mask = __ballot_sync(FULL_WARP, below), equal_mask = __ballot_sync(FULL_WARP, equal);
+      int entry = -1;
+      if (below) entry = below_taken + __popc(below_mask & lanes_below);
+      if (equal) {
+        const int e = equal_seen + __popc(equal_mask & lanes_below);
+        if (e < remaining) entry = K - remaining + e;
+      }
+      if (entry >= 0) {
+        shared_keys_[l * LIST_SLOTS + entry] = key;
+        shared_positions_[l * LIST_SLOTS + entry] = position;
+      }
+      below_taken += __popc(below_mask);
+      equal_seen += __popc(equal_mask);
+    };
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) place(old_in[s], old_bits[s], old_keys[s], old_positions[s]);
+#pragma unroll
+    for (int j = 0; j < N; ++j) place(new_in[j], new_bits[j], keys[j], positions[j]);
+    __syncwarp();
+    find_worst(l);
   }
 
   TINYKNN_D void insert(int l, float key, int position) {
@@ -203,15 +336,6 @@ class WarpLists {
   int worst_[LISTS][1];
   int lane_;
 };
-
-// ---- keys as ordered integers: a <= b as floats exactly when ordered_bits(a) <= ordered_bits(b) ----
-TINYKNN_D unsigned ordered_bits(float key) {
-  const unsigned u = __float_as_uint(key);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-TINYKNN_D float from_ordered_bits(unsigned u) {
-  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
-}
 
 // ---- a bound shared by every block that serves one query ---------------------------------------
 // Each list that holds k real candidates publishes its threshold (its k-th best key); the true k-th

@@ -5,8 +5,9 @@
     compute-sanitizer --tool racecheck python3 tests/gpu_sanitize.py
 
 Covers: ingest (host rows, float64/float16 CUDA rows and queries when CuPy is present), scan with
-register lists and with shared-memory lists (k = 2048), tiled with register and shared lists, the
-merge (small and large k, padding), graph replay, float16 storage and every metric. Each result is
+register lists and with shared-memory lists (k = 2048), tiled with shared lists (bulk rebuilds), the
+l2 filter key with its rescore and the exact fallback, the merge (small and large k, padding), graph
+replay, float16 storage and every metric. Each result is
 checked against the float64 reference, so a broken run also fails without the tool. Exit status 0
 means every search was correct.
 """
@@ -25,22 +26,24 @@ import tinyknn  # noqa: E402
 from reference import check_search  # noqa: E402
 from tinyknn.gpu import plan  # noqa: E402
 
-CASES = [  # metric, dtype, dim, n, k, n_queries, selection kernel
-    ("l2", "float32", 37, 700, 10, 3, "scan"),
-    ("ip", "float16", 64, 700, 100, 5, "scan"),
-    ("cosine", "float32", 20, 2300, 2048, 2, "scan"),        # shared-memory lists, big merge
-    ("l2", "float16", 130, 300, 10, 70, "tiled"),
-    ("cosine", "float16", 16, 500, 100, 40, "tiled"),       # tiled with shared-memory lists
-    ("ip", "float32", 3, 5, 20, 4, "scan"),                 # k > ntotal: padding
+CASES = [  # metric, dtype, dim, n, k, n_queries, selection kernel, data offset
+    ("l2", "float32", 37, 700, 10, 3, "scan", 0.0),
+    ("ip", "float16", 64, 700, 100, 5, "scan", 0.0),
+    ("cosine", "float32", 20, 2300, 2048, 2, "scan", 0.0),        # shared-memory lists, big merge
+    ("l2", "float16", 130, 300, 10, 70, "tiled", 0.0),           # l2 filter key + rescore
+    ("l2", "float32", 37, 1500, 100, 40, "tiled", 0.0),          # filter lists of 108, bulk rebuilds
+    ("l2", "float32", 20, 800, 5, 30, "tiled", 1e4),             # filter unproven: exact tiled again
+    ("cosine", "float16", 16, 500, 100, 40, "tiled", 0.0),       # tiled with shared-memory lists
+    ("ip", "float32", 3, 5, 20, 4, "scan", 0.0),                 # k > ntotal: padding
 ]
 
 
 def main() -> int:
     rng = np.random.default_rng(7)
-    for metric, dtype, dim, n, k, n_queries, variant in CASES:
+    for metric, dtype, dim, n, k, n_queries, variant, offset in CASES:
         plan.SCAN_MAX_QUERIES = 10**9 if variant == "scan" else 0
-        db = rng.standard_normal((n, dim)).astype(np.float32)
-        q = rng.standard_normal((n_queries, dim)).astype(np.float32)
+        db = (rng.standard_normal((n, dim)) + offset).astype(np.float32)
+        q = (rng.standard_normal((n_queries, dim)) + offset).astype(np.float32)
         with tinyknn.Index(dim, metric, dtype, device="cuda") as index:
             index.add(db)
             for _ in range(2):                              # the second search replays a graph

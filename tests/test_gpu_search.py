@@ -207,6 +207,52 @@ def test_adversarial_data(case, rng):
                 _check(index.search(q, k), db, q, k, metric, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_l2_filter_is_proven_on_ordinary_data(dtype, rng):
+    """Large l2 batches rank by |x|^2 - 2 q.x and rescore: on data near the origin the rescore proves
+    every answer (no query searched twice), for list lengths 9 to 108 and an unfiltered k = 121."""
+    dim = 48
+    db = _data(rng, 4000, dim, dtype)
+    with tinyknn.Index(dim, "l2", dtype, device="cuda") as index:
+        index.add(db)
+        for k in (1, 10, 100, 121):
+            q = _data(rng, 300, dim)
+            _check(index.search(q, k), db, q, k, "l2", dtype)
+        assert index._searcher.exact_reruns == 0
+
+
+@pytest.mark.parametrize("case", ["far", "ties", "one_far_query"])
+def test_l2_filter_falls_back_when_unproven(case, rng):
+    """Where the filter key's rounding could hide a nearer row (far from the origin, ties at the k-th
+    distance), the query is searched again exactly: the answer stays the exact one."""
+    dim, k = 24, 10
+    if case == "far":
+        db = _data(rng, 3000, dim, scale=1e-2, offset=1e4)
+        q = _data(rng, 64, dim, scale=1e-2, offset=1e4)
+    elif case == "ties":
+        db = rng.integers(-1, 2, (3000, dim)).astype(np.float32)
+        db[1500:] = db[:1500]                                  # every row twice
+        q = db[rng.choice(3000, 64)] + 0.0
+    else:
+        db = _data(rng, 3000, dim)
+        q = _data(rng, 64, dim)
+        q[5] += 3e5                                            # one query far away: only it is unproven
+    with tinyknn.Index(dim, "l2", "float32", device="cuda") as index:
+        index.add(db)
+        _check(index.search(q, k), db, q, k, "l2", "float32", sample=64)
+        reruns = index._searcher.exact_reruns
+        if case == "far":
+            assert reruns == len(q)
+        elif case == "one_far_query":
+            assert reruns == 1
+        if "cupy" in _frameworks():
+            import cupy
+
+            result = index.search(cupy.asarray(q), k)
+            _check((result[0].get(), result[1].get()), db, q, k, "l2", "float32", sample=64)
+            assert index._searcher.exact_reruns > reruns or reruns == 0
+
+
 def test_export_round_trips_and_close_is_final(rng, tmp_path):
     db = _data(rng, 333, 130)
     index = tinyknn.Index(130, "l2", "float16", device="cuda")

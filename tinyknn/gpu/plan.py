@@ -3,7 +3,9 @@ packed once.
 
 A search is two launches: a selection kernel (`scan` for small batches, `tiled` for large ones) that
 writes the k best of every (query, database slice), then `merge`, which merges the slices of each
-query into the sorted answer. The database is split into enough slices to give every SM several
+query into the sorted answer. Large l2 batches rank by a cheaper filter key and keep a few more
+candidates; their second launch is `rescore`, which also writes a per-query status (1: search again
+exactly; see render.py). The database is split into enough slices to give every SM several
 blocks, so a single query still uses the whole GPU. A plan is built once per (n_queries, k) for the
 index's current buffers and size; `add`, `reset` and buffer growth throw the plans away.
 """
@@ -24,21 +26,26 @@ from .launcher import CapturedGraph, Kernel, PreparedLaunch, load_module
 # Tuning, from the measurements in bench/NOTES_GPU.md.
 SCAN_MAX_QUERIES = 8        # up to this many queries per batch: scan; tiled beyond (crossover in NOTES_GPU.md)
 SCAN_WAVES = 1              # scan grid: SMs x resident blocks per SM x this many waves
-TILED_WAVES = 2             # tiled grid: two waves (measured best of 1, 2, 4, 8 at 1,000 queries)
+TILED_WAVES = 1             # tiled grid: the fewest whole waves that fill the GPU (fewer slices, fewer lists)
+TILED_MIN_FILL = 0.85       # ... where the last wave holds at least this share of resident blocks
 MAX_BATCH = 8192            # queries per launch pair (bounds the candidate buffer; grid.y <= 65535)
 INGEST_THREADS = 256
 
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 ARGUMENTS = {
-    # ingest_kernel(src, src_itemsize, src_row_stride, n_rows, dim, dst, dst_row_stride, inv_norms, status)
-    "norms": (_P, _I, _L, _L, _I, _P, _I, _P, _P),
+    # ingest_kernel(src, src_itemsize, src_row_stride, n_rows, dim, dst, dst_row_stride, norms, squared, norm_max,
+    #               status)
+    "norms": (_P, _I, _L, _L, _I, _P, _I, _P, _I, _P, _P),
     # scan/tiled(data, inv_norms, n_data, rows_per_slice, queries, n_queries, row_stride, out_keys, out_positions,
     #            bounds)
     "scan": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
     "tiled": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
     # merge_kernel(keys, positions, n_lists, ids, out_distances, out_ids)
     "merge": (_P, _P, _I, _P, _P, _P),
+    # rescore_kernel(the merge's six, data, queries, row_stride, norm_max, status)
+    "rescore": (_P, _P, _I, _P, _P, _P, _P, _P, _I, _P, _P),
 }
+RESCORE_STATUS_SLOT = 10
 
 
 @dataclass(frozen=True)
@@ -83,12 +90,25 @@ def rows_granule(spec: KernelSpec) -> int:
     return spec.param("bn")
 
 
+def whole_wave_slices(groups: int, resident: int, variant: str) -> int:
+    """Slices per query group so that groups x slices blocks fill whole waves of `resident` blocks:
+    the scan takes SCAN_WAVES waves; the tiled kernel the fewest waves (from TILED_WAVES) whose blocks
+    fill TILED_MIN_FILL of them (10,000 queries: 157 groups x 3 slices in 2 waves, not 157 x 1 in one)."""
+    if variant == "scan":
+        return max(1, resident * SCAN_WAVES // groups)
+    waves = TILED_WAVES
+    while True:
+        slices = max(1, resident * waves // groups)
+        if groups * slices >= TILED_MIN_FILL * waves * resident or waves >= 8:
+            return slices
+        waves += 1
+
+
 def split_rows(n_data: int, groups: int, loaded: LoadedKernel, sm_count: int, k: int,
                slices: int | None = None) -> tuple[int, int]:
     """(slices, rows_per_slice): enough blocks for every SM, slices no smaller than a step or k."""
-    waves = SCAN_WAVES if loaded.spec.variant == "scan" else TILED_WAVES
     if slices is None:   # rounded down: a last wave of a few blocks would cost as much as a full one
-        slices = max(1, sm_count * loaded.blocks_per_sm * waves // groups)
+        slices = whole_wave_slices(groups, sm_count * loaded.blocks_per_sm, loaded.spec.variant)
     granule = rows_granule(loaded.spec)
     rows = max(granule, k, math.ceil(max(n_data, 1) / max(1, slices)))
     rows = math.ceil(rows / granule) * granule
@@ -108,20 +128,36 @@ class SearchPlan:
     main_grid: tuple[int, int, int]
     main_block: int
     main_shared: int
-    merge: PreparedLaunch
+    merge: PreparedLaunch   # merge_kernel or rescore_kernel (same first six parameters)
     merge_block: int
     merge_shared: int
     bounds: object          # DeviceBuffer of n_queries uint32, zeroed before every launch
+    list_k: int             # candidates per (query, slice): k, or k + FILTER_MARGIN when rescoring
+
+    @property
+    def rescores(self) -> bool:
+        return self.list_k != self.k
 
     def launch(self, stream) -> None:
         self.bounds.fill_bytes(0, self.n_queries * 4, stream)
         self.main.launch(self.main_grid, self.main_block, self.main_shared, stream)
         self.merge.launch(self.n_queries, self.merge_block, self.merge_shared, stream)
 
-    def set_outputs(self, distances_ptr: int, ids_ptr: int) -> None:
-        """Point the merge at other result arrays (device arrays of the caller's framework)."""
+    def set_outputs(self, distances_ptr: int, ids_ptr: int, status_ptr: int = 0) -> None:
+        """Point the merge at other result arrays (device arrays of the caller's framework) and the
+        rescore at another status array."""
         self.merge.set(4, distances_ptr)
         self.merge.set(5, ids_ptr)
+        if self.rescores:
+            self.merge.set(RESCORE_STATUS_SLOT, status_ptr)
+
+
+def result_layout(n_queries: int, k: int, rescores: bool) -> tuple[int, int, int]:
+    """(ids offset, status offset, total bytes) of one batch's results: float32 distances, int64 ids
+    and, after a rescore, int32 statuses, so that one copy brings all of them back."""
+    ids_offset = (n_queries * k * 4 + 7) // 8 * 8
+    status_offset = ids_offset + n_queries * k * 8
+    return ids_offset, status_offset, status_offset + (n_queries * 4 if rescores else 0)
 
 
 class HostBatch:
@@ -132,15 +168,16 @@ class HostBatch:
     GRAPH_AFTER_USES = 2
 
     def __init__(self, plan: SearchPlan, queries, stage, query_bytes: int, results, results_stage,
-                 ids_offset: int, row_stride: int):
+                 row_stride: int):
         n, k = plan.n_queries, plan.k
         self.plan, self.queries, self.stage_buffer, self.query_bytes = plan, queries, stage, query_bytes
         self.results, self.results_stage = results, results_stage
-        self.result_bytes = ids_offset + n * k * 8
+        ids_offset, status_offset, self.result_bytes = result_layout(n, k, plan.rescores)
         self.stage = stage.array(np.float32, (n, row_stride))
         raw = results_stage.array(np.uint8, self.result_bytes)
         self.distances = raw[:n * k * 4].view(np.float32).reshape(n, k)
-        self.ids = raw[ids_offset:].view(np.int64).reshape(n, k)
+        self.ids = raw[ids_offset:status_offset].view(np.int64).reshape(n, k)
+        self.status = raw[status_offset:].view(np.int32) if plan.rescores else None
         self.uses = 0
         self.graph: CapturedGraph | None = None
 
@@ -164,25 +201,36 @@ class HostBatch:
             self.graph = None
 
 
-def candidate_bytes(n_queries: int, slices: int, k: int) -> int:
-    """Bytes of (key, position) candidates a plan writes: n_queries x slices x k x (4 + 4)."""
-    return n_queries * slices * k * 8
+def list_k(main: KernelSpec) -> int:
+    """Candidates the selection kernel keeps per (query, slice)."""
+    return main.param("kl", main.k) if main.variant == "tiled" else main.k
+
+
+def candidate_bytes(n_queries: int, slices: int, per_list: int) -> int:
+    """Bytes of (key, position) candidates a plan writes: n_queries x slices x per_list x (4 + 4)."""
+    return n_queries * slices * per_list * 8
 
 
 def build_plan(main: LoadedKernel, merge: LoadedKernel, *, n_queries: int, k: int, n_data: int,
                slices: int, rows_per_slice: int, row_stride: int, data_ptr: int, norms_ptr: int, queries_ptr: int,
                keys_ptr: int, positions_ptr: int, ids_ptr: int, distances_out: int, ids_out: int,
-               bounds) -> SearchPlan:
+               bounds, norm_max_ptr: int = 0, status_ptr: int = 0) -> SearchPlan:
+    """merge: merge_kernel, or rescore_kernel after a filtered tiled kernel (then norm_max_ptr and
+    status_ptr are used)."""
     groups = math.ceil(n_queries / queries_per_block(main.spec))
     main_launch = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, n_queries, row_stride,
                                keys_ptr, positions_ptr, bounds.ptr)
-    merge_launch = merge.prepare(keys_ptr, positions_ptr, slices, ids_ptr, distances_out, ids_out)
+    merge_values = [keys_ptr, positions_ptr, slices, ids_ptr, distances_out, ids_out]
+    if merge.spec.variant == "rescore":
+        merge_values += [data_ptr, queries_ptr, row_stride, norm_max_ptr, status_ptr]
+    merge_launch = merge.prepare(*merge_values)
     return SearchPlan(main.spec.variant, n_queries, k, slices, rows_per_slice, main_launch,
                       (slices, groups, 1), main.threads, main.shared_bytes,
-                      merge_launch, merge.threads, merge.shared_bytes, bounds)
+                      merge_launch, merge.threads, merge.shared_bytes, bounds, list_k(main.spec))
 
 
 __all__ = [
     "HostBatch", "LoadedKernel", "MAX_BATCH", "SearchPlan", "build_plan", "candidate_bytes", "choose_variant",
+    "list_k", "result_layout",
     "load_kernel", "split_rows",
 ]

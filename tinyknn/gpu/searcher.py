@@ -1,7 +1,12 @@
 """GpuSearcher: the database on the GPU, its stream and staging buffers, and the search plans.
 
 Layout: rows stored in the index's dtype, padded with zeros to a 16-byte multiple (render.row_layout),
-inverse norms for cosine, the user's int64 ids. Queries are float32, padded the same way.
+inverse norms for cosine, squared norms and their maximum for l2 (the filter key of large batches),
+the user's int64 ids. Queries are float32, padded the same way.
+
+Large l2 batches are filtered, then rescored (render.py): each query whose answer the rescore cannot
+prove (data far from the origin, exact ties at the k-th distance) is searched again with the exact
+kernel, so the answer is always the exact search's; `exact_reruns` counts those queries.
 
 Host queries (NumPy): copied into pinned staging allocated once and grown (never per call), one async
 copy in, the selection kernel and the merge, one async copy of the (n_queries, k) results out, one
@@ -37,10 +42,6 @@ ADD_CHUNK_BYTES = 64 << 20      # host vectors are copied to the device in chunk
 PLAN_CACHE = 32
 
 
-def _align8(nbytes: int) -> int:
-    return (nbytes + 7) // 8 * 8
-
-
 class GpuSearcher:
     """The Searcher protocol (tinyknn.index) on the current CUDA device."""
 
@@ -66,6 +67,8 @@ class GpuSearcher:
         self._capacity = 0
         self._status_host = PinnedBuffer(4)
         self._device("status", 4)
+        self._device("norm_max", 4).fill_bytes(0, 4, self._stream)
+        self.exact_reruns = 0
         self._closed = False
 
     # -- buffers ----------------------------------------------------------------------------------
@@ -95,7 +98,7 @@ class GpuSearcher:
         if rows <= self._capacity:
             return
         capacity = max(rows, 2 * self._capacity, 1024)
-        sizes = {"data": self._row_bytes, "ids": 8, "norms": 4 if self.metric == "cosine" else 0}
+        sizes = {"data": self._row_bytes, "ids": 8, "norms": 4 if self.metric in ("cosine", "l2") else 0}
         old = {name: self._buffers.pop(name, None) for name in sizes}
         for name, per_row in sizes.items():
             if per_row:
@@ -128,13 +131,16 @@ class GpuSearcher:
 
     def _ingest(self, source_ptr: int, itemsize: int, row_step: int, rows: int, storage: str,
                 dest_ptr: int, norms_ptr: int) -> None:
-        """Enqueue the ingest kernel: rows of any float dtype -> padded `storage` rows, NaN flag set."""
+        """Enqueue the ingest kernel: rows of any float dtype -> padded `storage` rows, NaN flag set;
+        with norms_ptr, the rows' inverse norms (cosine) or squared norms and their maximum (l2)."""
+        squared = int(bool(norms_ptr) and self.metric == "l2")
+        norm_max = self._pointer("norm_max") if squared else 0
         loaded = self._kernel(render.norms_spec(storage, self.dim, self._arch))
         launch = self._ingest_launches.get(storage)
         if launch is None:     # packed once per index; the slots are rewritten in place
             launch = self._ingest_launches[storage] = loaded.prepare(*[0] * len(plans.ARGUMENTS["norms"]))
-        launch.set_all(source_ptr, itemsize, row_step, rows, self.dim, dest_ptr, self._stride, norms_ptr,
-                       self._pointer("status"))
+        launch.set_all(source_ptr, itemsize, row_step, rows, self.dim, dest_ptr, self._stride, norms_ptr, squared,
+                       norm_max, self._pointer("status"))
         blocks = max(1, min(math.ceil(rows / (loaded.threads // 32)), self._sm_count * 8))
         launch.launch(blocks, loaded.threads, 0, self._stream)
 
@@ -157,7 +163,7 @@ class GpuSearcher:
             self._reserve(self._n + n)
             self._buffers["status"].fill_bytes(0, 4, self._stream)
             data_ptr = self._pointer("data") + self._n * self._row_bytes
-            norms_ptr = self._pointer("norms") + self._n * 4 if self.metric == "cosine" else 0
+            norms_ptr = self._pointer("norms") + self._n * 4 if self.metric in ("cosine", "l2") else 0
             if isinstance(vectors, DeviceArray):
                 self._add_device(vectors, data_ptr, norms_ptr)
             else:
@@ -198,8 +204,9 @@ class GpuSearcher:
                 self._search_host_batch(queries[start:stop], k, distances[start:stop], ids[start:stop])
         return distances, ids
 
-    def _search_host_batch(self, queries: np.ndarray, k: int, distances: np.ndarray, ids: np.ndarray) -> None:
-        batch = self._host_batch(len(queries), k)
+    def _search_host_batch(self, queries: np.ndarray, k: int, distances: np.ndarray, ids: np.ndarray,
+                           exact: bool = False) -> None:
+        batch = self._host_batch(len(queries), k, exact)
         if self._stride == self.dim:
             np.copyto(batch.stage, queries)
         else:
@@ -208,6 +215,14 @@ class GpuSearcher:
         self._stream.synchronize()
         distances[...] = batch.distances
         ids[...] = batch.ids
+        if batch.status is not None and batch.status.any():     # unproven filter answers: search exactly
+            again = np.flatnonzero(batch.status)
+            self.exact_reruns += len(again)
+            sub_distances = np.empty((len(again), k), dtype=np.float32)
+            sub_ids = np.empty((len(again), k), dtype=np.int64)
+            self._search_host_batch(queries[again], k, sub_distances, sub_ids, exact=True)
+            distances[again] = sub_distances
+            ids[again] = sub_ids
 
     def _search_device(self, queries: DeviceArray, k: int):
         interop.check_device(queries, self._ordinal, "queries")
@@ -219,19 +234,37 @@ class GpuSearcher:
             self._check_open()
             self._wait_for_caller(caller)        # after the result arrays were allocated on it
             self._buffers["status"].fill_bytes(0, 4, self._stream)
-            item = queries.dtype.itemsize
-            for start in range(0, n_queries, plans.MAX_BATCH):
-                count = min(plans.MAX_BATCH, n_queries - start)
-                search_plan = self._plan(count, k, "device")
-                self._ingest(queries.ptr + start * step * item, item, step, count, "float32",
-                             self._pointer("queries"), 0)
-                search_plan.set_outputs(distances_ptr + start * k * 4, ids_ptr + start * k * 8)
-                search_plan.launch(self._stream)
+            rescored = self._enqueue_device_search(queries, step, k, distances_ptr, ids_ptr, exact=False)
+            if rescored:
+                self._raise_if_bad("queries")    # synchronises: the statuses are ready too
+                statuses = np.empty(n_queries, dtype=np.int32)
+                self._buffers["rescore_status"].copy_to_host(statuses, statuses.nbytes, self._stream)
+                self._stream.synchronize()
+                if statuses.any():               # unproven filter answers: the whole batch again, exactly
+                    self.exact_reruns += int(np.count_nonzero(statuses))
+                    self._enqueue_device_search(queries, step, k, distances_ptr, ids_ptr, exact=True)
             done = self._events[1]
             done.record(self._stream)
             Stream.from_handle(caller).wait(done)
             self._raise_if_bad("queries")
         return distances, ids
+
+    def _enqueue_device_search(self, queries: DeviceArray, step: int, k: int, distances_ptr: int, ids_ptr: int,
+                               exact: bool) -> bool:
+        """Enqueue the search of CUDA queries, batch by batch; True if any batch was rescored."""
+        n_queries, item = queries.shape[0], queries.dtype.itemsize
+        statuses = self._device("rescore_status", n_queries * 4).ptr    # before the plans: growth drops them
+        rescored = False
+        for start in range(0, n_queries, plans.MAX_BATCH):
+            count = min(plans.MAX_BATCH, n_queries - start)
+            search_plan = self._plan(count, k, "device", exact)
+            status_ptr = statuses + start * 4 if search_plan.rescores else 0
+            rescored |= search_plan.rescores
+            self._ingest(queries.ptr + start * step * item, item, step, count, "float32",
+                         self._pointer("queries"), 0)
+            search_plan.set_outputs(distances_ptr + start * k * 4, ids_ptr + start * k * 8, status_ptr)
+            search_plan.launch(self._stream)
+        return rescored
 
     def _wait_for_caller(self, caller: int) -> None:
         ready = self._events[0]
@@ -239,46 +272,52 @@ class GpuSearcher:
         self._stream.wait(ready)
 
     # -- plans ----------------------------------------------------------------------------------------
-    def _host_batch(self, n_queries: int, k: int) -> plans.HostBatch:
-        key = (n_queries, k, "host")
+    def _host_batch(self, n_queries: int, k: int, exact: bool = False) -> plans.HostBatch:
+        key = (n_queries, k, "host", exact)
         batch = self._plans.get(key)
         if batch is None:
-            ids_offset = _align8(n_queries * k * 4)
-            result_bytes = ids_offset + n_queries * k * 8
+            main = self._main_spec(n_queries, k, exact)
+            result_bytes = plans.result_layout(n_queries, k, plans.list_k(main) != k)[2]
             stage = self._pinned("query_stage", n_queries * self._stride * 4)
             results_stage = self._pinned("result_stage", result_bytes)
             results = self._device("results", result_bytes)
-            search_plan = self._plan(n_queries, k, "host")     # after the buffers: they may move
+            search_plan = self._plan(n_queries, k, "host", exact)     # after the buffers: they may move
             batch = self._plans[key] = plans.HostBatch(
                 search_plan, self._buffers["queries"], stage, n_queries * self._stride * 4, results, results_stage,
-                ids_offset, self._stride)
+                self._stride)
         self._plans.move_to_end(key)
         return batch
 
-    def _plan(self, n_queries: int, k: int, purpose: str) -> plans.SearchPlan:
-        """The cached plan of a batch shape; the buffers it needs are grown first."""
-        key = (n_queries, k, purpose, "plan")
+    def _main_spec(self, n_queries: int, k: int, exact: bool):
+        args = (self.metric, self.dtype, self.dim, k, self._arch)
+        if plans.choose_variant(n_queries, k) == "scan":
+            return render.scan_spec(*args)
+        return render.tiled_spec(*args, exact=exact)
+
+    def _plan(self, n_queries: int, k: int, purpose: str, exact: bool = False) -> plans.SearchPlan:
+        """The cached plan of a batch shape; the buffers it needs are grown first. exact: no filter key."""
+        key = (n_queries, k, purpose, exact, "plan")
         found = self._plans.get(key)
         if found is not None:
             self._plans.move_to_end(key)
             return found
-        args = (self.metric, self.dtype, self.dim, k, self._arch)
-        variant = plans.choose_variant(n_queries, k)
-        main = self._kernel(render.scan_spec(*args) if variant == "scan" else render.tiled_spec(*args))
-        merge = self._kernel(render.merge_spec(self.metric, k, self._arch))
+        main = self._kernel(self._main_spec(n_queries, k, exact))
+        merge = self._kernel(render.finisher_spec(main.spec))
+        per_list = plans.list_k(main.spec)
         groups = math.ceil(n_queries / plans.queries_per_block(main.spec))
-        slices, rows = plans.split_rows(self._n, groups, main, self._sm_count, k, self.slices_override)
+        slices, rows = plans.split_rows(self._n, groups, main, self._sm_count, per_list, self.slices_override)
         self._device("queries", n_queries * self._stride * 4)
-        self._device("candidates", plans.candidate_bytes(n_queries, slices, k))
+        self._device("candidates", plans.candidate_bytes(n_queries, slices, per_list))
         bounds = self._device("bounds", n_queries * 4)
-        ids_offset = _align8(n_queries * k * 4)
+        ids_offset, status_offset, _ = plans.result_layout(n_queries, k, per_list != k)
         results = self._pointer("results")
         candidates = self._pointer("candidates")
         search_plan = plans.build_plan(
             main, merge, n_queries=n_queries, k=k, n_data=self._n, slices=slices, rows_per_slice=rows, row_stride=self._stride,
             data_ptr=self._pointer("data"), norms_ptr=self._pointer("norms"), queries_ptr=self._pointer("queries"),
-            keys_ptr=candidates, positions_ptr=candidates + n_queries * slices * k * 4, ids_ptr=self._pointer("ids"),
-            distances_out=results, ids_out=results + ids_offset, bounds=bounds)
+            keys_ptr=candidates, positions_ptr=candidates + n_queries * slices * per_list * 4,
+            ids_ptr=self._pointer("ids"), distances_out=results, ids_out=results + ids_offset, bounds=bounds,
+            norm_max_ptr=self._pointer("norm_max"), status_ptr=results + status_offset)
         self._plans[key] = search_plan
         while len(self._plans) > PLAN_CACHE:
             _, dropped = self._plans.popitem(last=False)
@@ -293,6 +332,7 @@ class GpuSearcher:
         with self._lock:
             self._check_open()
             self._n = 0
+            self._buffers["norm_max"].fill_bytes(0, 4, self._stream)
             self._forget_plans()
 
     def export(self) -> tuple[np.ndarray, np.ndarray]:

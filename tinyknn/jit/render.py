@@ -18,6 +18,11 @@ Variants (spec.variant):
             memory (register tiles, like a GEMM) and selected per tile into per-query lists.
 - "merge":  merge_kernel: merges the per-slice lists of one query, sorts them nearest first, maps
             positions to user ids, converts keys to distances and pads where k > ntotal.
+- "rescore": rescore_kernel: the merge of l2's large batches. Their tiled kernel ranks rows by the
+            filter key |x|^2 - 2 q.x (L2Expanded: one FMA per element) and keeps k + FILTER_MARGIN per
+            slice; rescore recomputes the best k + FILTER_MARGIN as sums of squared differences,
+            returns the k nearest, and flags each query whose answer a rounding-error bound does not
+            prove (the searcher searches those again with the exact tiled kernel).
 
 Only the scan kernel has the dimension as a template argument (its per-lane loads unroll over it).
 The tiled kernel stages a tile 16 dimensions at a time in a loop that does not unroll over the
@@ -56,6 +61,9 @@ TILED_WARPS = 8                 # warps per tiled block (one row of the register
 TILED_DEPTH = 16                # dimensions staged per step
 TILED_LIST_SMEM = 32 * 1024     # shared memory for a tiled block's per-query lists
 MERGE_WARPS = 32                # warps per merge block: its passes are load-latency bound, more loads in flight
+MERGE_WARPS_BATCH = 8           # ... after the tiled kernel: many queries, so many blocks keep the loads in flight
+FILTER_MARGIN = 8               # l2 large batches: candidates kept beyond k for rescore to prove the answer
+FILTER_MAX_LIST = 128           # ... while k + FILTER_MARGIN fits the lists topk.cuh rebuilds in bulk
 
 
 @dataclass(frozen=True)
@@ -115,13 +123,19 @@ def name_expression(spec: KernelSpec) -> str:
     elif spec.variant == "scan":
         args = [metric, storage, spec.dim, spec.k, p("qb"), p("lanes"), p("warps"), p("smem")]
     elif spec.variant == "tiled":
-        args = [metric, storage, spec.k, p("bq"), p("bn"), p("warps"), "true" if p("reglists") else "false", p("smem")]
+        if p("filter", 0):
+            metric = "tinyknn::L2Expanded"
+        args = [metric, storage, p("kl", spec.k), p("bq"), p("bn"), p("warps"), p("depth"),
+                "true" if p("reglists") else "false", p("smem")]
+    elif spec.variant == "rescore":
+        args = [storage, spec.k, p("kl"), p("warps"), p("smem")]
     else:  # merge
         args = [metric, spec.k, p("warps"), p("smem")]
     return f"tinyknn::{_KERNEL_NAMES[spec.variant]}<{', '.join(str(a) for a in args)}>"
 
 
-_KERNEL_NAMES = {"norms": "ingest_kernel", "scan": "scan_kernel", "tiled": "tiled_kernel", "merge": "merge_kernel"}
+_KERNEL_NAMES = {"norms": "ingest_kernel", "scan": "scan_kernel", "tiled": "tiled_kernel", "merge": "merge_kernel",
+                 "rescore": "rescore_kernel"}
 
 
 # -- the plans: which specs a search launches, with their parameters ------------------------------
@@ -161,25 +175,41 @@ def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: i
     return {"qb": qb, "lanes": lanes, "warps": warps, "smem": smem}
 
 
-def tiled_params(dtype: str, dim: int, k: int, *, bq: int | None = None, bn: int = TILED_BN,
-                 warps: int = TILED_WARPS, reglists: bool = False) -> dict[str, int]:
+def filter_list_k(metric: str, k: int) -> int | None:
+    """Candidates per list when a large batch ranks by l2's filter key (then rescored), else None."""
+    kl = k + FILTER_MARGIN
+    return kl if metric == "l2" and kl <= FILTER_MAX_LIST else None
+
+
+def tiled_params(dtype: str, dim: int, k: int, *, filter_k: int | None = None, bq: int | None = None,
+                 bn: int = TILED_BN, warps: int = TILED_WARPS, depth: int = TILED_DEPTH,
+                 reglists: bool = False) -> dict[str, int]:
     """Parameters of the tiled kernel (k <= TILED_MAX_K). Lists in shared memory by default: in
-    registers they push the k <= 32 kernels past 128 registers, to one block per SM."""
-    kp = padded_k(k)
+    registers they push the k <= 32 kernels past 128 registers, to one block per SM. filter_k: the
+    list length of l2's filter key (filter_list_k), None for exact keys."""
+    kl = filter_k or k
+    kp = padded_k(kl)
     if bq is None:
         bq = max(warps, min(64, _pow2_floor(TILED_LIST_SMEM // (kp * 8))))
     reglists = bool(reglists) and (bq // warps) * kp <= REGISTER_LIST_SLOTS
     lists = 0 if reglists else bq * kp * 8
-    staging = _align16(TILED_DEPTH * (bq + 4 + bn + 4) * 4)
+    staging = _align16(depth * (bq + 4 + bn + 4) * 4)
     smem = lists + staging + _align16(bq * 4)
-    return {"bq": bq, "bn": bn, "warps": warps, "reglists": int(reglists), "smem": smem}
+    params = {"bq": bq, "bn": bn, "warps": warps, "depth": depth, "reglists": int(reglists), "smem": smem}
+    if filter_k:
+        params.update(filter=1, kl=kl)
+    return params
 
 
-def merge_params(k: int) -> dict[str, int]:
-    """The radix-select merge: more threads where there are more candidates to pass over."""
-    warps = MERGE_WARPS
+def merge_params(k: int, warps: int = MERGE_WARPS) -> dict[str, int]:
+    """The radix-select merge: a block per query (fewer, wider blocks when there are few queries)."""
     sort_slots = max(2, 1 << (k - 1).bit_length())
     return {"warps": warps, "smem": sort_slots * 8 + (256 + 4) * 4}
+
+
+def rescore_params(kl: int, warps: int = MERGE_WARPS_BATCH) -> dict[str, int]:
+    sort_slots = 1 << (kl - 1).bit_length()
+    return {"kl": kl, "warps": warps, "smem": sort_slots * 8 + (256 + 4) * 4 + 16}
 
 
 def _align16(nbytes: int) -> int:
@@ -191,37 +221,58 @@ def norms_spec(dtype: str, dim: int, arch: str) -> KernelSpec:
     return KernelSpec("l2", dtype, dim, 0, "norms", arch)
 
 
-def merge_spec(metric: str, k: int, arch: str) -> KernelSpec:
+def merge_spec(metric: str, k: int, arch: str, warps: int = MERGE_WARPS) -> KernelSpec:
     """The merge kernel (dtype and dim do not change it: canonical 'float32', 1)."""
-    return KernelSpec(metric, "float32", 1, k, "merge", arch, tuple(merge_params(k).items()))
+    return KernelSpec(metric, "float32", 1, k, "merge", arch, tuple(merge_params(k, warps).items()))
 
 
 def scan_spec(metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
     return KernelSpec(metric, dtype, dim, k, "scan", arch, tuple(scan_params(dtype, dim, k, **overrides).items()))
 
 
-def tiled_spec(metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
-    return KernelSpec(metric, dtype, dim, k, "tiled", arch, tuple(tiled_params(dtype, dim, k, **overrides).items()))
+def tiled_spec(metric: str, dtype: str, dim: int, k: int, arch: str, *, exact: bool = False,
+               **overrides) -> KernelSpec:
+    """The tiled kernel; for l2 it ranks by the filter key (and needs rescore_spec) unless `exact`."""
+    filter_k = None if exact else filter_list_k(parse_metric(metric), k)
+    params = tiled_params(dtype, dim, k, filter_k=filter_k, **overrides)
+    return KernelSpec(metric, dtype, dim, k, "tiled", arch, tuple(params.items()))
+
+
+def rescore_spec(dtype: str, k: int, kl: int, arch: str, warps: int = MERGE_WARPS_BATCH) -> KernelSpec:
+    """The merge of a filtered l2 batch (storage dtype matters: it reads rows; dim does not)."""
+    return KernelSpec("l2", dtype, 1, k, "rescore", arch, tuple(rescore_params(kl, warps).items()))
+
+
+def finisher_spec(main: KernelSpec) -> KernelSpec:
+    """What runs after `main`: rescore after a filtered tiled kernel, merge otherwise."""
+    warps = MERGE_WARPS_BATCH if main.variant == "tiled" else MERGE_WARPS
+    if main.variant == "tiled" and main.param("filter", 0):
+        return rescore_spec(main.dtype, main.k, main.param("kl"), main.arch, warps)
+    return merge_spec(main.metric, main.k, main.arch, warps)
 
 
 def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
     """Every KernelSpec a search of (metric, dtype, dim, k) may launch: what `tinyknn cache warm` builds.
 
     The database ingest (dtype), the query ingest (float32, for CUDA queries), the scan (small
-    batches, and large ones when k > TILED_MAX_K), the tiled kernel (large batches) and the merge.
+    batches, and large ones when k > TILED_MAX_K), the tiled kernel (large batches) and the merge;
+    for l2 also the filtered tiled kernel and its rescore (the exact tiled kernel is then the
+    fallback for queries the rescore cannot prove).
     """
     metric, dtype, dim, k, arch = parse_metric(metric), parse_dtype(dtype), parse_dim(dim), parse_k(k), parse_arch(arch)
     specs = [norms_spec(dtype, dim, arch)]
     if dtype != "float32":
         specs.append(norms_spec("float32", dim, arch))
-    specs.append(scan_spec(metric, dtype, dim, k, arch))
+    mains = [scan_spec(metric, dtype, dim, k, arch)]
     if k <= TILED_MAX_K:
-        specs.append(tiled_spec(metric, dtype, dim, k, arch))
-    specs.append(merge_spec(metric, k, arch))
-    return specs
+        mains += [tiled_spec(metric, dtype, dim, k, arch, exact=True), tiled_spec(metric, dtype, dim, k, arch)]
+    for main in dict.fromkeys(mains):
+        specs += [main, finisher_spec(main)]
+    return list(dict.fromkeys(specs))
 
 
 __all__ = [
-    "RenderedSource", "kernel_source", "merge_spec", "name_expression", "norms_spec", "render_many",
-    "render_source", "row_layout", "scan_spec", "specs_for_search", "tiled_spec",
+    "RenderedSource", "filter_list_k", "finisher_spec", "kernel_source", "merge_spec", "name_expression",
+    "norms_spec", "render_many", "render_source", "rescore_spec", "row_layout", "scan_spec", "specs_for_search",
+    "tiled_spec",
 ]
