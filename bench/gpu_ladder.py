@@ -46,8 +46,9 @@ def record(**row):
 def kernel_times(index, nq: int, k: int, repeats: int, zero_bounds: bool = True,
                  exact: bool = False) -> tuple[float, float, plans.SearchPlan]:
     """Median (main, merge) kernel milliseconds of the plan for (nq, k), by events on the stream.
-    zero_bounds=False leaves the previous launch's bounds in place: no insertions, the arithmetic
-    alone. exact: the exact l2 kernel instead of the filter key."""
+    zero_bounds=False launches the selection kernel alone, so each launch starts from the previous
+    one's final bounds (the merge would zero them): no insertions, the arithmetic alone, merge 0.
+    exact: the exact l2 kernel instead of the filter key."""
     searcher = index._searcher
     batch = searcher._host_batch(nq, k, exact)
     plan, stream = batch.plan, searcher._stream
@@ -63,7 +64,8 @@ def kernel_times(index, nq: int, k: int, repeats: int, zero_bounds: bool = True,
         events[0].record(stream)
         plan.main.launch(plan.main_grid, plan.main_block, plan.main_shared, stream)
         events[1].record(stream)
-        plan.merge.launch(plan.n_queries, plan.merge_block, plan.merge_shared, stream)
+        if zero_bounds:
+            plan.merge.launch(plan.n_queries, plan.merge_block, plan.merge_shared, stream)
         events[2].record(stream)
         events[2].synchronize()
         if i >= 2:

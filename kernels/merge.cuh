@@ -63,10 +63,13 @@ TINYKNN_D unsigned gather_best(const float* keys, const int* positions, long lon
 
 constexpr int MERGE_SHARED_FIXED = (256 + 4) * 4;   // radix histogram (256 + 2) and the gather counters (2)
 
+// Both merges end by zeroing the query's cross-slice bound (see read_bound), which the selection
+// kernel before them is done with: the next search on the stream starts unpruned without a memset.
 template <class Metric, int K, int WARPS, int SMEM>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 merge_kernel(const float* __restrict__ keys, const int* __restrict__ positions, int n_lists,
-             const long long* __restrict__ ids, float* __restrict__ out_distances, long long* __restrict__ out_ids) {
+             const long long* __restrict__ ids, float* __restrict__ out_distances, long long* __restrict__ out_ids,
+             unsigned* __restrict__ bounds) {
   constexpr int SORT = next_pow2(K < 2 ? 2 : K);
   constexpr int NEED = SORT * 8 + MERGE_SHARED_FIXED;
   static_assert(SMEM >= NEED, "merge_kernel: SMEM is smaller than its shared memory layout");
@@ -86,6 +89,7 @@ merge_kernel(const float* __restrict__ keys, const int* __restrict__ positions, 
     out_distances[q * K + j] = from_key<Metric>(sort_keys[j]);
     out_ids[q * K + j] = position >= 0 ? ids[position] : -1;
   }
+  if (threadIdx.x == 0) bounds[q] = 0u;
 }
 
 // ---- rescore: l2 after the L2Expanded filter, one block per query ----------------------------
@@ -115,7 +119,7 @@ template <class T, int K, int KL, int WARPS, int SMEM>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 rescore_kernel(const float* __restrict__ keys, const int* __restrict__ positions, int n_lists,
                const long long* __restrict__ ids, float* __restrict__ out_distances, long long* __restrict__ out_ids,
-               const T* __restrict__ data, const float* __restrict__ queries, int row_stride,
+               unsigned* __restrict__ bounds, const T* __restrict__ data, const float* __restrict__ queries, int row_stride,
                const unsigned* __restrict__ norm_max, int* __restrict__ status) {
   static_assert(K < KL, "rescore_kernel: the filter must keep more candidates than it returns");
   constexpr int SORT = next_pow2(KL);
@@ -165,6 +169,7 @@ rescore_kernel(const float* __restrict__ keys, const int* __restrict__ positions
     const bool proven = filter_proven(from_ordered_bits(kl_bits), query_squared_norm[0],
                                       __uint_as_float(__ldg(norm_max)), sort_keys[K - 1], row_stride);
     status[q] = proven ? 0 : 1;
+    bounds[q] = 0u;
   }
 }
 

@@ -367,3 +367,23 @@ def test_bad_device_inputs(framework, rng):
         assert index.ntotal == 100
         q = _data(rng, 4, dim)
         _check(index.search(q, 3), index._searcher.export()[0], q, 3, "l2", "float16")
+
+
+@pytest.mark.parametrize("bad,message", [(np.nan, "NaN"), (np.inf, "infinity"), (2.0**51, "2\\*\\*50")])
+@pytest.mark.parametrize("nq", [1, 300])
+def test_bad_host_query_values_raise_after_the_device_is_done(bad, message, nq, rng):
+    """Host float32 values are checked while the device searches: a bad value still raises, and the
+    index keeps answering correctly afterwards (float64 input is checked before its conversion)."""
+    dim = 16
+    db = _data(rng, 500, dim)
+    with tinyknn.Index(dim, "l2", "float32", device="cuda") as index:
+        index.add(db)
+        q = _data(rng, nq, dim)
+        bad_q = q.copy()
+        bad_q[nq // 2, 3] = bad
+        for _ in range(3):                    # the third search replays a graph
+            with pytest.raises(ValueError, match=message):
+                index.search(bad_q, 5)
+        with pytest.raises(ValueError, match="1e\\+300"):
+            index.search(np.full((nq, dim), 1e300), 5)
+        _check(index.search(q, 5), db, q, 5, "l2", "float32")

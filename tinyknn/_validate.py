@@ -148,11 +148,15 @@ def host_database(x, dim: int, storage_dtype: str) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=storage_dtype)
 
 
-def host_queries(q, dim: int) -> np.ndarray:
-    """Queries: (n_queries, dim), finite, C-contiguous float32 (a copy only when needed)."""
+def host_queries(q, dim: int, check: bool = True) -> np.ndarray:
+    """Queries: (n_queries, dim), finite, C-contiguous float32 (a copy only when needed).
+
+    check=False leaves the values of float32 input unchecked: the GPU searcher checks them itself
+    while the device works (other dtypes are checked here, before any conversion)."""
     array = to_host_array(q, "queries")
     check_matrix_shape(array.shape, dim, "queries")
-    check_values(array, "queries", "float32")
+    if check or array.dtype != np.float32:
+        check_values(array, "queries", "float32")
     return np.ascontiguousarray(array, dtype=np.float32)
 
 

@@ -112,7 +112,8 @@ class Index:
         """
         searcher = self._open_searcher()
         k = _validate.check_k(k)
-        queries = self._checked(q, "queries", lambda a: _validate.host_queries(a, self.dim))
+        # The GPU searcher checks host float32 values itself, on the host while the device works.
+        queries = self._checked(q, "queries", lambda a: _validate.host_queries(a, self.dim, self.device == "cpu"))
         return searcher.search(queries, k)
 
     def _checked(self, x, what: str, check_host):

@@ -40,12 +40,12 @@ ARGUMENTS = {
     #            bounds)
     "scan": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
     "tiled": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
-    # merge_kernel(keys, positions, n_lists, ids, out_distances, out_ids)
-    "merge": (_P, _P, _I, _P, _P, _P),
-    # rescore_kernel(the merge's six, data, queries, row_stride, norm_max, status)
-    "rescore": (_P, _P, _I, _P, _P, _P, _P, _P, _I, _P, _P),
+    # merge_kernel(keys, positions, n_lists, ids, out_distances, out_ids, bounds)
+    "merge": (_P, _P, _I, _P, _P, _P, _P),
+    # rescore_kernel(the merge's seven, data, queries, row_stride, norm_max, status)
+    "rescore": (_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P),
 }
-RESCORE_STATUS_SLOT = 10
+RESCORE_STATUS_SLOT = 11
 
 
 @dataclass(frozen=True)
@@ -128,10 +128,10 @@ class SearchPlan:
     main_grid: tuple[int, int, int]
     main_block: int
     main_shared: int
-    merge: PreparedLaunch   # merge_kernel or rescore_kernel (same first six parameters)
+    merge: PreparedLaunch   # merge_kernel or rescore_kernel (same first seven parameters)
     merge_block: int
     merge_shared: int
-    bounds: object          # DeviceBuffer of n_queries uint32, zeroed before every launch
+    bounds: object          # DeviceBuffer of n_queries uint32: zero before a search, zeroed again by the merge
     list_k: int             # candidates per (query, slice): k, or k + FILTER_MARGIN when rescoring
 
     @property
@@ -139,7 +139,6 @@ class SearchPlan:
         return self.list_k != self.k
 
     def launch(self, stream) -> None:
-        self.bounds.fill_bytes(0, self.n_queries * 4, stream)
         self.main.launch(self.main_grid, self.main_block, self.main_shared, stream)
         self.merge.launch(self.n_queries, self.merge_block, self.merge_shared, stream)
 
@@ -220,7 +219,7 @@ def build_plan(main: LoadedKernel, merge: LoadedKernel, *, n_queries: int, k: in
     groups = math.ceil(n_queries / queries_per_block(main.spec))
     main_launch = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, n_queries, row_stride,
                                keys_ptr, positions_ptr, bounds.ptr)
-    merge_values = [keys_ptr, positions_ptr, slices, ids_ptr, distances_out, ids_out]
+    merge_values = [keys_ptr, positions_ptr, slices, ids_ptr, distances_out, ids_out, bounds.ptr]
     if merge.spec.variant == "rescore":
         merge_values += [data_ptr, queries_ptr, row_stride, norm_max_ptr, status_ptr]
     merge_launch = merge.prepare(*merge_values)

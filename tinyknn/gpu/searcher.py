@@ -11,7 +11,8 @@ kernel, so the answer is always the exact search's; `exact_reruns` counts those 
 Host queries (NumPy): copied into pinned staging allocated once and grown (never per call), one async
 copy in, the selection kernel and the merge, one async copy of the (n_queries, k) results out, one
 stream synchronisation with the GIL released, then into the two result arrays (the only per-call
-allocations). A batch shape seen twice is captured as a CUDA graph and replayed (one driver call).
+allocations). Their values (NaN, infinity, magnitude) are checked on the host while the device
+searches; bad values raise once the device is done, and their results are never returned. A batch shape seen twice is captured as a CUDA graph and replayed (one driver call).
 
 CUDA queries (CuPy, torch): read in place by the ingest kernel (dtype conversion, padding and the
 NaN check on the device), results written straight into arrays of the caller's framework; our
@@ -30,7 +31,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .._validate import DeviceArray
+from .._validate import DeviceArray, check_values
 from ..config import get_config
 from ..jit import render
 from . import interop, plan as plans
@@ -67,7 +68,7 @@ class GpuSearcher:
         self._capacity = 0
         self._status_host = PinnedBuffer(4)
         self._device("status", 4)
-        self._device("norm_max", 4).fill_bytes(0, 4, self._stream)
+        self._device("norm_max", 4)
         self.exact_reruns = 0
         self._closed = False
 
@@ -89,6 +90,8 @@ class GpuSearcher:
             buffer = kind(size)
             if kind is PinnedBuffer:
                 buffer.array(np.uint8, size)[:] = 0   # the query padding columns stay zero forever
+            else:
+                buffer.fill_bytes(0, size, self._stream)   # e.g. the bounds start at "none yet"
             self._buffers[name] = buffer
             self._forget_plans()
         return buffer
@@ -195,34 +198,35 @@ class GpuSearcher:
         if isinstance(queries, DeviceArray):
             return self._search_device(queries, k)
         n_queries = queries.shape[0]
-        distances = np.empty((n_queries, k), dtype=np.float32)
-        ids = np.empty((n_queries, k), dtype=np.int64)
         with self._lock:
             self._check_open()
+            if n_queries <= plans.MAX_BATCH:      # one batch: its results are the arrays returned
+                return self._search_host_batch(queries, k)
+            distances = np.empty((n_queries, k), dtype=np.float32)
+            ids = np.empty((n_queries, k), dtype=np.int64)
             for start in range(0, n_queries, plans.MAX_BATCH):
                 stop = min(n_queries, start + plans.MAX_BATCH)
-                self._search_host_batch(queries[start:stop], k, distances[start:stop], ids[start:stop])
+                distances[start:stop], ids[start:stop] = self._search_host_batch(queries[start:stop], k)
         return distances, ids
 
-    def _search_host_batch(self, queries: np.ndarray, k: int, distances: np.ndarray, ids: np.ndarray,
-                           exact: bool = False) -> None:
+    def _search_host_batch(self, queries: np.ndarray, k: int, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """One batch of host queries; fresh result arrays (the only allocations of the call)."""
         batch = self._host_batch(len(queries), k, exact)
         if self._stride == self.dim:
             np.copyto(batch.stage, queries)
         else:
             batch.stage[:, :self.dim] = queries
         batch.run(self._stream, self.use_graphs)
-        self._stream.synchronize()
-        distances[...] = batch.distances
-        ids[...] = batch.ids
+        try:    # NaN, infinity and magnitude: checked here, on the host, while the device searches
+            check_values(queries, "queries", "float32")
+        finally:
+            self._stream.synchronize()
+        distances, ids = batch.distances.copy(), batch.ids.copy()
         if batch.status is not None and batch.status.any():     # unproven filter answers: search exactly
             again = np.flatnonzero(batch.status)
             self.exact_reruns += len(again)
-            sub_distances = np.empty((len(again), k), dtype=np.float32)
-            sub_ids = np.empty((len(again), k), dtype=np.int64)
-            self._search_host_batch(queries[again], k, sub_distances, sub_ids, exact=True)
-            distances[again] = sub_distances
-            ids[again] = sub_ids
+            distances[again], ids[again] = self._search_host_batch(queries[again], k, exact=True)
+        return distances, ids
 
     def _search_device(self, queries: DeviceArray, k: int):
         interop.check_device(queries, self._ordinal, "queries")
