@@ -57,6 +57,8 @@ class DeviceArray:
 
 def is_device_array(x) -> bool:
     """True for CuPy arrays, torch CUDA tensors and anything else that exports __cuda_array_interface__."""
+    if x.__class__ is np.ndarray:   # the common case, decided in one comparison
+        return False
     if type(x).__module__.startswith("torch"):
         return bool(getattr(x, "is_cuda", False))
     return hasattr(type(x), "__cuda_array_interface__") or hasattr(x, "__cuda_array_interface__")
@@ -170,6 +172,8 @@ def device_matrix(x, dim: int, what: str) -> DeviceArray:
 
 def check_k(k) -> int:
     """k as a Python int in 1..MAX_K, or a TypeError/ValueError that names what was given."""
+    if k.__class__ is int and 1 <= k <= MAX_K:   # the common case, without the general parser
+        return k
     return parse_k(k)
 
 
