@@ -99,19 +99,24 @@ merge_kernel(const float* __restrict__ keys, const int* __restrict__ positions, 
 // (the searcher then searches that query again with L2).
 //
 // The proof. For a query q and a row x (n = row_stride terms, u = 2^-24), the filter's distance
-// |q|^2 + key(x) is within E = 2.5 (n + 4) u (|q|^2 + max |x|^2) of the true one: the dot product's
-// error is at most gamma_n |q||x| <= gamma_n (|q|^2 + |x|^2) / 2, both squared norms are within
-// gamma_n of their own, and two more roundings add 2u (|q|^2 + |x|^2) (2.5 (n + 4) u covers
-// 2 gamma_n + 4u for every n this library allows). Every row outside the KL has a key at least the
-// KL-th key A, so a true distance at least A + |q|^2 - E, and a computed one at least that times
-// (1 - 1.1 (n + 4) u) (the relative error of a float32 sum of n squared differences). When that is
-// not below the K-th computed distance, no such row could have been returned instead.
+// |q|^2 + key(x) is within E = 2.5 (n + 4) u (|q|^2 + max |x|^2) + (6n + 16) eta of the true one,
+// eta = 2^-150 (half the smallest subnormal: the absolute error an operation can add when its result
+// underflows; NVRTC keeps subnormals). The dot product's relative part is at most
+// gamma_n |q||x| <= gamma_n (|q|^2 + |x|^2) / 2, both squared norms are within gamma_n of their own,
+// two more roundings add 2u (|q|^2 + |x|^2) (2.5 (n + 4) u covers 2 gamma_n + 4u for every n this
+// library allows), and each of the 3n + 4 operations may add eta, doubled for the dot product. Every
+// row outside the KL has a key at least the KL-th key A, so a true distance at least A + |q|^2 - E,
+// and a computed one at least that times (1 - 1.1 (n + 4) u) minus (2n + 4) eta (a float32 sum of n
+// squared differences). When that is not below the K-th computed distance, no such row could have
+// been returned instead.
 TINYKNN_D bool filter_proven(float kl_key, float query_squared_norm, float max_row_squared_norm, float kth_distance,
                              int n) {
   if (!(kl_key < positive_infinity())) return true;   // fewer than KL rows: every row was a candidate
-  const double u = 5.9604644775390625e-08;
-  const double error = 2.5 * (n + 4) * u * ((double)query_squared_norm + (double)max_row_squared_norm);
-  const double lower = ((double)kl_key + (double)query_squared_norm - error) * (1.0 - 1.1 * (n + 4) * u);
+  const double u = 5.9604644775390625e-08, eta = 7.006492321624085e-46;   // 2^-24, 2^-150
+  const double error = 2.5 * (n + 4) * u * ((double)query_squared_norm + (double)max_row_squared_norm) +
+                       (6.0 * n + 16.0) * eta;
+  const double lower = ((double)kl_key + (double)query_squared_norm - error) * (1.0 - 1.1 * (n + 4) * u) -
+                       (2.0 * n + 4.0) * eta;
   return lower >= (double)kth_distance;
 }
 

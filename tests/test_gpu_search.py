@@ -221,6 +221,49 @@ def test_l2_filter_is_proven_on_ordinary_data(dtype, rng):
         assert index._searcher.exact_reruns == 0
 
 
+@pytest.mark.parametrize("n", [0, 1, 5, 17])
+def test_l2_filter_with_fewer_rows_than_its_lists(n, rng):
+    """k + 8 candidates per list but only n rows (n < k + 8, k > n too): the rescore pads like the merge."""
+    dim = 12
+    db = _data(rng, n, dim)
+    q = _data(rng, 20, dim)
+    with tinyknn.Index(dim, "l2", "float32", device="cuda") as index:
+        if n:
+            index.add(db)
+        for k in (3, 10, 24):
+            distances, ids = index.search(q, k)
+            if n:
+                _check((distances, ids), db, q, k, "l2", "float32")
+            else:
+                assert np.all(ids == -1) and np.all(distances == np.inf)
+        assert index._searcher.exact_reruns == 0
+
+
+def test_l2_filter_proof_counts_underflow(rng):
+    """Coordinates near 2^-70 make every square subnormal, where roundings are absolute, not relative:
+    the filter cannot rank such rows reliably, so the proof must fail and every query is searched
+    again exactly (the answer is then the exact kernel's, bit for bit)."""
+    dim, k = 16, 1
+    center = rng.uniform(-1, 1, dim) * 2.0**-70
+    db = (center + rng.uniform(-1, 1, (300, dim)) * 2.0**-75).astype(np.float32)
+    q = (center + rng.uniform(-1, 1, (20, dim)) * 2.0**-75).astype(np.float32)
+    with tinyknn.Index(dim, "l2", "float32", device="cuda") as index:
+        index.add(db)
+        distances, ids = index.search(q, k)
+        assert index._searcher.exact_reruns == len(q)
+        exact = index._searcher._search_host_batch(q, k, exact=True)
+        np.testing.assert_array_equal(distances, exact[0])
+        np.testing.assert_array_equal(ids, exact[1])
+
+
+def test_zero_queries(rng):
+    with tinyknn.Index(8, "l2", "float32", device="cuda") as index:
+        index.add(_data(rng, 50, 8))
+        distances, ids = index.search(np.zeros((0, 8), np.float32), 4)
+        assert distances.shape == (0, 4) and ids.shape == (0, 4)
+        assert distances.dtype == np.float32 and ids.dtype == np.int64
+
+
 @pytest.mark.parametrize("case", ["far", "ties", "one_far_query"])
 def test_l2_filter_falls_back_when_unproven(case, rng):
     """Where the filter key's rounding could hide a nearer row (far from the origin, ties at the k-th

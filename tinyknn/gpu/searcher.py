@@ -200,7 +200,7 @@ class GpuSearcher:
         n_queries = queries.shape[0]
         with self._lock:
             self._check_open()
-            if n_queries <= plans.MAX_BATCH:      # one batch: its results are the arrays returned
+            if 0 < n_queries <= plans.MAX_BATCH:      # one batch: its results are the arrays returned
                 return self._search_host_batch(queries, k)
             distances = np.empty((n_queries, k), dtype=np.float32)
             ids = np.empty((n_queries, k), dtype=np.int64)
@@ -257,7 +257,10 @@ class GpuSearcher:
                                exact: bool) -> bool:
         """Enqueue the search of CUDA queries, batch by batch; True if any batch was rescored."""
         n_queries, item = queries.shape[0], queries.dtype.itemsize
-        statuses = self._device("rescore_status", n_queries * 4).ptr    # before the plans: growth drops them
+        statuses = self._device("rescore_status", n_queries * 4)     # before the plans: growth drops them
+        if n_queries:
+            statuses.fill_bytes(0, n_queries * 4, self._stream)         # scan batches leave theirs unwritten
+        statuses = statuses.ptr
         rescored = False
         for start in range(0, n_queries, plans.MAX_BATCH):
             count = min(plans.MAX_BATCH, n_queries - start)
