@@ -12,7 +12,8 @@ Host queries (NumPy): copied into pinned staging allocated once and grown (never
 copy in, the selection kernel and the merge, one async copy of the (n_queries, k) results out, one
 stream synchronisation with the GIL released, then into the two result arrays (the only per-call
 allocations). Their values (NaN, infinity, magnitude) are checked on the host while the device
-searches; bad values raise once the device is done, and their results are never returned. A batch shape seen twice is captured as a CUDA graph and replayed (one driver call).
+searches; bad values raise once the device is done, and their results are never returned. A batch
+shape seen twice is captured as a CUDA graph and replayed (one driver call).
 
 CUDA queries (CuPy, torch): read in place by the ingest kernel (dtype conversion, padding and the
 NaN check on the device), results written straight into arrays of the caller's framework; our

@@ -22,7 +22,8 @@ Variants (spec.variant):
             filter key |x|^2 - 2 q.x (L2Expanded: one FMA per element) and keeps k + FILTER_MARGIN per
             slice; rescore recomputes the best k + FILTER_MARGIN as sums of squared differences,
             returns the k nearest, and flags each query whose answer a rounding-error bound does not
-            prove (the searcher searches those again with the exact tiled kernel).
+            prove (the searcher searches those again exactly: with the exact tiled kernel, or the
+            scan for a few).
 
 Only the scan kernel has the dimension as a template argument (its per-lane loads unroll over it).
 The tiled kernel stages a tile 16 dimensions at a time in a loop that does not unroll over the
