@@ -240,18 +240,20 @@ class GpuSearcher:
             self._wait_for_caller(caller)        # after the result arrays were allocated on it
             self._buffers["status"].fill_bytes(0, 4, self._stream)
             rescored = self._enqueue_device_search(queries, step, k, distances_ptr, ids_ptr, exact=False)
+            settled = False                      # synchronised, flag read, and nothing enqueued since
             if rescored:
-                self._raise_if_bad("queries")    # synchronises: the statuses are ready too
                 statuses = np.empty(n_queries, dtype=np.int32)
                 self._buffers["rescore_status"].copy_to_host(statuses, statuses.nbytes, self._stream)
-                self._stream.synchronize()
-                if statuses.any():               # unproven filter answers: the whole batch again, exactly
+                self._raise_if_bad("queries")    # one synchronisation for the flag and the statuses
+                settled = not statuses.any()
+                if not settled:                  # unproven filter answers: the whole batch again, exactly
                     self.exact_reruns += int(np.count_nonzero(statuses))
                     self._enqueue_device_search(queries, step, k, distances_ptr, ids_ptr, exact=True)
             done = self._events[1]
             done.record(self._stream)
             Stream.from_handle(caller).wait(done)
-            self._raise_if_bad("queries")
+            if not settled:
+                self._raise_if_bad("queries")
         return distances, ids
 
     def _enqueue_device_search(self, queries: DeviceArray, step: int, k: int, distances_ptr: int, ids_ptr: int,

@@ -209,8 +209,9 @@ def merge_params(k: int, warps: int = MERGE_WARPS) -> dict[str, int]:
 
 
 def rescore_params(kl: int, warps: int = MERGE_WARPS_BATCH) -> dict[str, int]:
-    sort_slots = 1 << (kl - 1).bit_length()
-    return {"kl": kl, "warps": warps, "smem": sort_slots * 8 + (256 + 4) * 4 + 16}
+    """The merge's layout over kl candidates, plus 16 bytes for the query's squared norm."""
+    params = merge_params(kl, warps)
+    return {"kl": kl, "warps": warps, "smem": params["smem"] + 16}
 
 
 def _align16(nbytes: int) -> int:
