@@ -9,7 +9,8 @@
 // for a query q' = fl32(q - c) 2^-s, delta = ||(q - c) 2^-s - q'||. So, with rho = e_max + delta,
 // the true scaled distance satisfies |sqrt(D) - sqrt(D')| <= rho where D' = ||q' - r||^2, and the
 // float32 sum D~ of D' is within a relative gamma = 2 (dim + 2) 2^-24 (twice the classical bound for
-// sums of non-negative terms).
+// sums of non-negative terms) plus an absolute eta = dim 2^-149 for terms that underflow (a subnormal
+// result of an FMA is off by at most 2^-150; the exact scan's sums get the same, scaled by 2^-2s).
 //
 // SketchBound::threshold(kappa), where kappa is the k-th smallest D~, is a bound T such that every row
 // that a full exact scan could return has D~ <= T (see the proof in sketch_search.h). The rows under
@@ -60,13 +61,15 @@ struct SketchBound {
   double gamma;        // relative error of the sketch pass's float32 sums
   double gamma_exact;  // relative error of the exact scan's float32 sums
   double rho;          // e_max + delta, scaled
+  double eta;          // absolute error of the exact scan's sums where terms underflow, scaled
+  double eta_sketch;   // the same for the sketch pass's sums
 
   // Every row the exact scan could return has D~ <= threshold(k-th smallest D~ seen).
   float threshold(float kappa) const {
     if (!std::isfinite(kappa)) return positive_infinity();
-    const double upper = std::pow(std::sqrt((double)kappa / (1.0 - gamma)) + rho, 2.0);
-    const double widened = upper * (1.0 + gamma_exact) / (1.0 - gamma_exact);
-    const double bound = (1.0 + gamma) * std::pow(std::sqrt(widened) + rho, 2.0) * (1.0 + 1e-9) + 1e-30;
+    const double upper = std::pow(std::sqrt(((double)kappa + eta_sketch) / (1.0 - gamma)) + rho, 2.0);
+    const double widened = (upper * (1.0 + gamma_exact) + 2.0 * eta) / (1.0 - gamma_exact);
+    const double bound = ((1.0 + gamma) * std::pow(std::sqrt(widened) + rho, 2.0) + eta_sketch) * (1.0 + 1e-9) + 1e-30;
     return bound >= 3.0e38 ? positive_infinity() : std::nextafter((float)bound, positive_infinity());
   }
 };
@@ -117,6 +120,8 @@ class Sketch {
     bound->gamma = sum_error(dim);
     bound->gamma_exact = sum_error(dim);
     bound->rho = error_max_ + std::sqrt(error) * (1.0 + 1e-9) + 1e-300;
+    bound->eta = std::ldexp((double)dim, -149 - 2 * exponent_);
+    bound->eta_sketch = std::ldexp((double)dim, -149);
     return std::isfinite(bound->rho);
   }
 

@@ -8,12 +8,13 @@
 // 3. The candidates are scored exactly: each one's float32 panel through the same kernel, same
 //    summation order, as the full scan, so their distances are bit for bit the full scan's.
 //
-// Why no row of the full scan's answer is lost (scaled space, rho = e_max + delta, see sketch.h):
-// the k rows with the smallest D~ (the largest being kappa) have true distance
-// D <= (sqrt(kappa / (1 - gamma)) + rho)^2 = U, so the full scan's k-th smallest float32 distance is at
-// most U (1 + gamma'). A row z in its answer has float32 distance <= U (1 + gamma'), so
-// D(z) <= U (1 + gamma') / (1 - gamma') = W, so sqrt(D'(z)) <= sqrt(W) + rho, so
-// D~(z) <= (1 + gamma) (sqrt(W) + rho)^2 = T. Rows dropped earlier were above a larger threshold.
+// Why no row of the full scan's answer is lost (scaled space, rho = e_max + delta, eta and eta~ the
+// absolute underflow terms of the exact and the sketch sums, see sketch.h): the k rows with the
+// smallest D~ (the largest being kappa) have true distance D <= (sqrt((kappa + eta~) / (1 - gamma)) +
+// rho)^2 = U, so the full scan's k-th smallest float32 distance is at most U (1 + gamma') + eta. A row z
+// in its answer has float32 distance <= U (1 + gamma') + eta, so D(z) <= (U (1 + gamma') + 2 eta) /
+// (1 - gamma') = W, so sqrt(D'(z)) <= sqrt(W) + rho, so D~(z) <= (1 + gamma) (sqrt(W) + rho)^2 + eta~ = T.
+// Rows dropped earlier were above a larger threshold.
 #pragma once
 #include <algorithm>
 #include <atomic>
