@@ -76,16 +76,21 @@ def kernel_times(index, nq: int, k: int, repeats: int, zero_bounds: bool = True,
     return statistics.median(mains), statistics.median(merges), plan
 
 
-def end_to_end(index, q, k, repeats: int) -> float:
+def host_ms(call, repeats: int) -> float:
+    """Median milliseconds of `call()` on the host clock, after args_warm_s of warm-up calls."""
     warm_until = time.perf_counter() + args_warm_s[0]
     while time.perf_counter() < warm_until:
-        index.search(q, k)
+        call()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        index.search(q, k)
+        call()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
+
+
+def end_to_end(index, q, k, repeats: int) -> float:
+    return host_ms(lambda: index.search(q, k), repeats)
 
 
 def build(db, metric="l2", dtype="float32"):
@@ -174,14 +179,7 @@ def torch_peer(db, queries, args):
             d = torch.addmm(norms, q, x.T, alpha=-2)
             v, i = torch.topk(d, 10, largest=False)
             return v.cpu().numpy(), i.cpu().numpy()
-        for _ in range(3):
-            call()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-        record(what="peer_torch_e2e", nq=nq, k=10, ms=statistics.median(times) * 1e3)
+        record(what="peer_torch_e2e", nq=nq, k=10, ms=host_ms(call, repeats))
 
 
 def main() -> int:

@@ -101,9 +101,13 @@ def test_both_selection_kernels(monkeypatch, variant, metric, dtype, dim, k, rng
     with tinyknn.Index(dim, metric, dtype, device="cuda") as index:
         index.add(db[:1000])
         index.add(db[1000:])
-        for nq in (1, 7, 65, 300):
+        for nq in (1, 7, 20, 65, 300):      # 1, 7: tiled blocks of 16 queries; 20: of 32 (k < 100)
             q = _data(rng, nq, dim)
             _check(index.search(q, k), db, q, k, metric, dtype)
+        if variant == "tiled":
+            block = {nq: index._searcher._main_spec(nq, k, False).param("bq") for nq in (7, 20, 300)}
+            default = render.tiled_spec(metric, dtype, dim, k, _arch()).param("bq")
+            assert block == {7: min(16, default), 20: min(32, default), 300: default}
 
 
 @pytest.mark.parametrize("n", [1, 1000, 100_003])

@@ -62,6 +62,20 @@ def test_specs_for_search_cover_every_plan():
     assert all(isinstance(s, KernelSpec) for s in big)
 
 
+def test_small_batches_get_small_tiled_blocks():
+    """A batch smaller than the default block of queries gets the smallest block that holds it, and
+    specs_for_search lists every block size a search may pick (so cache warm compiles them)."""
+    def block(k, n):
+        return render.tiled_spec("l2", "float32", 768, k, "sm_90", n_queries=n).param("bq")
+
+    assert [block(10, n) for n in (1, 9, 16, 17, 32, 33, 1000)] == [16, 16, 16, 32, 32, 64, 64]
+    assert [block(100, n) for n in (9, 16, 17, 1000)] == [16, 16, 32, 32]     # k = 100's default is 32
+    assert render.tiled_spec("l2", "float32", 768, 10, "sm_90", n_queries=9, bq=64).param("bq") == 64
+    listed = render.specs_for_search("l2", "float32", 768, 10, "sm_90")
+    blocks = {(s.param("bq"), s.param("filter", 0)) for s in listed if s.variant == "tiled"}
+    assert blocks == {(bq, f) for bq in (16, 32, 64) for f in (0, 1)}
+
+
 @pytest.mark.parametrize("bad,match", [
     (("L1", "float32", 8, 1, "sm_90"), "metric must be one of"),
     (("l2", "int8", 8, 1, "sm_90"), "dtype must be one of"),

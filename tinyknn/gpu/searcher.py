@@ -302,7 +302,7 @@ class GpuSearcher:
         args = (self.metric, self.dtype, self.dim, k, self._arch)
         if plans.choose_variant(n_queries, k) == "scan":
             return render.scan_spec(*args)
-        return render.tiled_spec(*args, exact=exact)
+        return render.tiled_spec(*args, exact=exact, n_queries=n_queries)
 
     def _plan(self, n_queries: int, k: int, purpose: str, exact: bool = False) -> plans.SearchPlan:
         """The cached plan of a batch shape; the buffers it needs are grown first. exact: no filter key."""
