@@ -29,6 +29,19 @@ CONFIGS = [  # (label, n_data, dim, k, query counts)
 ]
 
 
+def probe_args(doc: str, repeats: int) -> argparse.Namespace:
+    """--out (JSON rewritten after every row) and --repeats; PyTorch's TF32 off for its peer rows."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    args = parser.parse_args()
+    if args.out:
+        ladder.OUT.append(args.out)
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return args
+
+
 def torch_ms(db_gpu, norms, q_host, k, repeats):
     import torch
 
@@ -53,14 +66,8 @@ def variants(k):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--repeats", type=int, default=30)
-    args = parser.parse_args()
-    if args.out:
-        ladder.OUT.append(args.out)
+    args = probe_args(__doc__, 30)
     import torch
-    torch.backends.cuda.matmul.allow_tf32 = False
     rng = np.random.default_rng(0)
     for label, n, dim, k, counts in CONFIGS:
         db = rng.standard_normal((n, dim), dtype=np.float32)

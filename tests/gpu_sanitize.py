@@ -35,6 +35,7 @@ CASES = [  # metric, dtype, dim, n, k, n_queries, selection kernel, data offset
     ("l2", "float32", 20, 800, 5, 30, "tiled", 1e4),             # filter unproven: exact tiled again
     ("cosine", "float16", 16, 500, 100, 40, "tiled", 0.0),       # tiled with shared-memory lists
     ("ip", "float32", 3, 5, 20, 4, "scan", 0.0),                 # k > ntotal: padding
+    ("cosine", "float16", 96, 1200, 10, 1, "scan", 0.0),         # one query: scan blocks of one
     ("l2", "float32", 48, 1000, 10, 9, "tiled", 0.0),            # blocks of 16 queries, filter key
     ("ip", "float16", 64, 900, 10, 12, "tiled", 0.0),            # blocks of 16 queries, exact keys
 ]

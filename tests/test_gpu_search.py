@@ -104,6 +104,8 @@ def test_both_selection_kernels(monkeypatch, variant, metric, dtype, dim, k, rng
         for nq in (1, 7, 20, 65, 300):      # 1, 7: tiled blocks of 16 queries; 20: of 32 (k < 100)
             q = _data(rng, nq, dim)
             _check(index.search(q, k), db, q, k, metric, dtype)
+        if variant == "scan":      # one query: a block of one
+            assert index._searcher._main_spec(1, k, False).param("qb") == 1
         if variant == "tiled":
             block = {nq: index._searcher._main_spec(nq, k, False).param("bq") for nq in (7, 20, 300)}
             default = render.tiled_spec(metric, dtype, dim, k, _arch()).param("bq")

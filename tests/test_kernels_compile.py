@@ -2,7 +2,7 @@
 stack frame and no spills (ptxas report), plus the large-k kernels outside the manifest.
 
 Kernels are compiled many per NVRTC program (one name expression each, reports per function) and
-programs in parallel threads (nvrtcCompileProgram releases the GIL), so the ~340 distinct kernels of
+programs in parallel threads (nvrtcCompileProgram releases the GIL), so the ~550 distinct kernels of
 an arch take a couple of minutes on two cores. No GPU needed.
 """
 

@@ -76,6 +76,15 @@ def test_small_batches_get_small_tiled_blocks():
     assert blocks == {(bq, f) for bq in (16, 32, 64) for f in (0, 1)}
 
 
+def test_one_query_gets_a_scan_block_of_one():
+    def block(n):
+        return render.scan_spec("l2", "float32", 128, 10, "sm_90", n_queries=n).param("qb")
+
+    assert [block(1), block(2), block(8), block(None)] == [1, 8, 8, 8]
+    listed = render.specs_for_search("ip", "float16", 128, 10, "sm_90")
+    assert {s.param("qb") for s in listed if s.variant == "scan"} == {1, 8}
+
+
 @pytest.mark.parametrize("bad,match", [
     (("L1", "float32", 8, 1, "sm_90"), "metric must be one of"),
     (("l2", "int8", 8, 1, "sm_90"), "dtype must be one of"),

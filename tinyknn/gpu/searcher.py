@@ -301,7 +301,7 @@ class GpuSearcher:
     def _main_spec(self, n_queries: int, k: int, exact: bool):
         args = (self.metric, self.dtype, self.dim, k, self._arch)
         if plans.choose_variant(n_queries, k) == "scan":
-            return render.scan_spec(*args)
+            return render.scan_spec(*args, n_queries=n_queries)
         return render.tiled_spec(*args, exact=exact, n_queries=n_queries)
 
     def _plan(self, n_queries: int, k: int, purpose: str, exact: bool = False) -> plans.SearchPlan:
