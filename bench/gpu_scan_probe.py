@@ -43,7 +43,7 @@ def main() -> int:
                     index = ladder.build(db)
                     e2e = ladder.end_to_end(index, q, 10, args.repeats)
                     main_ms, merge_ms, plan = ladder.kernel_times(index, 1, 10, args.repeats)
-                    params = dict(render.scan_spec("l2", "float32", dim, 10, index._searcher._arch).params)
+                    params = dict(index._searcher._main_spec(1, 10, False).params)     # what the search ran
                     ladder.record(what=f"{n}x{dim}", plan=str(fixed or "default"), params=str(params), slices=plan.slices,
                                   e2e_ms=e2e, main_ms=main_ms, merge_ms=merge_ms,
                                   tb_per_s=n * dim * 4 / (main_ms * 1e-3) / 1e12)

@@ -6,8 +6,8 @@
 
 Covers: ingest (host rows, float64/float16 CUDA rows and queries when CuPy is present), scan with
 register lists and with shared-memory lists (k = 2048), tiled with shared lists (bulk rebuilds), the
-l2 filter key with its rescore and the exact fallback, the merge (small and large k, padding), graph
-replay, float16 storage and every metric. Each result is
+l2 filter key with its rescore and the exact fallback, scan blocks of one query and tiled blocks of 16,
+the merge (small and large k, padding), graph replay, float16 storage and every metric. Each result is
 checked against the float64 reference, so a broken run also fails without the tool. Exit status 0
 means every search was correct.
 """

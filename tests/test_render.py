@@ -74,6 +74,15 @@ def test_small_batches_get_small_tiled_blocks():
     listed = render.specs_for_search("l2", "float32", 768, 10, "sm_90")
     blocks = {(s.param("bq"), s.param("filter", 0)) for s in listed if s.variant == "tiled"}
     assert blocks == {(bq, f) for bq in (16, 32, 64) for f in (0, 1)}
+    for metric in ("l2", "ip", "cosine"):          # whatever a batch picks, cache warm compiles it
+        for k in (1, 10, 100, 256):
+            listed = set(render.specs_for_search(metric, "float16", 96, k, "sm_90"))
+            for n in range(1, 70):
+                for exact in (False, True):
+                    assert render.tiled_spec(metric, "float16", 96, k, "sm_90", exact=exact, n_queries=n) in listed
+                assert render.scan_spec(metric, "float16", 96, k, "sm_90", n_queries=n) in listed
+    wide = render.tiled_spec("l2", "float32", 768, 10, "sm_90", n_queries=10, warps=32)   # 16 % 32 != 0
+    assert wide.param("bq") % wide.param("warps") == 0
 
 
 def test_one_query_gets_a_scan_block_of_one():

@@ -11,6 +11,8 @@
 // float32 sum D~ of D' is within a relative gamma = 2 (dim + 2) 2^-24 (twice the classical bound for
 // sums of non-negative terms) plus an absolute eta = dim 2^-149 for terms that underflow (a subnormal
 // result of an FMA is off by at most 2^-150; the exact scan's sums get the same, scaled by 2^-2s).
+// That assumes subnormals are kept: a process that flushes them to zero (FTZ/DAZ, e.g. after
+// torch.set_flush_denormal(True)) can lose up to 2^-126 per term instead.
 //
 // SketchBound::threshold(kappa), where kappa is the k-th smallest D~, is a bound T such that every row
 // that a full exact scan could return has D~ <= T (see the proof in sketch_search.h). The rows under

@@ -246,7 +246,7 @@ def tiled_spec(metric: str, dtype: str, dim: int, k: int, arch: str, *, exact: b
     filter_k = None if exact else filter_list_k(parse_metric(metric), k)
     params = tiled_params(dtype, dim, k, filter_k=filter_k, **overrides)
     if n_queries is not None and "bq" not in overrides:
-        smaller = [bq for bq in TILED_SMALL_BQ if n_queries <= bq < params["bq"]]
+        smaller = [bq for bq in TILED_SMALL_BQ if n_queries <= bq < params["bq"] and bq % params["warps"] == 0]
         if smaller:
             params = tiled_params(dtype, dim, k, filter_k=filter_k, bq=smaller[0], **overrides)
     return KernelSpec(metric, dtype, dim, k, "tiled", arch, tuple(params.items()))
