@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -60,13 +59,8 @@ def breakdown(db, queries, k=10, repeats=50):
     stream = searcher._stream
     distances, ids = np.empty((nq, k), np.float32), np.empty((nq, k), np.int64)
 
-    def host_ms(function):
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            function()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1e3
+    def host_ms(function):                 # no warm-up: the searches above warmed everything
+        return ladder.host_ms(function, repeats, warm_s=0.0)
 
     def device_ms(function):
         start, stop = Event(), Event()

@@ -76,9 +76,10 @@ def kernel_times(index, nq: int, k: int, repeats: int, zero_bounds: bool = True,
     return statistics.median(mains), statistics.median(merges), plan
 
 
-def host_ms(call, repeats: int) -> float:
-    """Median milliseconds of `call()` on the host clock, after args_warm_s of warm-up calls."""
-    warm_until = time.perf_counter() + args_warm_s[0]
+def host_ms(call, repeats: int, warm_s: float | None = None) -> float:
+    """Median milliseconds of `call()` on the host clock, after warm_s (default args_warm_s) of
+    warm-up calls."""
+    warm_until = time.perf_counter() + (args_warm_s[0] if warm_s is None else warm_s)
     while time.perf_counter() < warm_until:
         call()
     times = []

@@ -24,7 +24,7 @@ inline int64_t chunk_queries(int64_t dim) {
 
 // Per-thread buffers, grown on demand and reused by later searches (no allocation per call).
 struct Scratch {
-  std::vector<float> panel, keys, query_norms;
+  std::vector<float> panel, query_norms;
   std::vector<Candidate> candidates, merged;
   std::vector<TopK> best;
   // the caller thread's, for the sketch search (sketch_search.h) and the merge of slices
