@@ -99,24 +99,29 @@ def sketch_data(rng, kind, n=6000, dim=24):
     return db.astype(np.float32)
 
 
+def first_pass_case(rng, kind, n_queries):
+    """(database, float32 l2 index of it added in two batches, queries near its rows) for one data kind."""
+    db = sketch_data(rng, kind)
+    index = tinyknn.Index(db.shape[1])
+    index.add(db[:1000])
+    index.add(db[1000:])
+    rows = rng.choice(30 if kind == "cluster-in-spread" else len(db), n_queries)
+    noise = rng.standard_normal((n_queries, db.shape[1])) * db[:30].std() * 0.1
+    return db, index, db[rows] + noise.astype(np.float32)
+
+
 @pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize("kind", ["normal", "far", "tiny", "subnormal", "huge", "ties", "near-duplicates",
                                   "cluster-in-spread"])
 def test_few_queries_through_the_sketch_match_the_full_scan(rng, threads, kind, n_threads):
     """Float32 l2 searches of <= 8 queries go through the float16 sketch: exact, bit for bit the full scan."""
     threads(n_threads)
-    db = sketch_data(rng, kind)
-    index = tinyknn.Index(db.shape[1])
-    index.add(db[:1000])
-    index.add(db[1000:])
-    rows = rng.choice(30 if kind == "cluster-in-spread" else len(db), 8)
-    q = db[rows] + (rng.standard_normal((8, db.shape[1])) * db[:30].std() * 0.1).astype(np.float32)
+    db, index, q = first_pass_case(rng, kind, 8)
     for k in (1, 10):
         for batch in (q[:1], q[1:3], q):
             distances, ids = index.search(batch, k)
             check_search(distances, ids, db, batch, k, "l2")
-            full_d, _ = index.search(np.concatenate([batch] * 3 + [q]), k)   # > 8 queries: the full scan
-            assert np.array_equal(distances, full_d[: len(batch)])
+            assert np.array_equal(distances, full_scan(index, batch, k)[0])
     answered, declined = index._searcher.sketch_counts()
     assert answered + declined == 6
     if kind in ("normal", "far", "huge", "subnormal"):
@@ -125,15 +130,68 @@ def test_few_queries_through_the_sketch_match_the_full_scan(rng, threads, kind, 
         assert declined == 6, (answered, declined)
 
 
-def test_sketch_declines_data_it_describes_poorly(rng):
-    """A first batch with far outliers sets a coarse float16 scale: the sketch hands over to the full scan."""
+def full_scan(index, queries, k):
+    """The exact scan's answer, with the first passes (sketch, Winograd) switched off for this one search."""
+    index._searcher.use_first_passes(False)
+    try:
+        return index.search(queries, k)
+    finally:
+        index._searcher.use_first_passes(True)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("kind", ["normal", "far", "tiny", "subnormal", "huge", "ties", "near-duplicates",
+                                  "cluster-in-spread"])
+def test_many_queries_through_the_winograd_pass_match_the_full_scan(rng, threads, kind, n_threads):
+    """Float32 l2 searches of >= 9 queries go through the Winograd pass: exact, bit for bit the full scan,
+    for batches that fill whole tiles of queries and batches that do not, in one chunk or several."""
+    threads(n_threads)
+    db, index, q = first_pass_case(rng, kind, 300)
+    for k in (1, 10):
+        for batch in (q[:9], q[:13], q):
+            distances, ids = index.search(batch, k)
+            check_search(distances, ids, db, batch, k, "l2")
+            full_d, full_i = full_scan(index, batch, k)
+            assert np.array_equal(distances, full_d)
+            if kind in ("normal", "far", "huge"):   # no ties: the very same rows
+                assert np.array_equal(ids, full_i)
+    answered, declined = index._searcher.winograd_counts()
+    assert answered + declined == 6
+    # (near-duplicates seen from afar: the exact scan's own rounding is wider than their spread, so
+    # more rows stay candidates than the pass rescores; ties: as many candidates as tied rows)
+    if kind in ("normal", "far", "huge", "subnormal", "cluster-in-spread"):
+        assert answered == 6, (answered, declined)
+    if kind == "tiny":      # every exact distance underflows: the bound's absolute terms hand over to the scan
+        assert declined == 6, (answered, declined)
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3, 4, 5, 7, 64, 130, 1000])
+def test_winograd_pass_for_every_grouping_of_dims(rng, dim):
+    """The pass pairs coordinates in groups of three; dims with none, one or two left over, and dims
+    below one group, give the full scan's answer bit for bit (and a database of one panel more than
+    the pass's minimum, whose last panel is padding)."""
+    db = (rng.standard_normal((4097, dim)) * 3 + 5).astype(np.float32)
+    q = (rng.standard_normal((21, dim)) * 3 + 5).astype(np.float32)
+    index = build(db, "l2", "float32")
+    for k in (1, 5, 16):   # the pass takes k <= panels / 16
+        distances, ids = index.search(q, k)
+        check_search(distances, ids, db, q, k, "l2")
+        full_d, full_i = full_scan(index, q, k)
+        assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
+    assert index._searcher.winograd_counts() == (3, 0)
+
+
+@pytest.mark.parametrize("n_queries, counts", [(2, "sketch_counts"), (20, "winograd_counts")])
+def test_first_passes_decline_data_they_describe_poorly(rng, n_queries, counts):
+    """Far outliers in the first batch set a coarse float16 scale for the sketch, and make the Winograd
+    keys' error bound (which grows with the largest row) useless: both hand over to the full scan."""
     db = rng.standard_normal((6000, 16)).astype(np.float32)
     db[::97] *= 1e5
     index = build(db, "l2", "float32")
-    q = rng.standard_normal((2, 16)).astype(np.float32)
+    q = rng.standard_normal((n_queries, 16)).astype(np.float32)
     distances, ids = index.search(q, 5)
     check_search(distances, ids, db, q, 5, "l2")
-    assert index._searcher.sketch_counts() == (0, 1)
+    assert getattr(index._searcher, counts)() == (0, 1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -110,6 +110,18 @@ __attribute__((visibility("default"))) int tk_index_sketch_counts(tk_index* inde
   });
 }
 
+__attribute__((visibility("default"))) int tk_index_winograd_counts(tk_index* index, int64_t* answered,
+                                                                   int64_t* declined) {
+  return guarded([&] {
+    require(answered != nullptr && declined != nullptr, "output pointer is null");
+    open(index).winograd_counts(answered, declined);
+  });
+}
+
+__attribute__((visibility("default"))) int tk_index_use_first_passes(tk_index* index, int on) {
+  return guarded([&] { open(index).use_first_passes(on != 0); });
+}
+
 __attribute__((visibility("default"))) int tk_index_search(tk_index* index, const float* queries, int64_t nq,
                                                            int64_t k, int threads, float* distances,
                                                            int64_t* ids) {

@@ -16,10 +16,36 @@ namespace tinyknn {
 
 constexpr int64_t kChunkBytes = 256 * 1024;  // the queries one task keeps in L2
 
-// Queries per task: as many as fit kChunkBytes, whole tiles, at least one tile.
-inline int64_t chunk_queries(int64_t dim) {
+constexpr int64_t kMinSlicePanels = 64;    // a task's share of the database is at least this
+
+// Queries per task: as many as fit kChunkBytes, whole tiles of `tile` queries, at least one tile.
+inline int64_t chunk_queries(int64_t dim, int64_t tile) {
   const int64_t fit = kChunkBytes / (dim * (int64_t)sizeof(float));
-  return std::max<int64_t>(kTileQueries, fit / kTileQueries * kTileQueries);
+  return std::max<int64_t>(tile, fit / tile * tile);
+}
+
+struct Plan {
+  int64_t chunk, chunks, slices;
+};
+
+// How a search of nq queries, scored `tile` queries at a time, splits into tasks: about four per
+// thread, taken from a shared counter, so a thread that starts late (another process on its core)
+// takes fewer. Tasks split the queries into chunks of at most chunk_queries (what stays in L2) and at
+// least 8 tiles (below that a chunk's compute no longer hides the database stream it reads); where
+// that leaves too few chunks, the database is cut into slices of at least kMinSlicePanels panels, each
+// slice keeping its own k best, merged at the end.
+inline Plan make_plan(int64_t nq, int64_t dim, int64_t panels, int threads, int64_t tile) {
+  const int64_t min_chunk = 8 * tile;
+  const int64_t tasks = 4 * (int64_t)threads;
+  const int64_t per_task = (nq + tasks - 1) / tasks;
+  const int64_t rounded = (per_task + tile - 1) / tile * tile;
+  const int64_t chunk = std::min(std::max(rounded, min_chunk), std::max(chunk_queries(dim, tile), min_chunk));
+  const int64_t chunks = (nq + chunk - 1) / chunk;
+  int64_t slices = 1;
+  if (chunks < tasks) {
+    slices = std::min<int64_t>((tasks + chunks - 1) / chunks, std::max<int64_t>(1, panels / kMinSlicePanels));
+  }
+  return Plan{chunk, chunks, slices};
 }
 
 // Per-thread buffers, grown on demand and reused by later searches (no allocation per call).
@@ -33,6 +59,9 @@ struct Scratch {
   std::vector<SlackTopK> slack;
   std::vector<std::vector<Candidate>> kept;
   std::vector<Candidate> gathered, final_entries;
+  // the Winograd pass's (winograd_search.h): a centred panel, and where padding queries keep nothing
+  std::vector<float, CacheAligned<float>> centred;
+  std::vector<Candidate> rejected;
 
   static Scratch& of_this_thread() {
     static thread_local Scratch scratch;

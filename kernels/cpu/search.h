@@ -19,6 +19,7 @@
 #include "select.h"
 #include "simd.h"
 #include "sketch_search.h"
+#include "winograd_search.h"
 #include "tinyknn_cpu.h"
 
 namespace tinyknn {
@@ -37,14 +38,22 @@ class AnyIndex {
     *answered = sketch_answered_.load();
     *declined = sketch_declined_.load();
   }
+  void winograd_counts(int64_t* answered, int64_t* declined) const {
+    *answered = winograd_answered_.load();
+    *declined = winograd_declined_.load();
+  }
+  // Off: every search is the full exact scan (the reference the first passes are tested against).
+  void use_first_passes(bool on) { first_passes_ = on; }
 
  protected:
-  std::atomic<int64_t> sketch_answered_{0}, sketch_declined_{0};
+  std::atomic<int64_t> sketch_answered_{0}, sketch_declined_{0}, winograd_answered_{0}, winograd_declined_{0};
+  std::atomic<bool> first_passes_{true};
 };
 
 template <class Metric, class Storage>
 class Index final : public AnyIndex {
-  // float32 l2 indexes keep a float16 sketch for searches of a few queries (sketch_search.h).
+  // float32 l2 indexes keep a float16 sketch for searches of a few queries (sketch_search.h); its centre
+  // also serves the Winograd pass of many-query searches (winograd_search.h).
   static constexpr bool kSketched = std::is_same<Metric, L2>::value && std::is_same<Storage, float>::value;
 
  public:
@@ -74,21 +83,29 @@ class Index final : public AnyIndex {
   }
 
   // All cores (pool.h): tasks are (query chunk, database slice) pairs, see make_plan. Float32 l2
-  // searches of a few queries go through the float16 sketch first (sketch_search.h).
+  // searches of a few queries go through the float16 sketch first (sketch_search.h), of more queries
+  // through the Winograd pass (winograd_search.h).
   void search(const float* queries, int64_t nq, int64_t k, int threads, float* distances,
               int64_t* ids) override {
     if (nq == 0) return;
     std::shared_lock<std::shared_mutex> lock(mutex_);
     if constexpr (kSketched) {
-      if (sketch_pays(nq, k, db_.panels())) {
+      if (first_passes_ && sketch_pays(nq, k, db_.panels())) {
         if (sketch_search(db_, sketch_, queries, nq, k, threads, distances, ids)) {
           ++sketch_answered_;
           return;
         }
         ++sketch_declined_;
       }
+      if (first_passes_ && winograd_pays(nq, k, db_.panels())) {
+        if (winograd_search(db_, sketch_, queries, nq, k, threads, distances, ids)) {
+          ++winograd_answered_;
+          return;
+        }
+        ++winograd_declined_;
+      }
     }
-    const Plan plan = make_plan(nq, threads);
+    const Plan plan = make_plan(nq, db_.dim(), db_.panels(), threads, kTileQueries);
     Scratch& caller = Scratch::of_this_thread();
     if (plan.slices > 1) caller.merged.resize(plan.slices * nq * k);
     Candidate* merged = caller.merged.data();
@@ -113,29 +130,6 @@ class Index final : public AnyIndex {
   }
 
  private:
-  struct Plan {
-    int64_t chunk, chunks, slices;
-  };
-
-  // About four tasks per thread, taken from a shared counter, so a thread that starts late (another
-  // process on its core) takes fewer. Tasks split the queries into chunks of at most chunk_queries(dim)
-  // (what stays in L2) and at least kMinChunk (below that a chunk's compute no longer hides the
-  // database stream it reads); where that leaves too few chunks, the database is cut into slices of
-  // at least kMinSlicePanels panels, each slice keeping its own k best, merged at the end.
-  Plan make_plan(int64_t nq, int threads) const {
-    static constexpr int64_t kMinChunk = 8 * kTileQueries;
-    const int64_t tasks = 4 * (int64_t)threads;
-    const int64_t per_task = (nq + tasks - 1) / tasks;
-    const int64_t rounded = (per_task + kTileQueries - 1) / kTileQueries * kTileQueries;
-    const int64_t chunk = std::min(std::max(rounded, kMinChunk), std::max<int64_t>(chunk_queries(db_.dim()), kMinChunk));
-    const int64_t chunks = (nq + chunk - 1) / chunk;
-    int64_t slices = 1;
-    if (chunks < tasks) {
-      slices = std::min<int64_t>((tasks + chunks - 1) / chunks, std::max<int64_t>(1, db_.panels() / kMinSlicePanels));
-    }
-    return Plan{chunk, chunks, slices};
-  }
-
   // Each query's k best over all slices.
   void merge(int64_t nq, int64_t k, int64_t slices, Candidate* merged, float* distances, int64_t* ids) {
     std::vector<Candidate>& storage = Scratch::of_this_thread().final_entries;

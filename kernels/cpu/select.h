@@ -103,6 +103,8 @@ class SlackTopK {
 
   float threshold() const { return threshold_; }
   bool overflowed() const { return overflowed_; }
+  // Keeps nothing from now on (a tile's padding query).
+  void reject_all() { threshold_ = -positive_infinity(); }
   std::vector<Candidate>& entries() { return *entries_; }
 
   void push(float key, int64_t position) {

@@ -59,19 +59,25 @@ inline float widen(half_bits h) {
 // gamma_n: a relative bound on the float32 rounding of a sum of n non-negative terms, doubled.
 inline double sum_error(int64_t terms) { return 2.0 * (double)(terms + 2) * std::ldexp(1.0, -24); }
 
+// How far a first pass's key K (the sketch's D~, or the Winograd key of winograd.h) can be from D', the
+// squared distance between the rounded query and row it works on: (1 - gamma) D' - eta_pass <= K + shift
+// <= (1 + gamma) D' + eta_pass; and how far D' can be from the truth: |sqrt(D) - sqrt(D')| <= rho.
 struct SketchBound {
-  double gamma;        // relative error of the sketch pass's float32 sums
+  double gamma;        // relative error of the first pass's keys (the sketch's float32 sums)
   double gamma_exact;  // relative error of the exact scan's float32 sums
   double rho;          // e_max + delta, scaled
   double eta;          // absolute error of the exact scan's sums where terms underflow, scaled
-  double eta_sketch;   // the same for the sketch pass's sums
+  double eta_pass;     // absolute error of the first pass's keys (underflow; Winograd's cancellation)
+  double shift;        // what the first pass leaves out of its keys (0 for the sketch, beta for Winograd)
 
-  // Every row the exact scan could return has D~ <= threshold(k-th smallest D~ seen).
+  // Every row the exact scan could return has K <= threshold(k-th smallest K seen).
   float threshold(float kappa) const {
     if (!std::isfinite(kappa)) return positive_infinity();
-    const double upper = std::pow(std::sqrt(((double)kappa + eta_sketch) / (1.0 - gamma)) + rho, 2.0);
+    const double lowest = std::max(0.0, ((double)kappa + shift + eta_pass) / (1.0 - gamma));
+    const double upper = std::pow(std::sqrt(lowest) + rho, 2.0);
     const double widened = (upper * (1.0 + gamma_exact) + 2.0 * eta) / (1.0 - gamma_exact);
-    const double bound = ((1.0 + gamma) * std::pow(std::sqrt(widened) + rho, 2.0) + eta_sketch) * (1.0 + 1e-9) + 1e-30;
+    const double bound =
+        ((1.0 + gamma) * std::pow(std::sqrt(widened) + rho, 2.0) + eta_pass) * (1.0 + 1e-9) + 1e-300 - shift;
     return bound >= 3.0e38 ? positive_infinity() : std::nextafter((float)bound, positive_infinity());
   }
 };
@@ -90,22 +96,35 @@ class Sketch {
     const double scale = std::ldexp(1.0, -exponent_);  // a power of two: multiplying by it is exact
     std::vector<half_bits> row(dim);
     for (int64_t i = 0; i < n; ++i) {
-      double error = 0.0;
+      double error = 0.0, centred_error = 0.0, centred_norm = 0.0;
       for (int64_t d = 0; d < dim; ++d) {
         const double exact = ((double)vectors[i * dim + d] - (double)center_[d]) * scale;
         row[d] = float_to_half((float)std::max(-65504.0, std::min(65504.0, exact)));
         const double gap = exact - (double)widen(row[d]);
         error += gap * gap;
+        const float centred = vectors[i * dim + d] - center_[d];  // what winograd.h's centre_panel computes
+        const double centred_gap = (double)vectors[i * dim + d] - (double)center_[d] - (double)centred;
+        centred_error += centred_gap * centred_gap;
+        centred_norm += (double)centred * (double)centred;
       }
       error_max_ = std::max(error_max_, std::sqrt(error) * (1.0 + 1e-9) + 1e-300);
+      centred_error_max_ = std::max(centred_error_max_, std::sqrt(centred_error) * (1.0 + 1e-9) + 1e-300);
+      centred_norm_max_ = std::max(centred_norm_max_, std::sqrt(centred_norm) * (1.0 + 1e-9));
       residuals_.append(1, [&](int64_t, int64_t d) { return row[d]; });
     }
   }
 
   void clear() {
     residuals_.clear();
-    error_max_ = 0.0;
+    error_max_ = centred_error_max_ = centred_norm_max_ = 0.0;
   }
+
+  const float* centre() const { return center_.data(); }
+
+  // What the Winograd pass (winograd.h), which works on y = fl(x - c) in float32, needs to know of the
+  // rows: the largest ||fl(x - c) - (x - c)|| and the largest ||fl(x - c)||, both rounded up.
+  double centred_error_max() const { return centred_error_max_; }
+  double centred_norm_max() const { return centred_norm_max_; }
 
   // q' for one query into `out` (dim floats), and the bound for it; false when q' could overflow the
   // float32 sums (a query far outside the data's scale): then the caller scans exactly.
@@ -123,7 +142,8 @@ class Sketch {
     bound->gamma_exact = sum_error(dim);
     bound->rho = error_max_ + std::sqrt(error) * (1.0 + 1e-9) + 1e-300;
     bound->eta = std::ldexp((double)dim, -149 - 2 * exponent_);
-    bound->eta_sketch = std::ldexp((double)dim, -149);
+    bound->eta_pass = std::ldexp((double)dim, -149);
+    bound->shift = 0.0;
     return std::isfinite(bound->rho);
   }
 
@@ -147,6 +167,8 @@ class Sketch {
   std::vector<float> center_;
   int exponent_ = 0;        // residuals are (x - c) * 2^-exponent_
   double error_max_ = 0.0;  // max over rows of ||(x - c) 2^-s - r||, rounded up
+  double centred_error_max_ = 0.0;  // max over rows of ||fl(x - c) - (x - c)||, rounded up
+  double centred_norm_max_ = 0.0;   // max over rows of ||fl(x - c)||, rounded up
 };
 
 }  // namespace tinyknn

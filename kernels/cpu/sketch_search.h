@@ -24,6 +24,7 @@
 #include "database.h"
 #include "kernel.h"
 #include "pool.h"
+#include "rescore.h"
 #include "scan.h"
 #include "select.h"
 #include "sketch.h"
@@ -32,7 +33,6 @@ namespace tinyknn {
 
 constexpr int64_t kSketchMaxQueries = 8;     // more queries share each panel load: the full scan wins
 constexpr int64_t kSketchMinPanels = 256;    // small databases are scanned exactly
-constexpr int64_t kMinSlicePanels = 64;      // a thread's share of the database is at least this
 
 // Whether a search of nq queries for k neighbours goes through the sketch.
 inline bool sketch_pays(int64_t nq, int64_t k, int64_t panels) {
@@ -69,38 +69,11 @@ inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const
   });
   if (gave_up) return false;
 
-  std::vector<Candidate>& candidates = caller.gathered;
-  caller.final_entries.resize(TopK::capacity(k));
-  TopK best;
   for (int64_t i = 0; i < nq; ++i) {
-    candidates.clear();
-    for (int64_t slice = 0; slice < slices; ++slice) {
-      const std::vector<Candidate>& part = caller.kept[slice * nq + i];
-      candidates.insert(candidates.end(), part.begin(), part.end());
+    if (!answer_from_candidates(db, queries + i * dim, k, caller.bounds[i], &caller.kept[i], slices, nq, limit, caller,
+                                distances + i * k, ids + i * k)) {
+      return false;
     }
-    if ((int64_t)candidates.size() >= k) {
-      std::nth_element(candidates.begin(), candidates.begin() + (k - 1), candidates.end());
-      const float bar = caller.bounds[i].threshold(candidates[k - 1].key);
-      candidates.erase(std::partition(candidates.begin(), candidates.end(),
-                                      [bar](const Candidate& c) { return c.key < bar; }),
-                       candidates.end());
-    }
-    if ((int64_t)candidates.size() > limit) return false;
-    std::sort(candidates.begin(), candidates.end(),
-              [](const Candidate& a, const Candidate& b) { return a.position < b.position; });
-    best.start(k, caller.final_entries.data());
-    const float* query = queries + i * dim;
-    for (size_t c = 0; c < candidates.size();) {
-      const int64_t panel = candidates[c].position / kPanel;
-      PanelKeys exact;
-      exact.first_row = panel * kPanel;
-      tile<L2, float, PanelKeys, 1, 1>(query, dim, db.panel(panel), nullptr, nullptr, &exact, exact.first_row,
-                                       db.size());
-      for (; c < candidates.size() && candidates[c].position / kPanel == panel; ++c) {
-        best.push(exact.key[candidates[c].position - exact.first_row], candidates[c].position);
-      }
-    }
-    best.finish<L2>(db.ids(), distances + i * k, ids + i * k);
   }
   return true;
 }

@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define TK_ABI_VERSION 2
+#define TK_ABI_VERSION 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,6 +38,11 @@ int tk_index_export(tk_index* index, int64_t n, void* vectors, int64_t* ids);
 // How many searches of this index the float16 sketch answered, and how many it handed back to the
 // exact scan (see sketch_search.h); for tests and diagnostics.
 int tk_index_sketch_counts(tk_index* index, int64_t* answered, int64_t* declined);
+// The same for the Winograd pass of many-query float32 l2 searches (see winograd_search.h).
+int tk_index_winograd_counts(tk_index* index, int64_t* answered, int64_t* declined);
+// on = 0: every later search of this index is the full exact scan (no sketch, no Winograd pass), the
+// reference those passes are tested and measured against; on = 1 (the default): they are used.
+int tk_index_use_first_passes(tk_index* index, int on);
 int tk_index_search(tk_index* index, const float* queries, int64_t nq, int64_t k, int threads,
                     float* distances, int64_t* ids);
 

@@ -28,7 +28,7 @@ from .._paths import kernels_dir
 from ..config import get_config
 from ..errors import CpuLibraryError
 
-ABI_VERSION = 2          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
+ABI_VERSION = 3          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
 COMPILERS = ("g++", "c++", "clang++")
 # -march=native: exactly the running CPU's instructions (arm64 compilers spell it -mcpu=native)
 _NATIVE = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
@@ -50,6 +50,8 @@ _SIGNATURES = {
     "tk_index_size": ([_ptr, ctypes.POINTER(_i64)], _int),
     "tk_index_export": ([_ptr, _i64, _ptr, _ptr], _int),
     "tk_index_sketch_counts": ([_ptr, ctypes.POINTER(_i64), ctypes.POINTER(_i64)], _int),
+    "tk_index_winograd_counts": ([_ptr, ctypes.POINTER(_i64), ctypes.POINTER(_i64)], _int),
+    "tk_index_use_first_passes": ([_ptr, _int], _int),
     "tk_index_search": ([_ptr, _ptr, _i64, _i64, _int, _ptr, _ptr], _int),
 }
 

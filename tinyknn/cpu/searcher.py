@@ -76,6 +76,18 @@ class CpuSearcher:
                    ctypes.byref(declined))
         return answered.value, declined.value
 
+    def winograd_counts(self) -> tuple[int, int]:
+        """(searches the Winograd pass answered, searches it handed to the exact scan): diagnostics."""
+        answered, declined = ctypes.c_int64(), ctypes.c_int64()
+        self._call("reading the Winograd counters", self._library.tk_index_winograd_counts, ctypes.byref(answered),
+                   ctypes.byref(declined))
+        return answered.value, declined.value
+
+    def use_first_passes(self, on: bool) -> None:
+        """False: every later search is the full exact scan, the reference that the float16 sketch and the
+        Winograd pass are tested and measured against (both give its answer bit for bit). True: the default."""
+        self._call("switching the first passes", self._library.tk_index_use_first_passes, int(bool(on)))
+
     def reset(self) -> None:
         self._call("resetting the index", self._library.tk_index_reset)
 

@@ -1,0 +1,107 @@
+// The many-query l2 search of a float32 database through the Winograd pass (winograd.h): the same
+// answer as the full scan, for about 3/4 of its arithmetic.
+//
+// 1. Tasks of (query chunk, database slice), planned as for the full scan (scan.h): each panel is
+//    moved to the sketch's centre once per chunk, then scored against the chunk's queries, kPairQueries
+//    at a time, into one SlackTopK per query, which keeps every row whose key is below
+//    threshold(k-th smallest key so far) (the bound is winograd.h's prepare_winograd_query).
+// 2. Per query, the rows its slices kept are cut to the final threshold and scored exactly (rescore.h).
+//
+// The keys' error bound is absolute and grows with the largest row norm around the centre, so data
+// that the centre describes poorly (far outliers) leaves too many candidates: the search then hands
+// over to the full scan, as the sketch does.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "database.h"
+#include "pool.h"
+#include "rescore.h"
+#include "scan.h"
+#include "select.h"
+#include "sketch.h"
+#include "winograd.h"
+
+namespace tinyknn {
+
+constexpr int64_t kWinogradMinQueries = 9;   // fewer queries are bound by memory bandwidth: the sketch's case
+constexpr int64_t kWinogradMinPanels = 256;  // small databases are scanned exactly
+
+// Whether a search of nq queries for k neighbours goes through the Winograd pass.
+inline bool winograd_pays(int64_t nq, int64_t k, int64_t panels) {
+  return nq >= kWinogradMinQueries && panels >= kWinogradMinPanels && k * 16 <= panels;
+}
+
+// Returns false, having written nothing that the caller keeps, when the pass cannot answer: a query far
+// outside the data's scale, or more candidates than it pays to rescore. The caller then scans exactly.
+inline bool winograd_search(const Database<float>& db, const Sketch& sketch, const float* queries, int64_t nq,
+                            int64_t k, int threads, float* distances, int64_t* ids) {
+  constexpr int64_t Q = kPairQueries;
+  const int64_t dim = db.dim(), panels = db.panels(), n = db.size();
+  const int64_t limit = std::max<int64_t>(4 * k + 64, panels / 16);
+  Scratch& caller = Scratch::of_this_thread();
+  const int64_t padded = (nq + Q - 1) / Q * Q;  // the last tile's missing queries are zeros nobody reads
+  caller.prepared.assign(padded * dim, 0.0f);
+  caller.bounds.resize(nq);
+  for (int64_t i = 0; i < nq; ++i) {
+    if (!prepare_winograd_query(sketch, queries + i * dim, caller.prepared.data() + i * dim, &caller.bounds[i])) {
+      return false;
+    }
+  }
+  const Plan plan = make_plan(nq, dim, panels, threads, Q);
+  if ((int64_t)caller.kept.size() < plan.slices * nq) caller.kept.resize(plan.slices * nq);
+  std::atomic<bool> gave_up{false};
+  ThreadPool::shared().run((int)(plan.chunks * plan.slices), threads, [&](int task) {
+    const int64_t chunk = task / plan.slices, slice = task % plan.slices;
+    const int64_t first = chunk * plan.chunk, count = std::min(plan.chunk, nq - first);
+    const int64_t tiles = (count + Q - 1) / Q * Q;
+    Scratch& scratch = Scratch::of_this_thread();
+    if ((int64_t)scratch.slack.size() < tiles) scratch.slack.resize(tiles);
+    for (int64_t i = 0; i < tiles; ++i) {
+      if (i < count) {
+        scratch.slack[i].start(k, limit, &caller.bounds[first + i], &caller.kept[slice * nq + first + i]);
+      } else {
+        scratch.slack[i].start(k, limit, &caller.bounds[first], &scratch.rejected);
+        scratch.slack[i].reject_all();
+      }
+    }
+    scratch.centred.resize(dim * kPanel);
+    float* const y = scratch.centred.data();
+    float alpha[kPanel];
+    const float* const p = caller.prepared.data() + first * dim;
+    const int64_t panel_end = panels * (slice + 1) / plan.slices;
+    for (int64_t panel = panels * slice / plan.slices; panel < panel_end; ++panel) {
+      if (gave_up.load(std::memory_order_relaxed)) return;
+      centre_panel(db.panel(panel), sketch.centre(), dim, y, alpha);
+      // the next panel comes from DRAM while this one's tiles run (centring alone would wait for it)
+      const float* const next = db.panel(std::min(panel + 1, panel_end - 1));
+      const int64_t bytes = dim * kPanel * (int64_t)sizeof(float);
+      for (int64_t t = 0; t < tiles; t += Q) {
+        prefetch_part(next, bytes, t / Q, tiles / Q);
+        winograd_tile(p + t * dim, dim, y, alpha, scratch.slack.data() + t, panel * kPanel, n);
+      }
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      scratch.slack[i].compact();
+      if (scratch.slack[i].overflowed()) gave_up = true;
+    }
+  });
+  if (gave_up) return false;
+
+  constexpr int64_t kQueriesPerTask = 8;
+  ThreadPool::shared().run((int)((nq + kQueriesPerTask - 1) / kQueriesPerTask), threads, [&](int task) {
+    Scratch& scratch = Scratch::of_this_thread();
+    for (int64_t i = task * kQueriesPerTask; i < std::min(nq, (task + 1) * kQueriesPerTask); ++i) {
+      if (gave_up.load(std::memory_order_relaxed)) return;
+      if (!answer_from_candidates(db, queries + i * dim, k, caller.bounds[i], &caller.kept[i], plan.slices, nq, limit,
+                                  scratch, distances + i * k, ids + i * k)) {
+        gave_up = true;
+      }
+    }
+  });
+  return !gave_up;
+}
+
+}  // namespace tinyknn
