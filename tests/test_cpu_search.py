@@ -143,12 +143,12 @@ def full_scan(index, queries, k):
 @pytest.mark.parametrize("kind", ["normal", "far", "tiny", "subnormal", "huge", "ties", "near-duplicates",
                                   "cluster-in-spread"])
 def test_many_queries_through_the_winograd_pass_match_the_full_scan(rng, threads, kind, n_threads):
-    """Float32 l2 searches of >= 9 queries go through the Winograd pass: exact, bit for bit the full scan,
+    """Float32 l2 searches of >= 16 queries go through the Winograd pass: exact, bit for bit the full scan,
     for batches that fill whole tiles of queries and batches that do not, in one chunk or several."""
     threads(n_threads)
     db, index, q = first_pass_case(rng, kind, 300)
     for k in (1, 10):
-        for batch in (q[:9], q[:13], q):
+        for batch in (q[:16], q[:21], q):
             distances, ids = index.search(batch, k)
             check_search(distances, ids, db, batch, k, "l2")
             full_d, full_i = full_scan(index, batch, k)

@@ -59,8 +59,10 @@ struct Scratch {
   std::vector<SlackTopK> slack;
   std::vector<std::vector<Candidate>> kept;
   std::vector<Candidate> gathered, final_entries;
-  // the Winograd pass's (winograd_search.h): a centred panel, and where padding queries keep nothing
+  // the Winograd pass's (winograd_search.h): a centred panel, the caller's centred queries, and where
+  // padding queries keep nothing
   std::vector<float, CacheAligned<float>> centred;
+  std::vector<float> centred_queries;
   std::vector<Candidate> rejected;
 
   static Scratch& of_this_thread() {

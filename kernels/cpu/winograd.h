@@ -128,12 +128,29 @@ inline bool prepare_winograd_query(const Sketch& sketch, const float* query, flo
   return bound->eta_pass < 1.0e30 && bound->rho < 1.0e15;  // also false for NaN
 }
 
-// Keys of kPairQueries queries (p, row-major, dim floats each) against one centred panel, offered to
-// best[i] where they beat its threshold (as kernel.h's tile does). Rows >= n are never offered.
+// Queries [0, nq) (row-major, dim floats each) into tiles of kPairQueries interleaved by dimension:
+// tile t's value (d, i) at out[(t * dim + d) * kPairQueries + i]; a last tile's missing queries are zeros.
+inline void interleave_queries(const float* queries, int64_t nq, int64_t dim, float* out) {
+  constexpr int64_t Q = kPairQueries;
+  for (int64_t t = 0; t * Q < nq; ++t) {
+    for (int64_t d = 0; d < dim; ++d) {
+      for (int64_t i = 0; i < Q; ++i) {
+        const int64_t query = t * Q + i;
+        out[(t * dim + d) * Q + i] = query < nq ? queries[query * dim + d] : 0.0f;
+      }
+    }
+  }
+}
+
+// Keys of kPairQueries queries against one centred panel, offered to best[i] where they beat its
+// threshold (as kernel.h's tile does). Rows >= n are never offered. The queries come interleaved,
+// p[d * kPairQueries + i] (see interleave_queries), so that one pointer reaches them all.
 template <class Selector>
 void winograd_tile(const float* p, int64_t dim, const float* y, const float* alpha, Selector* best, int64_t first_row,
                    int64_t n) {
   constexpr int Q = kPairQueries, V = kVectorsPerPanel;
+  // (every loop over queries and vectors unrolled: GCC then keeps acc in registers instead of storing
+  // it to the stack on every group, measured)
   Vec acc[Q][V];
   #pragma GCC unroll 16
   for (int i = 0; i < Q; ++i) {
@@ -153,7 +170,7 @@ void winograd_tile(const float* p, int64_t dim, const float* y, const float* alp
     }
     #pragma GCC unroll 16
     for (int i = 0; i < Q; ++i) {
-      const Vec pa = broadcast(p[i * dim + a]), pb = broadcast(p[i * dim + b]);
+      const Vec pa = broadcast(p[a * Q + i]), pb = broadcast(p[b * Q + i]);
       #pragma GCC unroll 16
       for (int v = 0; v < V; ++v) acc[i][v] += (ya[v] + pb) * (yb[v] + pa);
     }
@@ -165,7 +182,7 @@ void winograd_tile(const float* p, int64_t dim, const float* y, const float* alp
     }
     #pragma GCC unroll 16
     for (int i = 0; i < Q; ++i) {
-      const Vec pe = broadcast(p[i * dim + e]);
+      const Vec pe = broadcast(p[e * Q + i]);
       #pragma GCC unroll 16
       for (int v = 0; v < V; ++v) acc[i][v] += pe * ye[v];
     }
@@ -178,7 +195,7 @@ void winograd_tile(const float* p, int64_t dim, const float* y, const float* alp
   for (; d < dim; ++d) {
     #pragma GCC unroll 16
     for (int i = 0; i < Q; ++i) {
-      const Vec pd = broadcast(p[i * dim + d]);
+      const Vec pd = broadcast(p[d * Q + i]);
       #pragma GCC unroll 16
       for (int v = 0; v < V; ++v) acc[i][v] += pd * load(y + d * kPanel + v * kLanes);
     }

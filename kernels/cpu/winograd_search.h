@@ -26,7 +26,7 @@
 
 namespace tinyknn {
 
-constexpr int64_t kWinogradMinQueries = 9;   // fewer queries are bound by memory bandwidth: the sketch's case
+constexpr int64_t kWinogradMinQueries = 16;  // fewer queries are bound by memory bandwidth (measured: 9-12 lose)
 constexpr int64_t kWinogradMinPanels = 256;  // small databases are scanned exactly
 
 // Whether a search of nq queries for k neighbours goes through the Winograd pass.
@@ -43,13 +43,14 @@ inline bool winograd_search(const Database<float>& db, const Sketch& sketch, con
   const int64_t limit = std::max<int64_t>(4 * k + 64, panels / 16);
   Scratch& caller = Scratch::of_this_thread();
   const int64_t padded = (nq + Q - 1) / Q * Q;  // the last tile's missing queries are zeros nobody reads
-  caller.prepared.assign(padded * dim, 0.0f);
+  std::vector<float>& centred = caller.centred_queries;  // row-major, then interleaved into `prepared`
+  centred.resize(nq * dim);
   caller.bounds.resize(nq);
   for (int64_t i = 0; i < nq; ++i) {
-    if (!prepare_winograd_query(sketch, queries + i * dim, caller.prepared.data() + i * dim, &caller.bounds[i])) {
-      return false;
-    }
+    if (!prepare_winograd_query(sketch, queries + i * dim, centred.data() + i * dim, &caller.bounds[i])) return false;
   }
+  caller.prepared.resize(padded * dim);
+  interleave_queries(centred.data(), nq, dim, caller.prepared.data());
   const Plan plan = make_plan(nq, dim, panels, threads, Q);
   if ((int64_t)caller.kept.size() < plan.slices * nq) caller.kept.resize(plan.slices * nq);
   std::atomic<bool> gave_up{false};
