@@ -1,51 +1,122 @@
-// The end of a search through a first pass (sketch_search.h, winograd_search.h), for one query: the
-// rows each slice's pass kept, cut to those under the bound's threshold, then scored exactly, panel by
-// panel, by the full scan's own kernel and summation order, so the answer is bit for bit the full
-// scan's (the proof that no row of that answer is missing is in sketch_search.h).
+// The end of a search through a first pass (sketch_search.h, winograd_search.h): the rows each query's
+// slices kept are cut to those under the bound's threshold, then scored exactly by the full scan's own
+// kernel and summation order, so the answer is bit for bit the full scan's (the proof that no row of
+// that answer is missing is in sketch_search.h).
+//
+// The exact scoring goes panel by panel rather than query by query: the (query, row) pairs are
+// bucketed by panel, and each panel is read once (from DRAM, usually) for every query that needs it,
+// kTileQueries at a time. Query by query, k = 100 cost ~100 panel reads per query, each scored by a
+// one-query tile that waits on its FMAs' latency.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
 #include "database.h"
 #include "kernel.h"
+#include "pool.h"
 #include "scan.h"
 #include "select.h"
 #include "sketch.h"
 
 namespace tinyknn {
 
-// parts[s * stride] for s < slices are the query's kept rows (keys of the first pass). Writes k
-// distances and ids; returns false, having written nothing, when more than `limit` candidates remain.
-inline bool answer_from_candidates(const Database<float>& db, const float* query, int64_t k, const SketchBound& bound,
-                                   const std::vector<Candidate>* parts, int64_t slices, int64_t stride, int64_t limit,
-                                   Scratch& scratch, float* distances, int64_t* ids) {
-  std::vector<Candidate>& candidates = scratch.gathered;
-  candidates.clear();
-  for (int64_t s = 0; s < slices; ++s) candidates.insert(candidates.end(), parts[s * stride].begin(), parts[s * stride].end());
-  if ((int64_t)candidates.size() >= k) {
-    std::nth_element(candidates.begin(), candidates.begin() + (k - 1), candidates.end());
-    const float bar = bound.threshold(candidates[k - 1].key);
-    candidates.erase(std::partition(candidates.begin(), candidates.end(), [bar](const Candidate& c) { return c.key < bar; }),
-                     candidates.end());
-  }
-  if ((int64_t)candidates.size() > limit) return false;
-  std::sort(candidates.begin(), candidates.end(),
-            [](const Candidate& a, const Candidate& b) { return a.position < b.position; });
-  scratch.final_entries.resize(TopK::capacity(k));
-  TopK best;
-  best.start(k, scratch.final_entries.data());
-  for (size_t c = 0; c < candidates.size();) {
-    const int64_t panel = candidates[c].position / kPanel;
-    PanelKeys exact;
-    exact.first_row = panel * kPanel;
-    tile<L2, float, PanelKeys, 1, 1>(query, db.dim(), db.panel(panel), nullptr, nullptr, &exact, exact.first_row,
-                                     db.size());
-    for (; c < candidates.size() && candidates[c].position / kPanel == panel; ++c) {
-      best.push(exact.key[candidates[c].position - exact.first_row], candidates[c].position);
+// kept[s * nq + i] for s < slices are query i's rows from slice s (keys of the first pass; the lists
+// are consumed). Writes k distances and ids per query; returns false, the outputs then meaning nothing,
+// when some query keeps more than `limit` candidates.
+inline bool rescore_candidates(const Database<float>& db, const float* queries, int64_t nq, int64_t k,
+                               const SketchBound* bounds, std::vector<Candidate>* kept, int64_t slices, int64_t limit,
+                               int threads, float* distances, int64_t* ids) {
+  const int64_t dim = db.dim(), panels = db.panels(), n = db.size();
+  constexpr int64_t kQueriesPerTask = 8;
+  const int query_tasks = (int)((nq + kQueriesPerTask - 1) / kQueriesPerTask);
+  ThreadPool& pool = ThreadPool::shared();
+
+  // 1. Per query: its slices' rows, cut to those under the final threshold (into slice 0's list).
+  std::atomic<bool> too_many{false};
+  pool.run(query_tasks, threads, [&](int task) {
+    for (int64_t i = task * kQueriesPerTask; i < std::min(nq, (task + 1) * kQueriesPerTask); ++i) {
+      std::vector<Candidate>& rows = kept[i];
+      for (int64_t s = 1; s < slices; ++s) rows.insert(rows.end(), kept[s * nq + i].begin(), kept[s * nq + i].end());
+      if ((int64_t)rows.size() >= k) {
+        std::nth_element(rows.begin(), rows.begin() + (k - 1), rows.end());
+        const float bar = bounds[i].threshold(rows[k - 1].key);
+        rows.erase(std::partition(rows.begin(), rows.end(), [bar](const Candidate& c) { return c.key < bar; }), rows.end());
+      }
+      if ((int64_t)rows.size() > limit) too_many = true;
+    }
+  });
+  if (too_many) return false;
+
+  // 2. The pairs query by query (first[i] .. first[i + 1]), and their indices bucketed by panel, in
+  //    query order within a panel (a counting sort).
+  Scratch& caller = Scratch::of_this_thread();
+  std::vector<int64_t>& first = caller.pair_offsets;
+  first.assign(nq + 1, 0);
+  for (int64_t i = 0; i < nq; ++i) first[i + 1] = first[i] + (int64_t)kept[i].size();
+  std::vector<RescoredPair>& pairs = caller.pairs;
+  pairs.resize(first[nq]);
+  std::vector<int64_t>& panel_first = caller.panel_offsets;
+  panel_first.assign(panels + 1, 0);
+  for (int64_t i = 0; i < nq; ++i) {
+    for (int64_t j = 0; j < (int64_t)kept[i].size(); ++j) {
+      pairs[first[i] + j] = RescoredPair{kept[i][j].position, i, 0.0f};
+      ++panel_first[kept[i][j].position / kPanel + 1];
     }
   }
-  best.finish<L2>(db.ids(), distances, ids);
+  for (int64_t p = 0; p < panels; ++p) panel_first[p + 1] += panel_first[p];
+  std::vector<int64_t>& by_panel = caller.pairs_by_panel;
+  by_panel.resize(pairs.size());
+  {
+    std::vector<int64_t> cursor(panel_first.begin(), panel_first.end() - 1);
+    for (int64_t j = 0; j < (int64_t)pairs.size(); ++j) by_panel[cursor[pairs[j].position / kPanel]++] = j;
+  }
+
+  // 3. Panel by panel: the distinct queries of its pairs, kTileQueries at a time, through the full
+  //    scan's kernel (each lane sums its row in dimension order, whatever the tile's shape).
+  const int panel_tasks = (int)std::max<int64_t>(1, std::min<int64_t>(4 * (int64_t)threads, panels / kMinSlicePanels));
+  pool.run(panel_tasks, threads, [&](int task) {
+    Scratch& scratch = Scratch::of_this_thread();
+    scratch.tile_queries.resize(kTileQueries * dim);
+    PanelKeys keys[kTileQueries];
+    int64_t owner[kTileQueries];
+    for (int64_t p = panels * task / panel_tasks; p < panels * (task + 1) / panel_tasks; ++p) {
+      for (int64_t next = panel_first[p]; next < panel_first[p + 1];) {
+        // the next up to kTileQueries distinct queries (pairs of one query are adjacent)
+        int count = 0;
+        int64_t end = next;
+        for (; end < panel_first[p + 1]; ++end) {
+          const int64_t query = pairs[by_panel[end]].query;
+          if (count > 0 && owner[count - 1] == query) continue;
+          if (count == kTileQueries) break;
+          owner[count] = query;
+          std::copy(queries + query * dim, queries + (query + 1) * dim, scratch.tile_queries.data() + count * dim);
+          keys[count].first_row = p * kPanel;
+          ++count;
+        }
+        Kernels<L2, float, PanelKeys>::get(count, 1)(scratch.tile_queries.data(), dim, db.panel(p), nullptr, nullptr, keys,
+                                                    p * kPanel, n);
+        for (int slot = 0; next < end; ++next) {
+          RescoredPair& pair = pairs[by_panel[next]];
+          while (owner[slot] != pair.query) ++slot;
+          pair.exact = keys[slot].key[pair.position - p * kPanel];
+        }
+      }
+    }
+  });
+
+  // 4. Per query: the k best of its rescored rows.
+  pool.run(query_tasks, threads, [&](int task) {
+    Scratch& scratch = Scratch::of_this_thread();
+    scratch.final_entries.resize(TopK::capacity(k));
+    TopK best;
+    for (int64_t i = task * kQueriesPerTask; i < std::min(nq, (task + 1) * kQueriesPerTask); ++i) {
+      best.start(k, scratch.final_entries.data());
+      for (int64_t j = first[i]; j < first[i + 1]; ++j) best.push(pairs[j].exact, pairs[j].position);
+      best.finish<L2>(db.ids(), distances + i * k, ids + i * k);
+    }
+  });
   return true;
 }
 

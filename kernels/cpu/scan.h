@@ -64,6 +64,10 @@ struct Scratch {
   std::vector<float, CacheAligned<float>> centred;
   std::vector<float> centred_queries;
   std::vector<Candidate> rejected;
+  // the rescoring's (rescore.h): pairs query by query, bucketed by panel, and one tile's queries
+  std::vector<RescoredPair> pairs;
+  std::vector<int64_t> pair_offsets, panel_offsets, pairs_by_panel;
+  std::vector<float> tile_queries;
 
   static Scratch& of_this_thread() {
     static thread_local Scratch scratch;

@@ -97,7 +97,7 @@ class Index final : public AnyIndex {
         }
         ++sketch_declined_;
       }
-      if (first_passes_ && winograd_pays(nq, k, db_.panels())) {
+      if (first_passes_ && winograd_pays(nq, k, db_.dim(), db_.panels())) {
         if (winograd_search(db_, sketch_, queries, nq, k, threads, distances, ids)) {
           ++winograd_answered_;
           return;

@@ -25,6 +25,12 @@ struct Candidate {
   }
 };
 
+// One (query, row) pair of a first pass's answer, and its exact key once rescored (rescore.h).
+struct RescoredPair {
+  int64_t position, query;
+  float exact;
+};
+
 class TopK {
  public:
   // `storage` must hold capacity(k) entries and outlive this object.

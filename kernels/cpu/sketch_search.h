@@ -69,13 +69,8 @@ inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const
   });
   if (gave_up) return false;
 
-  for (int64_t i = 0; i < nq; ++i) {
-    if (!answer_from_candidates(db, queries + i * dim, k, caller.bounds[i], &caller.kept[i], slices, nq, limit, caller,
-                                distances + i * k, ids + i * k)) {
-      return false;
-    }
-  }
-  return true;
+  return rescore_candidates(db, queries, nq, k, caller.bounds.data(), caller.kept.data(), slices, limit, threads,
+                            distances, ids);
 }
 
 }  // namespace tinyknn

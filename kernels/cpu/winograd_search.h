@@ -28,10 +28,13 @@ namespace tinyknn {
 
 constexpr int64_t kWinogradMinQueries = 16;  // fewer queries are bound by memory bandwidth (measured: 9-12 lose)
 constexpr int64_t kWinogradMinPanels = 256;  // small databases are scanned exactly
+// Fewer dims save few multiplications, and low-dimensional data packs so densely that the keys'
+// absolute error bound keeps too many candidates (dim 1: more than 68 for k = 1, measured).
+constexpr int64_t kWinogradMinDim = 16;
 
-// Whether a search of nq queries for k neighbours goes through the Winograd pass.
-inline bool winograd_pays(int64_t nq, int64_t k, int64_t panels) {
-  return nq >= kWinogradMinQueries && panels >= kWinogradMinPanels && k * 16 <= panels;
+// Whether a search of nq queries for k neighbours in dim dimensions goes through the Winograd pass.
+inline bool winograd_pays(int64_t nq, int64_t k, int64_t dim, int64_t panels) {
+  return nq >= kWinogradMinQueries && dim >= kWinogradMinDim && panels >= kWinogradMinPanels && k * 16 <= panels;
 }
 
 // Returns false, having written nothing that the caller keeps, when the pass cannot answer: a query far
@@ -91,18 +94,8 @@ inline bool winograd_search(const Database<float>& db, const Sketch& sketch, con
   });
   if (gave_up) return false;
 
-  constexpr int64_t kQueriesPerTask = 8;
-  ThreadPool::shared().run((int)((nq + kQueriesPerTask - 1) / kQueriesPerTask), threads, [&](int task) {
-    Scratch& scratch = Scratch::of_this_thread();
-    for (int64_t i = task * kQueriesPerTask; i < std::min(nq, (task + 1) * kQueriesPerTask); ++i) {
-      if (gave_up.load(std::memory_order_relaxed)) return;
-      if (!answer_from_candidates(db, queries + i * dim, k, caller.bounds[i], &caller.kept[i], plan.slices, nq, limit,
-                                  scratch, distances + i * k, ids + i * k)) {
-        gave_up = true;
-      }
-    }
-  });
-  return !gave_up;
+  return rescore_candidates(db, queries, nq, k, caller.bounds.data(), caller.kept.data(), plan.slices, limit, threads,
+                            distances, ids);
 }
 
 }  // namespace tinyknn
