@@ -121,7 +121,8 @@ def test_few_queries_through_the_sketch_match_the_full_scan(rng, threads, kind, 
         for batch in (q[:1], q[1:3], q):
             distances, ids = index.search(batch, k)
             check_search(distances, ids, db, batch, k, "l2")
-            assert np.array_equal(distances, full_scan(index, batch, k)[0])
+            full_d, full_i = full_scan(index, batch, k)
+            assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
     answered, declined = index._searcher.sketch_counts()
     assert answered + declined == 6
     if kind in ("normal", "far", "huge", "subnormal"):
@@ -152,9 +153,7 @@ def test_many_queries_through_the_winograd_pass_match_the_full_scan(rng, threads
             distances, ids = index.search(batch, k)
             check_search(distances, ids, db, batch, k, "l2")
             full_d, full_i = full_scan(index, batch, k)
-            assert np.array_equal(distances, full_d)
-            if kind in ("normal", "far", "huge"):   # no ties: the very same rows
-                assert np.array_equal(ids, full_i)
+            assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
     answered, declined = index._searcher.winograd_counts()
     assert answered + declined == 6
     # (near-duplicates seen from afar: the exact scan's own rounding is wider than their spread, so
@@ -179,6 +178,37 @@ def test_winograd_pass_for_every_grouping_of_dims(rng, dim):
         full_d, full_i = full_scan(index, q, k)
         assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
     assert index._searcher.winograd_counts() == ((3, 0) if dim >= 16 else (0, 0))
+
+
+@pytest.mark.parametrize("n_queries, counts", [(3, "sketch_counts"), (24, "winograd_counts")])
+def test_first_passes_break_ties_as_the_full_scan_does(rng, n_queries, counts):
+    """Rows at exactly the same distance, scattered over the database: of those tied at the k-th
+    distance, the first passes return the same (first) rows as the full scan, not just equal distances."""
+    db = (rng.standard_normal((8192, 16)) * 10).astype(np.float32)
+    q = rng.integers(-5, 6, size=(n_queries, 16)).astype(np.float32)
+    tied = np.sort(rng.choice(len(db), 40, replace=False))
+    for row in tied:     # one coordinate of query 0 moved by 1: distance exactly 1
+        db[row] = q[0]
+        db[row, rng.integers(16)] += rng.choice([-1.0, 1.0])
+    index = build(db, "l2", "float32")
+    for k in (1, 2, 5):
+        distances, ids = index.search(q, k)
+        full_d, full_i = full_scan(index, q, k)
+        assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
+        assert np.array_equal(ids[0], tied[:k]) and np.all(distances[0] == 1.0)
+    assert getattr(index._searcher, counts)() == (3, 0)
+
+
+def test_winograd_pass_over_several_blocks_of_queries(rng):
+    """More queries than one block of the pass (4,096): every block's answer lands in its own rows."""
+    db = rng.standard_normal((4500, 16)).astype(np.float32)
+    q = rng.standard_normal((4096 + 21, 16)).astype(np.float32)
+    index = build(db, "l2", "float32")
+    distances, ids = index.search(q, 3)
+    full_d, full_i = full_scan(index, q, 3)
+    assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
+    check_search(distances[-50:], ids[-50:], db, q[-50:], 3, "l2")
+    assert index._searcher.winograd_counts() == (1, 0)
 
 
 @pytest.mark.parametrize("n_queries, counts", [(2, "sketch_counts"), (20, "winograd_counts")])

@@ -45,6 +45,8 @@ inline bool rescore_candidates(const Database<float>& db, const float* queries, 
         rows.erase(std::partition(rows.begin(), rows.end(), [bar](const Candidate& c) { return c.key < bar; }), rows.end());
       }
       if ((int64_t)rows.size() > limit) too_many = true;
+      // in row order, as the full scan meets them: of rows tied at the k-th distance, both keep the first
+      std::sort(rows.begin(), rows.end(), [](const Candidate& a, const Candidate& b) { return a.position < b.position; });
     }
   });
   if (too_many) return false;

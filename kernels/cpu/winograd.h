@@ -99,12 +99,13 @@ inline double query_constant(const float* p, int64_t dim) {
 
 // p = fl(q - c) into `out` (dim floats) and the bound on its keys (sketch.h's SketchBound: gamma = 0,
 // shift = beta). With R the largest ||y|| over the rows, the float32 sums alpha, S and alpha - 2 S
-// (each at most dim + 2 terms, whose magnitudes add up to at most 2 R^2, R^2 + ||p||^2 and
-// 3 R^2 + ||p||^2: |y_a y_b| <= (y_a^2 + y_b^2) / 2 and (u + v)^2 <= 2 u^2 + 2 v^2) put key + beta within
-// sum_error(dim + 12) (4 R^2 + 2 ||p||^2) of D' = ||p - y||^2, plus 8 dim 2^-149 for products that
-// underflow (an addition whose result is subnormal is exact) and 2^-45 beta for beta's double sums.
-// rho is the rounding of the centring, measured for the rows at add (sketch.h) and here for the query.
-// False when the query is far outside the data's scale: the caller then scans exactly.
+// (each at most dim + 2 roundings, on terms whose magnitudes add up to at most 2 R^2, R^2 + ||p||^2 and
+// 4 R^2 + 2 ||p||^2: |y_a y_b| <= (y_a^2 + y_b^2) / 2 and (u + v)^2 <= 2 u^2 + 2 v^2) put key + beta
+// within sum_error(dim + 12) (4 R^2 + 2 ||p||^2) of D' = ||p - y||^2, plus 8 dim 2^-149 for products
+// that underflow (an addition whose result is subnormal is exact) and dim 2^-52 beta for beta's double
+// sums. rho is the rounding of the centring, measured for the rows at add (sketch.h) and here for the
+// query. Like the sketch's, the bound assumes subnormals are kept (no FTZ/DAZ). False when the query is
+// far outside the data's scale: the caller then scans exactly.
 inline bool prepare_winograd_query(const Sketch& sketch, const float* query, float* out, SketchBound* bound) {
   const int64_t dim = sketch.dim();
   const float* centre = sketch.centre();
@@ -124,7 +125,7 @@ inline bool prepare_winograd_query(const Sketch& sketch, const float* query, flo
   bound->eta = std::ldexp((double)dim, -149);
   bound->shift = query_constant(out, dim);
   bound->eta_pass = sum_error(dim + 12) * (4.0 * largest + 2.0 * norm) + std::ldexp(8.0 * (double)dim, -149) +
-                    std::ldexp(bound->shift, -45);
+                    std::ldexp(bound->shift * (double)dim, -52);
   return bound->eta_pass < 1.0e30 && bound->rho < 1.0e15;  // also false for NaN
 }
 

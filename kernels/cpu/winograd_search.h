@@ -32,15 +32,18 @@ constexpr int64_t kWinogradMinPanels = 256;  // small databases are scanned exac
 // absolute error bound keeps too many candidates (dim 1: more than 68 for k = 1, measured).
 constexpr int64_t kWinogradMinDim = 16;
 
+// Queries per block: the candidates kept for a block (and the thread-local buffers that hold them, which
+// later searches reuse) stay bounded however many queries a search has.
+constexpr int64_t kWinogradBlockQueries = 4096;
+
 // Whether a search of nq queries for k neighbours in dim dimensions goes through the Winograd pass.
 inline bool winograd_pays(int64_t nq, int64_t k, int64_t dim, int64_t panels) {
   return nq >= kWinogradMinQueries && dim >= kWinogradMinDim && panels >= kWinogradMinPanels && k * 16 <= panels;
 }
 
-// Returns false, having written nothing that the caller keeps, when the pass cannot answer: a query far
-// outside the data's scale, or more candidates than it pays to rescore. The caller then scans exactly.
-inline bool winograd_search(const Database<float>& db, const Sketch& sketch, const float* queries, int64_t nq,
-                            int64_t k, int threads, float* distances, int64_t* ids) {
+// One block of at most kWinogradBlockQueries queries: steps 1 and 2 above.
+inline bool winograd_block(const Database<float>& db, const Sketch& sketch, const float* queries, int64_t nq,
+                           int64_t k, int threads, float* distances, int64_t* ids) {
   constexpr int64_t Q = kPairQueries;
   const int64_t dim = db.dim(), panels = db.panels(), n = db.size();
   const int64_t limit = std::max<int64_t>(4 * k + 64, panels / 16);
@@ -96,6 +99,20 @@ inline bool winograd_search(const Database<float>& db, const Sketch& sketch, con
 
   return rescore_candidates(db, queries, nq, k, caller.bounds.data(), caller.kept.data(), plan.slices, limit, threads,
                             distances, ids);
+}
+
+// Returns false, having written nothing that the caller keeps, when the pass cannot answer: a query far
+// outside the data's scale, or more candidates than it pays to rescore. The caller then scans exactly.
+inline bool winograd_search(const Database<float>& db, const Sketch& sketch, const float* queries, int64_t nq,
+                            int64_t k, int threads, float* distances, int64_t* ids) {
+  const int64_t dim = db.dim();
+  for (int64_t first = 0; first < nq; first += kWinogradBlockQueries) {
+    const int64_t count = std::min(kWinogradBlockQueries, nq - first);
+    if (!winograd_block(db, sketch, queries + first * dim, count, k, threads, distances + first * k, ids + first * k)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace tinyknn
