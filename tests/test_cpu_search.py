@@ -99,9 +99,9 @@ def sketch_data(rng, kind, n=6000, dim=24):
     return db.astype(np.float32)
 
 
-def first_pass_case(rng, kind, n_queries):
+def first_pass_case(rng, kind, n_queries, dim=24):
     """(database, float32 l2 index of it added in two batches, queries near its rows) for one data kind."""
-    db = sketch_data(rng, kind)
+    db = sketch_data(rng, kind, dim=dim)
     index = tinyknn.Index(db.shape[1])
     index.add(db[:1000])
     index.add(db[1000:])
@@ -144,10 +144,11 @@ def full_scan(index, queries, k):
 @pytest.mark.parametrize("kind", ["normal", "far", "tiny", "subnormal", "huge", "ties", "near-duplicates",
                                   "cluster-in-spread"])
 def test_many_queries_through_the_winograd_pass_match_the_full_scan(rng, threads, kind, n_threads):
-    """Float32 l2 searches of >= 16 queries go through the Winograd pass: exact, bit for bit the full scan,
-    for batches that fill whole tiles of queries and batches that do not, in one chunk or several."""
+    """Float32 l2 searches of >= 16 queries (here of 32 dims) go through the Winograd pass: exact, bit for
+    bit the full scan, for batches that fill whole tiles of queries and batches that do not, in one chunk
+    or several."""
     threads(n_threads)
-    db, index, q = first_pass_case(rng, kind, 300)
+    db, index, q = first_pass_case(rng, kind, 300, dim=32)
     for k in (1, 10):
         for batch in (q[:16], q[:21], q):
             distances, ids = index.search(batch, k)
@@ -164,11 +165,11 @@ def test_many_queries_through_the_winograd_pass_match_the_full_scan(rng, threads
         assert declined == 6, (answered, declined)
 
 
-@pytest.mark.parametrize("dim", [1, 2, 7, 16, 17, 18, 64, 128, 1000])
+@pytest.mark.parametrize("dim", [1, 2, 7, 16, 31, 32, 33, 34, 128, 1000])
 def test_winograd_pass_for_every_grouping_of_dims(rng, dim):
     """The pass pairs coordinates in groups of three; dims with none, one or two left over give the full
     scan's answer bit for bit (a database of one panel more than the pass's minimum, whose last panel
-    is padding). Below 16 dims the full scan answers."""
+    is padding). Below 32 dims the full scan answers."""
     db = (rng.standard_normal((4097, dim)) * 3 + 5).astype(np.float32)
     q = (rng.standard_normal((21, dim)) * 3 + 5).astype(np.float32)
     index = build(db, "l2", "float32")
@@ -177,19 +178,19 @@ def test_winograd_pass_for_every_grouping_of_dims(rng, dim):
         check_search(distances, ids, db, q, k, "l2")
         full_d, full_i = full_scan(index, q, k)
         assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
-    assert index._searcher.winograd_counts() == ((3, 0) if dim >= 16 else (0, 0))
+    assert index._searcher.winograd_counts() == ((3, 0) if dim >= 32 else (0, 0))
 
 
 @pytest.mark.parametrize("n_queries, counts", [(3, "sketch_counts"), (24, "winograd_counts")])
 def test_first_passes_break_ties_as_the_full_scan_does(rng, n_queries, counts):
     """Rows at exactly the same distance, scattered over the database: of those tied at the k-th
     distance, the first passes return the same (first) rows as the full scan, not just equal distances."""
-    db = (rng.standard_normal((8192, 16)) * 10).astype(np.float32)
-    q = rng.integers(-5, 6, size=(n_queries, 16)).astype(np.float32)
+    db = (rng.standard_normal((8192, 32)) * 10).astype(np.float32)
+    q = rng.integers(-5, 6, size=(n_queries, 32)).astype(np.float32)
     tied = np.sort(rng.choice(len(db), 40, replace=False))
     for row in tied:     # one coordinate of query 0 moved by 1: distance exactly 1
         db[row] = q[0]
-        db[row, rng.integers(16)] += rng.choice([-1.0, 1.0])
+        db[row, rng.integers(32)] += rng.choice([-1.0, 1.0])
     index = build(db, "l2", "float32")
     for k in (1, 2, 5):
         distances, ids = index.search(q, k)
@@ -201,8 +202,8 @@ def test_first_passes_break_ties_as_the_full_scan_does(rng, n_queries, counts):
 
 def test_winograd_pass_over_several_blocks_of_queries(rng):
     """More queries than one block of the pass (4,096): every block's answer lands in its own rows."""
-    db = rng.standard_normal((4500, 16)).astype(np.float32)
-    q = rng.standard_normal((4096 + 21, 16)).astype(np.float32)
+    db = rng.standard_normal((4500, 32)).astype(np.float32)
+    q = rng.standard_normal((4096 + 21, 32)).astype(np.float32)
     index = build(db, "l2", "float32")
     distances, ids = index.search(q, 3)
     full_d, full_i = full_scan(index, q, 3)
@@ -215,10 +216,10 @@ def test_winograd_pass_over_several_blocks_of_queries(rng):
 def test_first_passes_decline_data_they_describe_poorly(rng, n_queries, counts):
     """Far outliers in the first batch set a coarse float16 scale for the sketch, and make the Winograd
     keys' error bound (which grows with the largest row) useless: both hand over to the full scan."""
-    db = rng.standard_normal((6000, 16)).astype(np.float32)
+    db = rng.standard_normal((6000, 32)).astype(np.float32)
     db[::97] *= 1e5
     index = build(db, "l2", "float32")
-    q = rng.standard_normal((n_queries, 16)).astype(np.float32)
+    q = rng.standard_normal((n_queries, 32)).astype(np.float32)
     distances, ids = index.search(q, 5)
     check_search(distances, ids, db, q, 5, "l2")
     assert getattr(index._searcher, counts)() == (0, 1)

@@ -28,9 +28,12 @@ namespace tinyknn {
 
 constexpr int64_t kWinogradMinQueries = 16;  // fewer queries are bound by memory bandwidth (measured: 9-12 lose)
 constexpr int64_t kWinogradMinPanels = 256;  // small databases are scanned exactly
-// Fewer dims save few multiplications, and low-dimensional data packs so densely that the keys'
-// absolute error bound keeps too many candidates (dim 1: more than 68 for k = 1, measured).
-constexpr int64_t kWinogradMinDim = 16;
+// Fewer dims save too little arithmetic to pay for the pass's selection (which keeps more rows than
+// the full scan's) and rescoring, and low-dimensional data packs so densely that the keys' absolute
+// error bound keeps too many candidates (dim 1: more than 68 for k = 1). Measured on 100k rows, 1,000
+// queries: dim 16-24 1.01-1.16x the full scan, dim 32-48 0.89-0.91x at k = 10 but 1.05x at k = 100,
+// dim 64 and more 0.78-0.93x; hence dim >= 32 and dim >= k / 2.
+constexpr int64_t kWinogradMinDim = 32;
 
 // Queries per block: the candidates kept for a block (and the thread-local buffers that hold them, which
 // later searches reuse) stay bounded however many queries a search has.
@@ -38,7 +41,8 @@ constexpr int64_t kWinogradBlockQueries = 4096;
 
 // Whether a search of nq queries for k neighbours in dim dimensions goes through the Winograd pass.
 inline bool winograd_pays(int64_t nq, int64_t k, int64_t dim, int64_t panels) {
-  return nq >= kWinogradMinQueries && dim >= kWinogradMinDim && panels >= kWinogradMinPanels && k * 16 <= panels;
+  return nq >= kWinogradMinQueries && dim >= kWinogradMinDim && 2 * dim >= k && panels >= kWinogradMinPanels &&
+         k * 16 <= panels;
 }
 
 // One block of at most kWinogradBlockQueries queries: steps 1 and 2 above.
