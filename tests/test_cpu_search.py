@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import sys
 import threading
 import time
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 import tinyknn
 from tinyknn.config import reset_config
+from tinyknn.cpu import library
 from reference import check_search
 
 METRICS = ("l2", "ip", "cosine")
@@ -210,6 +212,28 @@ def test_winograd_pass_over_several_blocks_of_queries(rng):
     assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
     check_search(distances[-50:], ids[-50:], db, q[-50:], 3, "l2")
     assert index._searcher.winograd_counts() == (1, 0)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the baseline flags are x86-64's")
+def test_portable_build_first_passes_match_its_full_scan(rng, cache_dir, monkeypatch):
+    """The library built for a baseline x86-64 CPU (128-bit vectors: 4 lanes, no FMA, no F16C), as a CPU
+    without AVX gets it: the sketch and the Winograd pass still give its full scan's answer bit for bit."""
+    monkeypatch.setattr(library, "FLAGS", tuple("-march=x86-64" if f == library._NATIVE else f for f in library.FLAGS))
+    library.reset_library()
+    try:
+        assert "4 lanes" in library.get_library().tk_build_info().decode()
+        db = (rng.standard_normal((6000, 40)) * 2 + 3).astype(np.float32)
+        q = (rng.standard_normal((37, 40)) * 2 + 3).astype(np.float32)
+        index = build(db, "l2", "float32")
+        for batch in (q[:3], q):
+            distances, ids = index.search(batch, 10)
+            check_search(distances, ids, db, batch, 10, "l2")
+            full_d, full_i = full_scan(index, batch, 10)
+            assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
+        assert index._searcher.sketch_counts() == (1, 0) and index._searcher.winograd_counts() == (1, 0)
+        index.close()
+    finally:
+        library.reset_library()
 
 
 @pytest.mark.parametrize("n_queries, counts", [(2, "sketch_counts"), (20, "winograd_counts")])
