@@ -43,16 +43,21 @@ def _gpu() -> dict:
 
 
 def _cpu_library() -> str:
-    """Search two vectors through tinyknn.Index on the CPU: builds or loads the library if it can."""
+    """Search two vectors through tinyknn.Index on the CPU (builds or loads the library if it can), and
+    say what the library was built with."""
     try:
         import numpy as np
 
         from .index import Index
 
+        from .cpu.library import get_library
+
         with Index(dim=4, device="cpu") as index:
             index.add(np.eye(2, 4, dtype=np.float32))
             _, ids = index.search(np.eye(1, 4, dtype=np.float32), k=1)
-        return "ready" if int(ids[0, 0]) == 0 else f"wrong answer (nearest id {int(ids[0, 0])}, expected 0)"
+        if int(ids[0, 0]) != 0:
+            return f"wrong answer (nearest id {int(ids[0, 0])}, expected 0)"
+        return f"ready ({get_library().tk_build_info().decode()})"
     except Exception as exc:  # noqa: BLE001
         return f"unavailable: {type(exc).__name__}: {exc}"
 

@@ -170,7 +170,8 @@ inline std::unique_ptr<AnyIndex> make_index(int64_t dim, int metric, int dtype) 
 }
 
 inline std::string build_features() {
-  return std::string(simd_description()) + ", " + f16_description() + "; panels, register-blocked tiles, cache-blocked query chunks, bounded selection, threads";
+  return std::string(simd_description()) + ", " + f16_description() + "; panels, register-blocked tiles, cache-blocked query chunks, bounded selection, threads; float32 l2 "
+         "first passes: a float16 sketch (few queries), Winograd pairs (many queries)";
 }
 
 }  // namespace tinyknn
