@@ -167,11 +167,12 @@ def test_many_queries_through_the_winograd_pass_match_the_full_scan(rng, threads
         assert declined == 6, (answered, declined)
 
 
-@pytest.mark.parametrize("dim", [1, 2, 7, 16, 31, 32, 33, 34, 128, 1000])
+@pytest.mark.parametrize("dim", [1, 2, 7, 16, 31, 32, 33, 34, 128, 192, 193, 386, 1000])
 def test_winograd_pass_for_every_grouping_of_dims(rng, dim):
-    """The pass pairs coordinates in groups of three; dims with none, one or two left over give the full
-    scan's answer bit for bit (a database of one panel more than the pass's minimum, whose last panel
-    is padding). Below 32 dims the full scan answers."""
+    """The pass pairs coordinates in groups of three, and scores many dims in blocks of 192; dims with
+    none, one or two left over, in one block or several (the last one as short as one dim), give the
+    full scan's answer bit for bit (a database of one panel more than the pass's minimum, whose last
+    panel is padding). Below 32 dims the full scan answers."""
     db = (rng.standard_normal((4097, dim)) * 3 + 5).astype(np.float32)
     q = (rng.standard_normal((21, dim)) * 3 + 5).astype(np.float32)
     index = build(db, "l2", "float32")

@@ -59,9 +59,9 @@ struct Scratch {
   std::vector<SlackTopK> slack;
   std::vector<std::vector<Candidate>> kept;
   std::vector<Candidate> gathered, final_entries;
-  // the Winograd pass's (winograd_search.h): a centred panel, the caller's centred queries, and where
-  // padding queries keep nothing
-  std::vector<float, CacheAligned<float>> centred;
+  // the Winograd pass's (winograd_search.h): a centred block of a panel, the sums carried between
+  // blocks, the caller's centred queries, and where padding queries keep nothing
+  std::vector<float, CacheAligned<float>> centred, partial;  // partial: sums carried between dim blocks
   std::vector<float> centred_queries;
   std::vector<Candidate> rejected;
   // the rescoring's (rescore.h): pairs query by query, bucketed by panel, and one tile's queries

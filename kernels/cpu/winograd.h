@@ -57,31 +57,35 @@ inline void prefetch_part(const void* p, int64_t bytes, int64_t part, int64_t pa
   }
 }
 
-// One panel of rows moved to the centre: y = fl(x - c), dim * kPanel floats in panel layout, and
-// alpha (kPanel floats), the row constant above, summed in the pass's own grouping.
-inline void centre_panel(const float* panel, const float* centre, int64_t dim, float* y, float* alpha) {
+// Dims [begin, end) of one panel moved to the centre: y = fl(x - c), (end - begin) * kPanel floats in
+// panel layout (y[0] is dim `begin`), and their share of alpha (kPanel floats), the row constant above,
+// summed in the pass's own grouping: added to alpha, or written over it for the first block.
+inline void centre_panel(const float* panel, const float* centre, int64_t begin, int64_t end, float* y, float* alpha) {
   constexpr int V = kVectorsPerPanel;
   Vec pairs[V] = {}, plains[V] = {};  // independent sums: the additions' latency would otherwise be the limit
   auto centred = [&](int64_t d, int v) {
     const Vec value = load(panel + d * kPanel + v * kLanes) - broadcast(centre[d]);
-    store(y + d * kPanel + v * kLanes, value);
+    store(y + (d - begin) * kPanel + v * kLanes, value);
     return value;
   };
-  int64_t d = 0;
-  for (; d + kGroup <= dim; d += kGroup) {
+  int64_t d = begin;
+  for (; d + kGroup <= end; d += kGroup) {
     for (int v = 0; v < V; ++v) {
       const Vec pair = centred(d, v) + centred(d + 1, v), plain = centred(d + 2, v);
       pairs[v] += pair * pair;
       plains[v] += plain * plain;
     }
   }
-  for (; d < dim; ++d) {
+  for (; d < end; ++d) {
     for (int v = 0; v < V; ++v) {
       const Vec plain = centred(d, v);
       plains[v] += plain * plain;
     }
   }
-  for (int v = 0; v < V; ++v) store(alpha + v * kLanes, pairs[v] + plains[v]);
+  for (int v = 0; v < V; ++v) {
+    const Vec earlier = begin == 0 ? Vec{} : load(alpha + v * kLanes);
+    store(alpha + v * kLanes, earlier + (pairs[v] + plains[v]));
+  }
 }
 
 // The same constant for a query, in double (it shifts every key of the query alike, so only the bound
@@ -146,9 +150,12 @@ inline void interleave_queries(const float* queries, int64_t nq, int64_t dim, fl
 // Keys of kPairQueries queries against one centred panel, offered to best[i] where they beat its
 // threshold (as kernel.h's tile does). Rows >= n are never offered. The queries come interleaved,
 // p[d * kPairQueries + i] (see interleave_queries), so that one pointer reaches them all.
+// A panel of many dims is scored a block of dims [begin, end) at a time (its centred block stays in
+// L1): the sums carry over in `partial` (kPairQueries * kPanel floats) between blocks, unchanged, and
+// the keys are made after the last block.
 template <class Selector>
-void winograd_tile(const float* p, int64_t dim, const float* y, const float* alpha, Selector* best, int64_t first_row,
-                   int64_t n) {
+void winograd_tile(const float* p, int64_t dim, int64_t begin, int64_t end, const float* y, const float* alpha,
+                   float* partial, Selector* best, int64_t first_row, int64_t n) {
   constexpr int Q = kPairQueries, V = kVectorsPerPanel;
   // (every loop over queries and vectors unrolled: GCC then keeps acc in registers instead of storing
   // it to the stack on every group, measured)
@@ -156,10 +163,11 @@ void winograd_tile(const float* p, int64_t dim, const float* y, const float* alp
   #pragma GCC unroll 16
   for (int i = 0; i < Q; ++i) {
     #pragma GCC unroll 16
-    for (int v = 0; v < V; ++v) acc[i][v] = Vec{};
+    for (int v = 0; v < V; ++v) acc[i][v] = begin == 0 ? Vec{} : load(partial + (i * V + v) * kLanes);
   }
-  int64_t d = 0;
-  for (; d + kGroup <= dim; d += kGroup) {
+  y -= begin * kPanel;  // so that y + d * kPanel is dim d
+  int64_t d = begin;
+  for (; d + kGroup <= end; d += kGroup) {
     const int64_t a = d, b = d + 1, e = d + 2;
     Vec ya[V], yb[V];
     #pragma GCC unroll 16
@@ -193,13 +201,21 @@ void winograd_tile(const float* p, int64_t dim, const float* y, const float* alp
       for (int v = 0; v < V; ++v) keep_in_register(acc[i][v]);
     }
   }
-  for (; d < dim; ++d) {
+  for (; d < end; ++d) {
     #pragma GCC unroll 16
     for (int i = 0; i < Q; ++i) {
       const Vec pd = broadcast(p[d * Q + i]);
       #pragma GCC unroll 16
       for (int v = 0; v < V; ++v) acc[i][v] += pd * load(y + d * kPanel + v * kLanes);
     }
+  }
+  if (end < dim) {
+    #pragma GCC unroll 16
+    for (int i = 0; i < Q; ++i) {
+      #pragma GCC unroll 16
+      for (int v = 0; v < V; ++v) store(partial + (i * V + v) * kLanes, acc[i][v]);
+    }
+    return;
   }
   const Vec minus_two = broadcast(-2.0f);
   #pragma GCC unroll 16

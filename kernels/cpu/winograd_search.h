@@ -35,6 +35,10 @@ constexpr int64_t kWinogradMinPanels = 256;  // small databases are scanned exac
 // dim 64 and more 0.78-0.93x; hence dim >= 32 and dim >= k / 2.
 constexpr int64_t kWinogradMinDim = 32;
 
+// Dims per block of a panel (a multiple of kGroup): the centred block, 12 KB, stays in L1 while every
+// tile of the chunk runs on it (a whole panel of 784 dims, 50 KB, would not).
+constexpr int64_t kDimBlock = 192;
+
 // Queries per block: the candidates kept for a block (and the thread-local buffers that hold them, which
 // later searches reuse) stay bounded however many queries a search has.
 constexpr int64_t kWinogradBlockQueries = 4096;
@@ -78,20 +82,26 @@ inline bool winograd_block(const Database<float>& db, const Sketch& sketch, cons
         scratch.slack[i].reject_all();
       }
     }
-    scratch.centred.resize(dim * kPanel);
+    const int64_t blocks = (dim + kDimBlock - 1) / kDimBlock;
+    scratch.centred.resize(std::min(dim, kDimBlock) * kPanel);
+    scratch.partial.resize(blocks > 1 ? tiles * kPanel : 0);
     float* const y = scratch.centred.data();
     float alpha[kPanel];
     const float* const p = caller.prepared.data() + first * dim;
     const int64_t panel_end = panels * (slice + 1) / plan.slices;
     for (int64_t panel = panels * slice / plan.slices; panel < panel_end; ++panel) {
       if (gave_up.load(std::memory_order_relaxed)) return;
-      centre_panel(db.panel(panel), sketch.centre(), dim, y, alpha);
       // the next panel comes from DRAM while this one's tiles run (centring alone would wait for it)
       const float* const next = db.panel(std::min(panel + 1, panel_end - 1));
-      const int64_t bytes = dim * kPanel * (int64_t)sizeof(float);
-      for (int64_t t = 0; t < tiles; t += Q) {
-        prefetch_part(next, bytes, t / Q, tiles / Q);
-        winograd_tile(p + t * dim, dim, y, alpha, scratch.slack.data() + t, panel * kPanel, n);
+      const int64_t bytes = dim * kPanel * (int64_t)sizeof(float), parts = blocks * (tiles / Q);
+      for (int64_t block = 0; block < blocks; ++block) {
+        const int64_t begin = block * kDimBlock, end = std::min(dim, begin + kDimBlock);
+        centre_panel(db.panel(panel), sketch.centre(), begin, end, y, alpha);
+        for (int64_t t = 0; t < tiles; t += Q) {
+          prefetch_part(next, bytes, block * (tiles / Q) + t / Q, parts);
+          winograd_tile(p + t * dim, dim, begin, end, y, alpha, scratch.partial.data() + t * kPanel,
+                        scratch.slack.data() + t, panel * kPanel, n);
+        }
       }
     }
     for (int64_t i = 0; i < count; ++i) {
