@@ -121,10 +121,8 @@ def test_few_queries_through_the_sketch_match_the_full_scan(rng, threads, kind, 
     db, index, q = first_pass_case(rng, kind, 8)
     for k in (1, 10):
         for batch in (q[:1], q[1:3], q):
-            distances, ids = index.search(batch, k)
+            distances, ids = search_matching_full_scan(index, batch, k)
             check_search(distances, ids, db, batch, k, "l2")
-            full_d, full_i = full_scan(index, batch, k)
-            assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
     answered, declined = index._searcher.sketch_counts()
     assert answered + declined == 6
     if kind in ("normal", "far", "huge", "subnormal"):
@@ -142,6 +140,14 @@ def full_scan(index, queries, k):
         index._searcher.use_first_passes(True)
 
 
+def search_matching_full_scan(index, queries, k):
+    """index.search(queries, k), asserted bit for bit equal (distances and ids) to the full scan's answer."""
+    distances, ids = index.search(queries, k)
+    full_d, full_i = full_scan(index, queries, k)
+    assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
+    return distances, ids
+
+
 @pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize("kind", ["normal", "far", "tiny", "subnormal", "huge", "ties", "near-duplicates",
                                   "cluster-in-spread"])
@@ -153,10 +159,8 @@ def test_many_queries_through_the_winograd_pass_match_the_full_scan(rng, threads
     db, index, q = first_pass_case(rng, kind, 300, dim=32)
     for k in (1, 10):
         for batch in (q[:16], q[:21], q):
-            distances, ids = index.search(batch, k)
+            distances, ids = search_matching_full_scan(index, batch, k)
             check_search(distances, ids, db, batch, k, "l2")
-            full_d, full_i = full_scan(index, batch, k)
-            assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
     answered, declined = index._searcher.winograd_counts()
     assert answered + declined == 6
     # (near-duplicates seen from afar: the exact scan's own rounding is wider than their spread, so
@@ -177,10 +181,8 @@ def test_winograd_pass_for_every_grouping_of_dims(rng, dim):
     q = (rng.standard_normal((21, dim)) * 3 + 5).astype(np.float32)
     index = build(db, "l2", "float32")
     for k in (1, 5, 16):   # the pass takes k <= panels / 16
-        distances, ids = index.search(q, k)
+        distances, ids = search_matching_full_scan(index, q, k)
         check_search(distances, ids, db, q, k, "l2")
-        full_d, full_i = full_scan(index, q, k)
-        assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
     assert index._searcher.winograd_counts() == ((3, 0) if dim >= 32 else (0, 0))
 
 
@@ -196,9 +198,7 @@ def test_first_passes_break_ties_as_the_full_scan_does(rng, n_queries, counts):
         db[row, rng.integers(32)] += rng.choice([-1.0, 1.0])
     index = build(db, "l2", "float32")
     for k in (1, 2, 5):
-        distances, ids = index.search(q, k)
-        full_d, full_i = full_scan(index, q, k)
-        assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
+        distances, ids = search_matching_full_scan(index, q, k)
         assert np.array_equal(ids[0], tied[:k]) and np.all(distances[0] == 1.0)
     assert getattr(index._searcher, counts)() == (3, 0)
 
@@ -208,9 +208,7 @@ def test_winograd_pass_over_several_blocks_of_queries(rng):
     db = rng.standard_normal((4500, 32)).astype(np.float32)
     q = rng.standard_normal((4096 + 21, 32)).astype(np.float32)
     index = build(db, "l2", "float32")
-    distances, ids = index.search(q, 3)
-    full_d, full_i = full_scan(index, q, 3)
-    assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
+    distances, ids = search_matching_full_scan(index, q, 3)
     check_search(distances[-50:], ids[-50:], db, q[-50:], 3, "l2")
     assert index._searcher.winograd_counts() == (1, 0)
 
@@ -227,10 +225,8 @@ def test_portable_build_first_passes_match_its_full_scan(rng, cache_dir, monkeyp
         q = (rng.standard_normal((37, 40)) * 2 + 3).astype(np.float32)
         index = build(db, "l2", "float32")
         for batch in (q[:3], q):
-            distances, ids = index.search(batch, 10)
+            distances, ids = search_matching_full_scan(index, batch, 10)
             check_search(distances, ids, db, batch, 10, "l2")
-            full_d, full_i = full_scan(index, batch, 10)
-            assert np.array_equal(distances, full_d) and np.array_equal(ids, full_i)
         assert index._searcher.sketch_counts() == (1, 0) and index._searcher.winograd_counts() == (1, 0)
         index.close()
     finally:

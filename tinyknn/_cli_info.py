@@ -48,9 +48,8 @@ def _cpu_library() -> str:
     try:
         import numpy as np
 
-        from .index import Index
-
         from .cpu.library import get_library
+        from .index import Index
 
         with Index(dim=4, device="cpu") as index:
             index.add(np.eye(2, 4, dtype=np.float32))

@@ -106,7 +106,7 @@ __attribute__((visibility("default"))) int tk_index_sketch_counts(tk_index* inde
                                                                  int64_t* declined) {
   return guarded([&] {
     require(answered != nullptr && declined != nullptr, "output pointer is null");
-    open(index).sketch_counts(answered, declined);
+    open(index).sketch_counts().read(answered, declined);
   });
 }
 
@@ -114,7 +114,7 @@ __attribute__((visibility("default"))) int tk_index_winograd_counts(tk_index* in
                                                                    int64_t* declined) {
   return guarded([&] {
     require(answered != nullptr && declined != nullptr, "output pointer is null");
-    open(index).winograd_counts(answered, declined);
+    open(index).winograd_counts().read(answered, declined);
   });
 }
 

@@ -29,25 +29,28 @@ inline bool rescore_candidates(const Database<float>& db, const float* queries, 
                                const SketchBound* bounds, std::vector<Candidate>* kept, int64_t slices, int64_t limit,
                                int threads, float* distances, int64_t* ids) {
   const int64_t dim = db.dim(), panels = db.panels(), n = db.size();
-  constexpr int64_t kQueriesPerTask = 8;
-  const int query_tasks = (int)((nq + kQueriesPerTask - 1) / kQueriesPerTask);
   ThreadPool& pool = ThreadPool::shared();
+  // fn(i) for every query, on the pool's threads, eight queries per task
+  auto for_each_query = [&](const auto& fn) {
+    constexpr int64_t kQueriesPerTask = 8;
+    pool.run((int)((nq + kQueriesPerTask - 1) / kQueriesPerTask), threads, [&](int task) {
+      for (int64_t i = task * kQueriesPerTask; i < std::min(nq, (task + 1) * kQueriesPerTask); ++i) fn(i);
+    });
+  };
 
   // 1. Per query: its slices' rows, cut to those under the final threshold (into slice 0's list).
   std::atomic<bool> too_many{false};
-  pool.run(query_tasks, threads, [&](int task) {
-    for (int64_t i = task * kQueriesPerTask; i < std::min(nq, (task + 1) * kQueriesPerTask); ++i) {
-      std::vector<Candidate>& rows = kept[i];
-      for (int64_t s = 1; s < slices; ++s) rows.insert(rows.end(), kept[s * nq + i].begin(), kept[s * nq + i].end());
-      if ((int64_t)rows.size() >= k) {
-        std::nth_element(rows.begin(), rows.begin() + (k - 1), rows.end());
-        const float bar = bounds[i].threshold(rows[k - 1].key);
-        rows.erase(std::partition(rows.begin(), rows.end(), [bar](const Candidate& c) { return c.key < bar; }), rows.end());
-      }
-      if ((int64_t)rows.size() > limit) too_many = true;
-      // in row order, as the full scan meets them: of rows tied at the k-th distance, both keep the first
-      std::sort(rows.begin(), rows.end(), [](const Candidate& a, const Candidate& b) { return a.position < b.position; });
+  for_each_query([&](int64_t i) {
+    std::vector<Candidate>& rows = kept[i];
+    for (int64_t s = 1; s < slices; ++s) rows.insert(rows.end(), kept[s * nq + i].begin(), kept[s * nq + i].end());
+    if ((int64_t)rows.size() >= k) {
+      std::nth_element(rows.begin(), rows.begin() + (k - 1), rows.end());
+      const float bar = bounds[i].threshold(rows[k - 1].key);
+      rows.erase(std::partition(rows.begin(), rows.end(), [bar](const Candidate& c) { return c.key < bar; }), rows.end());
     }
+    if ((int64_t)rows.size() > limit) too_many = true;
+    // in row order, as the full scan meets them: of rows tied at the k-th distance, both keep the first
+    std::sort(rows.begin(), rows.end(), [](const Candidate& a, const Candidate& b) { return a.position < b.position; });
   });
   if (too_many) return false;
 
@@ -109,15 +112,13 @@ inline bool rescore_candidates(const Database<float>& db, const float* queries, 
   });
 
   // 4. Per query: the k best of its rescored rows.
-  pool.run(query_tasks, threads, [&](int task) {
-    Scratch& scratch = Scratch::of_this_thread();
-    scratch.final_entries.resize(TopK::capacity(k));
+  for_each_query([&](int64_t i) {
+    std::vector<Candidate>& storage = Scratch::of_this_thread().final_entries;
+    storage.resize(TopK::capacity(k));
     TopK best;
-    for (int64_t i = task * kQueriesPerTask; i < std::min(nq, (task + 1) * kQueriesPerTask); ++i) {
-      best.start(k, scratch.final_entries.data());
-      for (int64_t j = first[i]; j < first[i + 1]; ++j) best.push(pairs[j].exact, pairs[j].position);
-      best.finish<L2>(db.ids(), distances + i * k, ids + i * k);
-    }
+    best.start(k, storage.data());
+    for (int64_t j = first[i]; j < first[i + 1]; ++j) best.push(pairs[j].exact, pairs[j].position);
+    best.finish<L2>(db.ids(), distances + i * k, ids + i * k);
   });
   return true;
 }

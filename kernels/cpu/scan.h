@@ -53,12 +53,12 @@ struct Scratch {
   std::vector<float> panel, query_norms;
   std::vector<Candidate> candidates, merged;
   std::vector<TopK> best;
-  // the caller thread's, for the sketch search (sketch_search.h) and the merge of slices
+  // the caller thread's, for the first passes (sketch_search.h, winograd_search.h) and the merge of slices
   std::vector<float> prepared;
   std::vector<SketchBound> bounds;
   std::vector<SlackTopK> slack;
   std::vector<std::vector<Candidate>> kept;
-  std::vector<Candidate> gathered, final_entries;
+  std::vector<Candidate> final_entries;
   // the Winograd pass's (winograd_search.h): a centred block of a panel, the sums carried between
   // blocks, the caller's centred queries, and where padding queries keep nothing
   std::vector<float, CacheAligned<float>> centred, partial;  // partial: sums carried between dim blocks

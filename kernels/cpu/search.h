@@ -24,6 +24,23 @@
 
 namespace tinyknn {
 
+// How many searches a first pass answered, and how many it handed back to the exact scan.
+class PassCounts {
+ public:
+  // Counts one search; returns whether the pass answered it.
+  bool record(bool answered) {
+    ++(answered ? answered_ : declined_);
+    return answered;
+  }
+  void read(int64_t* answered, int64_t* declined) const {
+    *answered = answered_.load();
+    *declined = declined_.load();
+  }
+
+ private:
+  std::atomic<int64_t> answered_{0}, declined_{0};
+};
+
 // What the ABI calls; the template below implements it for each (metric, storage type).
 class AnyIndex {
  public:
@@ -34,19 +51,13 @@ class AnyIndex {
   virtual void export_to(int64_t n, void* vectors, int64_t* ids) = 0;
   virtual void search(const float* queries, int64_t nq, int64_t k, int threads, float* distances,
                       int64_t* ids) = 0;
-  void sketch_counts(int64_t* answered, int64_t* declined) const {
-    *answered = sketch_answered_.load();
-    *declined = sketch_declined_.load();
-  }
-  void winograd_counts(int64_t* answered, int64_t* declined) const {
-    *answered = winograd_answered_.load();
-    *declined = winograd_declined_.load();
-  }
+  const PassCounts& sketch_counts() const { return sketch_counts_; }
+  const PassCounts& winograd_counts() const { return winograd_counts_; }
   // Off: every search is the full exact scan (the reference the first passes are tested against).
   void use_first_passes(bool on) { first_passes_ = on; }
 
  protected:
-  std::atomic<int64_t> sketch_answered_{0}, sketch_declined_{0}, winograd_answered_{0}, winograd_declined_{0};
+  PassCounts sketch_counts_, winograd_counts_;
   std::atomic<bool> first_passes_{true};
 };
 
@@ -90,19 +101,15 @@ class Index final : public AnyIndex {
     if (nq == 0) return;
     std::shared_lock<std::shared_mutex> lock(mutex_);
     if constexpr (kSketched) {
-      if (first_passes_ && sketch_pays(nq, k, db_.panels())) {
-        if (sketch_search(db_, sketch_, queries, nq, k, threads, distances, ids)) {
-          ++sketch_answered_;
+      if (first_passes_) {
+        if (sketch_pays(nq, k, db_.panels()) &&
+            sketch_counts_.record(sketch_search(db_, sketch_, queries, nq, k, threads, distances, ids))) {
           return;
         }
-        ++sketch_declined_;
-      }
-      if (first_passes_ && winograd_pays(nq, k, db_.dim(), db_.panels())) {
-        if (winograd_search(db_, sketch_, queries, nq, k, threads, distances, ids)) {
-          ++winograd_answered_;
+        if (winograd_pays(nq, k, db_.dim(), db_.panels()) &&
+            winograd_counts_.record(winograd_search(db_, sketch_, queries, nq, k, threads, distances, ids))) {
           return;
         }
-        ++winograd_declined_;
       }
     }
     const Plan plan = make_plan(nq, db_.dim(), db_.panels(), threads, kTileQueries);

@@ -69,19 +69,18 @@ class CpuSearcher:
         self._call("reading the index size", self._library.tk_index_size, ctypes.byref(n))
         return n.value
 
+    def _pass_counts(self, what: str, function) -> tuple[int, int]:
+        answered, declined = ctypes.c_int64(), ctypes.c_int64()
+        self._call(f"reading the {what} counters", function, ctypes.byref(answered), ctypes.byref(declined))
+        return answered.value, declined.value
+
     def sketch_counts(self) -> tuple[int, int]:
         """(searches the float16 sketch answered, searches it handed to the exact scan): diagnostics."""
-        answered, declined = ctypes.c_int64(), ctypes.c_int64()
-        self._call("reading the sketch counters", self._library.tk_index_sketch_counts, ctypes.byref(answered),
-                   ctypes.byref(declined))
-        return answered.value, declined.value
+        return self._pass_counts("sketch", self._library.tk_index_sketch_counts)
 
     def winograd_counts(self) -> tuple[int, int]:
         """(searches the Winograd pass answered, searches it handed to the exact scan): diagnostics."""
-        answered, declined = ctypes.c_int64(), ctypes.c_int64()
-        self._call("reading the Winograd counters", self._library.tk_index_winograd_counts, ctypes.byref(answered),
-                   ctypes.byref(declined))
-        return answered.value, declined.value
+        return self._pass_counts("Winograd", self._library.tk_index_winograd_counts)
 
     def use_first_passes(self, on: bool) -> None:
         """False: every later search is the full exact scan, the reference that the float16 sketch and the
