@@ -197,3 +197,33 @@ def test_a_failing_cpu_add_leaves_the_real_index_unchanged(rng, monkeypatch):
     assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1])
     index.add(rng.standard_normal((5, 8)), ids=np.arange(100, 105))   # those ids were never registered
     assert index.ntotal == 25
+
+
+class CountingSearcher(RecordingSearcher):
+    """Takes rows without keeping them (checks each piece), to measure what the Index itself allocates."""
+
+    def add(self, vectors, ids):
+        self.pieces += 1
+        assert vectors.dtype == np.float32 and vectors.flags.c_contiguous and len(vectors) == len(ids)
+        self.ids.extend([int(ids[0]), int(ids[-1])])
+
+
+def test_an_add_converts_piece_by_piece_without_a_full_copy(monkeypatch):
+    """Row 16 at the Index level: converting 51 MB of float64 rows to float32 allocates one 1 MiB piece
+    buffer (CHUNK_BYTES here), not a 26 MB copy of the whole input."""
+    import tracemalloc
+
+    monkeypatch.setattr(_validate, "CHUNK_BYTES", 1 << 20)
+    index = tinyknn.Index(32)
+    fake = CountingSearcher()
+    index._searcher.close()
+    index._searcher = fake
+    x = np.ones((200_000, 32))
+    tracemalloc.start()
+    try:
+        index.add(x)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert fake.pieces == 25 and fake.ids[0] == 0 and fake.ids[-1] == 199_999 and index.ntotal == 200_000
+    assert peak < 4 << 20, f"{peak} bytes allocated"      # the piece buffer and the 1.6 MB of automatic ids

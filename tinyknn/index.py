@@ -23,8 +23,8 @@ DEVICES = ("cpu", "cuda")
 class Searcher(Protocol):
     """What a backend provides. Inputs arrive validated (host ndarrays or _validate.DeviceArray).
 
-    Rows are numbered in the order they were added. `add` either takes all its rows or raises with
-    the searcher unchanged; `truncate(n_rows)` drops every row from n_rows on (the newest), so that
+    Rows are numbered in the order they were added. `add` copies its rows before it returns (the
+    caller reuses the array), and either takes all of them or raises with the searcher unchanged; `truncate(n_rows)` drops every row from n_rows on (the newest), so that
     an add handed over in several pieces can be undone when a later piece fails."""
 
     def add(self, vectors, ids: np.ndarray) -> None: ...
@@ -125,10 +125,18 @@ class Index:
         on_device = isinstance(vectors, _validate.DeviceArray)
         step = n if on_device or truncate is None else \
             max(1, _validate.CHUNK_BYTES // (self.dim * np.dtype(self.dtype).itemsize))
+        # Input in another dtype or layout is converted piece by piece into one reused buffer (a fresh
+        # allocation per piece would page-fault its memory in again every time).
+        convert = not on_device and (vectors.dtype != self.dtype or not vectors.flags.c_contiguous)
+        buffer = np.empty((min(step, n), self.dim), dtype=self.dtype) if convert and n > step else None
         try:
             for start in range(0, n, step):
-                piece = vectors if on_device else \
-                    np.ascontiguousarray(vectors[start:start + step], dtype=self.dtype)
+                piece = vectors if on_device else vectors[start:start + step]
+                if buffer is not None:
+                    np.copyto(buffer[:len(piece)], piece, casting="same_kind")
+                    piece = buffer[:len(piece)]
+                elif convert:
+                    piece = np.ascontiguousarray(piece, dtype=self.dtype)
                 searcher.add(piece, ids[start:start + step])
         except BaseException:
             if truncate is not None:
