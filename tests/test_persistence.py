@@ -179,6 +179,26 @@ def test_load_refuses_damaged_files(saved, damage):
         tinyknn.Index.load(saved)
 
 
+def _patch_central_directory(data: bytes, offset: int, value: int) -> bytes:
+    """Set a 16-bit field of every member's central directory entry (8: flags, 10: compression method)."""
+    patched, start = bytearray(data), data.find(b"PK\x01\x02")
+    while start >= 0:
+        patched[start + offset:start + offset + 2] = value.to_bytes(2, "little")
+        start = data.find(b"PK\x01\x02", start + 4)
+    return bytes(patched)
+
+
+@pytest.mark.parametrize("offset, value, text", [
+    (10, 99, "zip method 99"),            # zipfile: NotImplementedError "That compression method is not supported"
+    (10, 12, "zip method 12"),            # bzip2: zipfile would decompress whatever follows
+    (8, 1, "flags 0x1"),                  # encrypted: zipfile would ask for a password (RuntimeError)
+])
+def test_load_refuses_compressed_and_encrypted_members(saved, offset, value, text):
+    saved.write_bytes(_patch_central_directory(saved.read_bytes(), offset, value))
+    with pytest.raises(ValueError, match=f"compressed or encrypted .*{text}"):
+        tinyknn.Index.load(saved)
+
+
 def test_load_missing_file_or_directory(tmp_path):
     with pytest.raises(FileNotFoundError):
         tinyknn.Index.load(tmp_path / "nothing-here")
@@ -306,6 +326,19 @@ def test_save_onto_a_directory_or_an_unwritable_place(tmp_path, index, monkeypat
     with pytest.raises(PermissionError):
         index.save(tmp_path / "file")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only directories")
+def test_save_into_a_read_only_directory(tmp_path, index):
+    index.save(tmp_path / "file")
+    before = (tmp_path / "file").read_bytes()
+    tmp_path.chmod(0o555)
+    try:
+        with pytest.raises(PermissionError):
+            index.save(tmp_path / "file")
+    finally:
+        tmp_path.chmod(0o755)
+    assert (tmp_path / "file").read_bytes() == before and not leftovers(tmp_path)
 
 
 def test_the_saved_file_has_ordinary_permissions(tmp_path, index):
