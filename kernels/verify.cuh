@@ -115,6 +115,31 @@ TINYKNN_D double stats_min_xx(const unsigned* row_stats) {
   return stored ? (double)__uint_as_float(~stored) : 0.0;
 }
 
+// The contract distance (exact.cuh: the same operations in the same order) of a padded stored row read
+// in 16-byte chunks, so that one thread keeps several loads in flight.
+template <class Metric, class T>
+TINYKNN_D double exact_distance_by_chunks(const float* query, const T* row, int dim, double qq) {
+  constexpr int N = Chunk<T>::N;
+  const uint4* chunks = reinterpret_cast<const uint4*>(row);
+  double a = 0.0, b = 0.0;
+  const int whole = dim / N;
+  for (int c = 0; c < whole; ++c) {
+    float x[N];
+    Chunk<T>::unpack(__ldg(chunks + c), x);
+#pragma unroll
+    for (int e = 0; e < N; ++e) Exact<Metric>::step(a, b, __ldg(query + c * N + e), (double)x[e]);
+  }
+  if (whole * N < dim) {
+    float x[N];
+    Chunk<T>::unpack(__ldg(chunks + whole), x);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      if (whole * N + e < dim) Exact<Metric>::step(a, b, __ldg(query + whole * N + e), (double)x[e]);
+    }
+  }
+  return Exact<Metric>::finish(a, b, qq);
+}
+
 // ---- verify: one block per query ---------------------------------------------------------------------
 // The selection kernel kept KL (> K) candidates per (query, slice) by its float32 key. The KL best of all
 // slices are gathered (gather_best), their contract distances computed in float64 (one thread a candidate,
@@ -158,7 +183,7 @@ verify_kernel(const float* __restrict__ keys, const int* __restrict__ positions,
     long long id = EMPTY_ID;
     if (position >= 0) {
       key = ordered_bits64(exact_key<Metric>(
-          Exact<Metric>::distance(query, data + (long long)position * row_stride, dim, qq)));
+          exact_distance_by_chunks<Metric>(query, data + (long long)position * row_stride, dim, qq)));
       id = __ldg(ids + position);
     }
     exact_keys[i] = key;
@@ -207,7 +232,7 @@ band_kernel(const T* __restrict__ data, const long long* __restrict__ ids, long 
   const double limit = threshold[q];
   for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < n_data;
        row += (long long)gridDim.x * blockDim.x) {
-    const double key = exact_key<Metric>(Exact<Metric>::distance(query, data + row * row_stride, dim, query_qq));
+    const double key = exact_key<Metric>(exact_distance_by_chunks<Metric>(query, data + row * row_stride, dim, query_qq));
     if (key <= limit) {
       const unsigned slot = atomicAdd(counts + f, 1u);
       if (slot < (unsigned)capacity) {
