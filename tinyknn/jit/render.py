@@ -65,7 +65,8 @@ TILED_LIST_SMEM = 32 * 1024     # shared memory for a tiled block's per-query li
 TILED_SMALL_BQ = (16, 32)       # queries per tiled block for batches that fill less than the default
 MERGE_WARPS = 32                # warps per merge block: its passes are load-latency bound, more loads in flight
 MERGE_WARPS_BATCH = 8           # ... after the tiled kernel: many queries, so many blocks keep the loads in flight
-VERIFY_MARGIN = 8               # candidates kept beyond k for the verify step to prove the answer
+VERIFY_MARGIN = 8               # candidates kept beyond k (>= 32) for the verify step to prove the answer
+VERIFY_MARGIN_SMALL_K = 2       # ... beyond k < 32 (each one costs insertions; near-ties go to the band search)
 FILTER_MAX_LIST = 128           # l2's filter key while k + VERIFY_MARGIN fits the lists topk.cuh rebuilds in bulk
 VERIFY_WARPS = 24               # warps per verify block after the scan: few queries, many candidates each (32: spills)
 VERIFY_WARPS_BATCH = 8          # ... after the tiled kernel: many queries, so many blocks keep the loads in flight
@@ -166,7 +167,7 @@ def _pow2_floor(n: int) -> int:
 
 def list_length(k: int) -> int:
     """Candidates a selection kernel keeps per (query, slice): k plus the verify step's margin."""
-    return k + VERIFY_MARGIN
+    return k + (VERIFY_MARGIN_SMALL_K if k < 32 else VERIFY_MARGIN)
 
 
 def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: int | None = None,
