@@ -231,3 +231,35 @@ def test_an_add_converts_piece_by_piece_without_a_full_copy(monkeypatch):
         tracemalloc.stop()
     assert fake.pieces == 25 and fake.ids[0] == 0 and fake.ids[-1] == 199_999 and index.ntotal == 200_000
     assert peak < 4 << 20, f"{peak} bytes allocated"      # the piece buffer and the 1.6 MB of automatic ids
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_failing_piece_is_undone_by_the_real_searchers_truncate(rng, monkeypatch, device):
+    """The chunked add against a real backend: the third piece fails, truncate drops the two taken."""
+    index = tinyknn.Index(8, metric="l2", device=device)
+    if not hasattr(index._searcher, "truncate"):
+        pytest.skip(f"the {device} searcher has no truncate yet (Searcher protocol, index.py)")
+    db = rng.standard_normal((30, 8)).astype(np.float32)
+    index.add(db)
+    q = rng.standard_normal((4, 8)).astype(np.float32)
+    before = index.search(q, 10)
+    monkeypatch.setattr(_validate, "CHUNK_BYTES", 8 * 4 * 16)          # 16 rows per piece
+    searcher, real_add, calls = index._searcher, index._searcher.add, []
+
+    def third_piece_fails(vectors, ids):
+        calls.append(len(ids))
+        if len(calls) == 3:
+            raise MemoryError("simulated: the third piece does not fit")
+        real_add(vectors, ids)
+
+    monkeypatch.setattr(searcher, "add", third_piece_fails)
+    with pytest.raises(MemoryError):
+        index.add(rng.standard_normal((60, 8)) * 10.0, ids=np.arange(1000, 1060))
+    assert calls == [16, 16, 16] and index.ntotal == 30
+    after = index.search(q, 10)
+    assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1])
+    monkeypatch.setattr(searcher, "add", real_add)
+    index.add(db[:5], ids=np.arange(1000, 1005))                       # those ids were never taken
+    assert index.ntotal == 35
+    distances, ids = index.search(db[:5], 1)
+    assert set(ids[:, 0].tolist()) <= set(range(5)) | set(range(1000, 1005))

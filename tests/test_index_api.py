@@ -298,3 +298,13 @@ def test_jax_arrays_on_a_cuda_index(rng):
     expected = index.search(q, 5)
     assert np.array_equal(np.asarray(distances.get() if hasattr(distances, "get") else distances), expected[0])
     assert np.array_equal(np.asarray(ids.get() if hasattr(ids, "get") else ids), expected[1])
+
+
+def test_import_loads_no_cuda_module():
+    import subprocess
+    import sys
+
+    code = ("import sys, tinyknn; bad = [m for m in sys.modules if m.split('.')[0] in ('cuda', 'cupy', 'torch', 'jax')]; "
+            "print(bad); assert not bad")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
