@@ -220,6 +220,13 @@ def test_cpu_dlpack_arrays_are_read_in_place(rng, dtype):
     check_search(*got, db, q, 5, "ip")
 
 
+def test_dlpack_ids(index):
+    index.add(np.ones((3, 8)), ids=DLPackOnly(np.array([900, 901, 902])))
+    assert index.ntotal == 53
+    with pytest.raises(TypeError, match="ids must be integers .*got dtype float32"):
+        index.add(np.ones((1, 8)), ids=DLPackOnly(np.array([5.0], np.float32)))
+
+
 def test_dlpack_arrays_of_other_kinds_are_refused(index):
     with pytest.raises(TypeError, match="got dtype int32"):
         index.add(DLPackOnly(np.ones((2, 8), np.int32)))
