@@ -116,7 +116,8 @@ def expect_refusal(index, model: Model, call) -> None:
     assert index.ntotal == len(model.ids), (index.ntotal, len(model.ids))
     after = probe(index, model)
     if before is not None:
-        assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1]), "a refused call changed results"
+        same = np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1])
+        assert same, "a refused call changed the search results"
 
 
 BAD_KINDS = (

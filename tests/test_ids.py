@@ -265,15 +265,17 @@ def test_a_failing_piece_is_undone_by_the_real_searchers_truncate(rng, monkeypat
     assert set(ids[:, 0].tolist()) <= set(range(5)) | set(range(1000, 1005))
 
 
-@pytest.mark.xfail(reason="CPU library (kernels/cpu, not this file): an l2 float32 add that takes an index of rows "
-                          "past 262144 rows at dim 128 segfaults in tinyknn::Index<L2, float>::add; reported", strict=False)
+@pytest.mark.xfail(reason="CPU library (kernels/cpu, not this file): an l2 float32 add that takes an index "
+                          "past 262144 rows at dim 128 segfaults in tinyknn::Index<L2, float>::add; reported",
+                   strict=False)
 def test_a_large_add_in_pieces_onto_a_large_index():
     """Two adds whose sum crosses the CPU library's second 64 MiB block (a large add goes in pieces), run
     in a subprocess so a crash fails this test instead of killing the run."""
     import subprocess
     import sys
 
-    code = ("import numpy as np, tinyknn; x = np.random.default_rng(0).standard_normal((140_000, 128), dtype='float32'); "
+    code = ("import numpy as np, tinyknn; "
+            "x = np.random.default_rng(0).standard_normal((140_000, 128), dtype='float32'); "
             "i = tinyknn.Index(128); i.add(x); i.add(x[:131_072]); d, n = i.search(x[:2], 1); "
             "assert i.ntotal == 271_072 and n[:, 0].tolist() == [0, 1], n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -311,7 +311,8 @@ def test_import_loads_no_cuda_module():
     import subprocess
     import sys
 
-    code = ("import sys, tinyknn; bad = [m for m in sys.modules if m.split('.')[0] in ('cuda', 'cupy', 'torch', 'jax')]; "
+    code = ("import sys, tinyknn; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('cuda', 'cupy', 'torch', 'jax')]; "
             "print(bad); assert not bad")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

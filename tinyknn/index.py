@@ -24,8 +24,9 @@ class Searcher(Protocol):
     """What a backend provides. Inputs arrive validated (host ndarrays or _validate.DeviceArray).
 
     Rows are numbered in the order they were added. `add` copies its rows before it returns (the
-    caller reuses the array), and either takes all of them or raises with the searcher unchanged; `truncate(n_rows)` drops every row from n_rows on (the newest), so that
-    an add handed over in several pieces can be undone when a later piece fails."""
+    caller reuses the array), and either takes all of them or raises with the searcher unchanged;
+    `truncate(n_rows)` drops every row from n_rows on (the newest), so that an add handed over in
+    several pieces can be undone when a later piece fails."""
 
     def add(self, vectors, ids: np.ndarray) -> None: ...
     def truncate(self, n_rows: int) -> None: ...
