@@ -70,7 +70,7 @@ def test_the_map_answers_like_a_dict(rng, monkeypatch):
     monkeypatch.setattr(_ids, "MIN_RUN", 3)
     monkeypatch.setattr(_ids, "SMALL_BATCH", 4)
     monkeypatch.setattr(_ids, "RECENT_LIMIT", 6)
-    ids, model = IdMap(), {}
+    ids, model, used = IdMap(), {}, set()
     for _ in range(300):
         kind = rng.integers(4)
         n = int(rng.integers(1, 12))
@@ -88,9 +88,12 @@ def test_the_map_answers_like_a_dict(rng, monkeypatch):
         model.update(zip(new.tolist(), range(ids.count, ids.count + n)))
         ids.commit(new)
         assert ids.count == len(model) and ids.next_auto == max(model) + 1
-    assert len(ids._segments) > 1 and ids._run_start and ids._recent      # every store is in use
-    sizes = [len(segment[0]) for segment in ids._segments]
-    assert all(a > 2 * b for a, b in zip(sizes, sizes[1:]))              # the binary-counter shape
+        sizes = [len(segment[0]) for segment in ids._segments]
+        assert all(a > 2 * b for a, b in zip(sizes, sizes[1:]))          # the binary-counter shape
+        used |= {"segments"} if len(sizes) > 1 else set()
+        used |= {"runs"} if ids._run_start else set()
+        used |= {"recent"} if ids._recent else set()
+    assert used == {"segments", "runs", "recent"}                          # every store took part
     probe = np.concatenate([np.fromiter(model, np.int64), rng.integers(0, 10**6, 2000)])
     expected = [model.get(int(i), -1) for i in probe]
     assert ids.rows_of(probe).tolist() == expected
