@@ -86,9 +86,9 @@ def test_load_streams_large_files_in_chunks(tmp_path, rng, monkeypatch):
     assert_same(built, tinyknn.Index.load(tmp_path / "big"))
 
 
-def test_load_from_a_file_object(index):
+def test_save_to_and_load_from_a_file_object(index):
     buffer = io.BytesIO()
-    index._write(buffer)
+    index.save(buffer)
     buffer.seek(0)
     assert_same(index, tinyknn.Index.load(buffer))
     with pytest.raises(ValueError, match="the data is not a readable tinyknn index file"):

@@ -186,11 +186,15 @@ class Index:
 
     # -- persistence --------------------------------------------------------------------------
     def save(self, path) -> None:
-        """Write the index to `path` (format: README 'File format'; an uncompressed NumPy .npz, version 1).
+        """Write the index to `path` (format: README 'File format'; an uncompressed NumPy .npz, version 1),
+        or onto a binary file object (e.g. io.BytesIO) as it is.
 
-        Written to a temporary file beside `path` and renamed over it: a failed save leaves no
+        A path is written to a temporary file beside it and renamed over it: a failed save leaves no
         temporary file behind and any previous file at `path` intact."""
-        _persist.save(path, self._write)
+        if hasattr(path, "write"):
+            self._write(path)
+        else:
+            _persist.save(path, self._write)
 
     def _write(self, handle) -> None:
         with self._add_lock:
