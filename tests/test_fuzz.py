@@ -52,11 +52,12 @@ operations = st.one_of(
 )
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @FUZZ
 @given(dim=st.integers(1, 40), metric=st.sampled_from(METRICS), dtype=st.sampled_from(DTYPES),
        ops=st.lists(operations, min_size=1, max_size=12))
-def test_api_sequences_match_the_model(dim, metric, dtype, ops):
-    run_case({"dim": dim, "metric": metric, "dtype": dtype, "ops": ops})
+def test_api_sequences_match_the_model(device, dim, metric, dtype, ops):
+    run_case({"dim": dim, "metric": metric, "dtype": dtype, "device": device, "ops": ops})
 
 
 @FUZZ
