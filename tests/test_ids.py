@@ -174,6 +174,20 @@ def test_an_add_that_fails_in_any_piece_changes_nothing(rng, monkeypatch, fail_o
     assert fake.ids[-1] == 115 and index.ntotal == 61
 
 
+def test_input_needing_no_conversion_goes_over_in_one_piece(monkeypatch):
+    """Pieces bound the conversion copy; input already in the storage dtype and C-contiguous needs none."""
+    monkeypatch.setattr(_validate, "CHUNK_BYTES", 8 * 4 * 10)
+    index = tinyknn.Index(8)
+    fake = RecordingSearcher()
+    index._searcher.close()
+    index._searcher = fake
+    rows = np.arange(30 * 16, dtype=np.float32).reshape(30, 16)
+    index.add(rows[:, :8].copy())
+    assert fake.pieces == 1
+    index.add(rows[:, ::2])                                  # float32 but strided: converted in pieces
+    assert fake.pieces == 4 and np.array_equal(np.array(fake.rows[30:]), rows[:, ::2])
+
+
 def test_a_searcher_without_truncate_gets_one_piece(monkeypatch):
     monkeypatch.setattr(_validate, "CHUNK_BYTES", 64)
     index = tinyknn.Index(8)

@@ -118,26 +118,26 @@ class Index:
             self._ids.commit(new)
 
     def _hand_over(self, searcher: Searcher, vectors, ids: np.ndarray) -> None:
-        """Give the rows to the searcher, in pieces for host input; undo the pieces taken if one fails.
+        """Give the rows to the searcher; undo what it took if that fails part way.
 
-        A searcher without truncate (an older backend) gets the whole input in one piece."""
+        Host input in another dtype or layout is converted CHUNK_BYTES at a time into one reused
+        buffer (never a full copy; a fresh allocation per piece would page-fault its memory in again
+        every time), each piece handed over as it is ready. Input already in the storage dtype and
+        C-contiguous, CUDA input, and any input to a searcher without truncate (an older backend) go
+        over in one piece: the searcher copies them straight from where they are."""
         n_before, n = self._ids.count, len(ids)
         truncate = getattr(searcher, "truncate", None)
-        on_device = isinstance(vectors, _validate.DeviceArray)
-        step = n if on_device or truncate is None else \
-            max(1, _validate.CHUNK_BYTES // (self.dim * np.dtype(self.dtype).itemsize))
-        # Input in another dtype or layout is converted piece by piece into one reused buffer (a fresh
-        # allocation per piece would page-fault its memory in again every time).
-        convert = not on_device and (vectors.dtype != self.dtype or not vectors.flags.c_contiguous)
-        buffer = np.empty((min(step, n), self.dim), dtype=self.dtype) if convert and n > step else None
+        convert = not isinstance(vectors, _validate.DeviceArray) and (
+            vectors.dtype != self.dtype or not vectors.flags.c_contiguous)
+        step = max(1, _validate.CHUNK_BYTES // (self.dim * np.dtype(self.dtype).itemsize))
         try:
+            if not convert or truncate is None or n <= step:
+                searcher.add(np.ascontiguousarray(vectors, dtype=self.dtype) if convert else vectors, ids)
+                return
+            buffer = np.empty((step, self.dim), dtype=self.dtype)
             for start in range(0, n, step):
-                piece = vectors if on_device else vectors[start:start + step]
-                if buffer is not None:
-                    np.copyto(buffer[:len(piece)], piece, casting="same_kind")
-                    piece = buffer[:len(piece)]
-                elif convert:
-                    piece = np.ascontiguousarray(piece, dtype=self.dtype)
+                piece = buffer[:min(step, n - start)]
+                np.copyto(piece, vectors[start:start + step], casting="same_kind")
                 searcher.add(piece, ids[start:start + step])
         except BaseException:
             if truncate is not None:
