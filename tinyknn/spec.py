@@ -37,6 +37,17 @@ def parse_dtype(dtype) -> str:
     raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPES))}; got {dtype!r}")
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a storage dtype name; bfloat16 is ml_dtypes' (imported only when asked for)."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ImportError("dtype 'bfloat16' needs the ml_dtypes package (pip install ml_dtypes)") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
 def parse_dim(dim) -> int:
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
         raise TypeError(f"dim must be a positive integer; got {dim!r} ({type(dim).__name__})")

@@ -40,6 +40,7 @@ from .._validate import DeviceArray, check_values
 from ..config import get_config
 from ..errors import CudaError
 from ..jit import render
+from ..spec import numpy_dtype
 from . import interop, plan as plans
 from .device import current_device, ensure_context
 from .memory import DeviceBuffer, Event, PinnedBuffer, Stream, copy_host_to_address
@@ -453,7 +454,7 @@ class GpuSearcher:
         """Host copies of the stored vectors (n, dim) in the storage dtype and of the ids, for save()."""
         with self._lock:
             self._check_open()
-            rows = np.empty((self._n, self._stride), dtype=self.dtype)
+            rows = np.empty((self._n, self._stride), dtype=numpy_dtype(self.dtype))
             ids = np.empty(self._n, dtype=np.int64)
             if self._n:
                 self._buffers["data"].copy_to_host(rows, rows.nbytes, self._stream)
