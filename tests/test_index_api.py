@@ -42,13 +42,25 @@ def test_surface(index):
     ({"dim": 2.5}, TypeError, "dim must be a positive integer"),
     ({"dim": True}, TypeError, "dim must be a positive integer"),
     ({"dim": 4, "metric": "L1"}, ValueError, "metric must be one of 'l2', 'ip', 'cosine'; got 'L1'"),
-    ({"dim": 4, "dtype": "int8"}, ValueError, "dtype must be one of 'float32', 'float16'"),
+    ({"dim": 4, "dtype": "complex64"}, ValueError, "dtype must be one of 'float32', 'float16'"),
     ({"dim": 4, "dtype": "float64"}, ValueError, "got 'float64'"),
     ({"dim": 4, "device": "tpu"}, ValueError, "device must be one of 'cpu', 'cuda'"),
 ])
 def test_bad_construction(kwargs, error, text):
     with pytest.raises(error, match=text):
         tinyknn.Index(**kwargs)
+
+
+def test_every_storage_dtype_is_built_or_refused_by_name_on_the_cpu():
+    from tinyknn.spec import DTYPES
+
+    for dtype in DTYPES:
+        try:
+            built = tinyknn.Index(4, dtype=dtype, device="cpu")
+        except ValueError as exc:
+            assert f"dtype {dtype!r} is not available on device='cpu'" in str(exc) and "'float32'" in str(exc)
+        else:
+            assert built.dtype == dtype
 
 
 def test_names_are_case_insensitive_and_dtype_objects_work():

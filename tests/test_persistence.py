@@ -409,3 +409,12 @@ def test_pickle_restores_a_cuda_index_on_cuda(rng):
     for got, expected in zip(clone.search(q, 7), built.search(q, 7)):
         assert np.array_equal(got, expected)
     assert copy.deepcopy(built).device == "cuda"
+
+
+def test_a_file_of_a_dtype_the_device_lacks_says_so(saved, monkeypatch):
+    from tinyknn.cpu import library
+
+    monkeypatch.setattr(library, "DTYPE_CODES", {"float16": 1})               # a CPU without float32
+    with pytest.raises(ValueError, match="dtype 'float32' is not available on device='cpu'") as caught:
+        tinyknn.Index.load(saved)
+    assert "not a readable" not in str(caught.value)

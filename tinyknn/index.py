@@ -15,7 +15,7 @@ import numpy as np
 from . import _persist, _validate
 from ._ids import IdMap
 from ._persist import FILE_FORMAT, FILE_VERSION  # noqa: F401 - re-exported for callers and tests
-from .spec import parse_dim, parse_dtype, parse_metric
+from .spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
 
 DEVICES = ("cpu", "cuda")
 
@@ -47,8 +47,12 @@ def parse_device(device) -> str:
 
 def _make_searcher(device: str, dim: int, metric: str, dtype: str) -> Searcher:
     if device == "cpu":
+        from .cpu.library import DTYPE_CODES
         from .cpu.searcher import CpuSearcher
 
+        if dtype not in DTYPE_CODES:
+            raise ValueError(f"dtype {dtype!r} is not available on device='cpu' (it stores "
+                             f"{', '.join(map(repr, DTYPE_CODES))}); use one of those or device='cuda'")
         return CpuSearcher(dim=dim, metric=metric, dtype=dtype)
     from .gpu.searcher import GpuSearcher
 
@@ -77,6 +81,7 @@ class Index:
         self.dim = parse_dim(dim)
         self.metric = parse_metric(metric)
         self.dtype = parse_dtype(dtype)
+        self._storage = numpy_dtype(self.dtype)
         self.device = parse_device(device)
         self._ids = IdMap()
         self._add_lock = threading.Lock()
@@ -128,16 +133,16 @@ class Index:
         n_before, n = self._ids.count, len(ids)
         truncate = getattr(searcher, "truncate", None)
         convert = not isinstance(vectors, _validate.DeviceArray) and (
-            vectors.dtype != self.dtype or not vectors.flags.c_contiguous)
-        step = max(1, _validate.CHUNK_BYTES // (self.dim * np.dtype(self.dtype).itemsize))
+            vectors.dtype != self._storage or not vectors.flags.c_contiguous)
+        step = max(1, _validate.CHUNK_BYTES // (self.dim * self._storage.itemsize))
         try:
             if not convert or truncate is None or n <= step:
-                searcher.add(np.ascontiguousarray(vectors, dtype=self.dtype) if convert else vectors, ids)
+                searcher.add(np.ascontiguousarray(vectors, dtype=self._storage) if convert else vectors, ids)
                 return
-            buffer = np.empty((step, self.dim), dtype=self.dtype)
+            buffer = np.empty((step, self.dim), dtype=self._storage)
             for start in range(0, n, step):
                 piece = buffer[:min(step, n - start)]
-                np.copyto(piece, vectors[start:start + step], casting="same_kind")
+                np.copyto(piece, vectors[start:start + step], casting="unsafe")   # as ascontiguousarray does
                 searcher.add(piece, ids[start:start + step])
         except BaseException:
             if truncate is not None:
