@@ -138,10 +138,51 @@ TINYKNN_D void ldmatrix_x4(unsigned (&r)[4], unsigned address) {
 
 TINYKNN_D unsigned load_shared_u32(const unsigned char* p) { return *reinterpret_cast<const unsigned*>(p); }
 
-// Shared memory a screen block needs (the host passes at least this as SMEM).
+// Threshold mode: per query ql < BQ (q0 + ql < n_queries) the K smallest of its BN upper bounds
+// (upper[ql * pitch + ...]), ascending, to out[(q0 + ql) * query_stride + j], by K rounds of a warp
+// argmin (slot index breaks ties, so each value is taken once). Warp w serves queries w, w + WARPS, ...
+template <int K, int BN, int WARPS>
+TINYKNN_D void select_smallest(const float* upper, int pitch, int q0, int n_queries, int BQ, float* out,
+                               long long query_stride) {
+  constexpr int V = BN / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int ql = warp; ql < BQ && q0 + ql < n_queries; ql += WARPS) {
+    float u[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) u[v] = upper[ql * pitch + lane + 32 * v];
+    float* to = out + (long long)(q0 + ql) * query_stride;
+#pragma unroll 1
+    for (int j = 0; j < K; ++j) {
+      float best = u[0];
+      int where = 0;
+#pragma unroll
+      for (int v = 1; v < V; ++v) {
+        if (u[v] < best) { best = u[v]; where = v; }
+      }
+      unsigned key_hi = ordered_bits(best), key_lo = (unsigned)(lane * V + where);
+#pragma unroll
+      for (int offset = 16; offset >= 1; offset >>= 1) {
+        const unsigned other_hi = __shfl_xor_sync(FULL_WARP, key_hi, offset);
+        const unsigned other_lo = __shfl_xor_sync(FULL_WARP, key_lo, offset);
+        if (other_hi < key_hi || (other_hi == key_hi && other_lo < key_lo)) { key_hi = other_hi; key_lo = other_lo; }
+      }
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        if (key_lo == (unsigned)(lane * V + v)) u[v] = positive_infinity();
+      }
+      if (lane == 0) to[j] = from_ordered_bits(key_hi);
+    }
+  }
+}
+
+// Shared memory a screen block needs (the host passes at least this as SMEM): the ring, the threshold
+// mode's [BQ][BN + 1] upper bounds, STAGES buffers of the per-row scalars, the per-query scalars.
 __host__ __device__ constexpr int screen_smem_bytes(bool threshold, int BQ, int BN, int BKB, int STAGES) {
-  return ((STAGES * (BQ + BN) * (BKB + 16)) > (threshold ? BQ * (BN + 1) * 4 : 0)
-              ? STAGES * (BQ + BN) * (BKB + 16) : BQ * (BN + 1) * 4) + 4 * (2 * BN + 3 * BQ);
+  return STAGES * (BQ + BN) * (BKB + 16) + (threshold ? BQ * (BN + 1) * 4 : 0) + STAGES * 8 * BN + 12 * BQ;
+}
+
+TINYKNN_D void copy_async4(unsigned to, const void* from, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(to), "l"(from), "r"(bytes) : "memory");
 }
 
 template <class E, bool IP, bool THRESHOLD, int K, int BQ, int BN, int BKB, int WARPS_Q, int WARPS_N, int STAGES,
@@ -152,7 +193,7 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
               const uint4* __restrict__ queries, int n_queries, int row_bytes,
               const float* __restrict__ thresholds, const float* __restrict__ err_scale,
               const float* __restrict__ err_offset, int* __restrict__ counts, int* __restrict__ survivors,
-              int capacity, float* __restrict__ out_upper) {
+              int capacity, float* __restrict__ out_upper, int tiles_per_block) {
   typedef ScreenMma<E> Mma;
   typedef typename Mma::Acc Acc;
   constexpr int THREADS = WARPS_Q * WARPS_N * 32;
@@ -165,9 +206,9 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
   constexpr int STAGE_A = BQ * PITCH, STAGE_B = BN * PITCH;
   constexpr int PIPE = STAGES * (STAGE_A + STAGE_B);
   constexpr int UPITCH = BN + 1;                             // threshold mode: upper bounds [BQ][BN + 1]
-  constexpr int MAIN = THRESHOLD && BQ * UPITCH * 4 > PIPE ? BQ * UPITCH * 4 : PIPE;
+  constexpr int UPPER = THRESHOLD ? BQ * UPITCH * 4 : 0;
   constexpr int NEED = screen_smem_bytes(THRESHOLD, BQ, BN, BKB, STAGES);
-  static_assert(MAIN + 4 * (2 * BN + 3 * BQ) == NEED, "screen_kernel: layout and screen_smem_bytes disagree");
+  static_assert(PIPE + UPPER + STAGES * 8 * BN + 12 * BQ == NEED, "screen_kernel: layout and screen_smem_bytes disagree");
   static_assert(SMEM >= NEED, "screen_kernel: SMEM is smaller than its shared memory layout");
   static_assert(WQ % 16 == 0 && WN % 16 == 0 && BQ % WARPS_Q == 0 && BN % WARPS_N == 0,
                 "screen_kernel: a warp tile is a multiple of 16 queries x 16 rows");
@@ -176,77 +217,80 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
 
   extern __shared__ uint4 screen_space[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(screen_space);
-  float* norm_s = reinterpret_cast<float*>(smem + MAIN);     // [BN] |x|^2 bound
-  float* rnorm_s = norm_s + BN;                              // [BN] r_x
-  float* thr_s = rnorm_s + BN;                               // [BQ] thresholds
-  float* esc_s = thr_s + BQ;                                 // [BQ] e_q
-  float* eoff_s = esc_s + BQ;                                // [BQ] f_q
+  float* upper_s = reinterpret_cast<float*>(smem + PIPE);             // [BQ][UPITCH] (threshold mode)
+  float* rows_s = reinterpret_cast<float*>(smem + PIPE + UPPER);      // [STAGES][2][BN]: |x|^2 bound, r_x
+  float* thr_s = rows_s + STAGES * 2 * BN;                            // [BQ] thresholds
+  float* esc_s = thr_s + BQ;                                          // [BQ] e_q
+  float* eoff_s = esc_s + BQ;                                         // [BQ] f_q
   require_dynamic_smem(NEED);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wq0 = (warp / WARPS_N) * WQ, wn0 = (warp % WARPS_N) * WN;
   const int n_qtiles = (n_queries + BQ - 1) / BQ;
   const int qtile = (int)(blockIdx.x % (unsigned)n_qtiles);
-  const long long rtile = blockIdx.x / (unsigned)n_qtiles;
+  const long long first_tile = (long long)(blockIdx.x / (unsigned)n_qtiles) * tiles_per_block;
+  const long long n_rtiles = (n_rows + BN - 1) / BN;
   const int q0 = qtile * BQ;
-  const long long r0 = rtile * BN;
   const int row_chunks = row_bytes / 16;
   const int k_tiles = (row_chunks + CH - 1) / CH;
+  const long long left = n_rtiles - first_tile;
+  const int my_tiles = left <= 0 ? 0 : (left < tiles_per_block ? (int)left : tiles_per_block);
+  const int total = my_tiles * k_tiles;                      // pipeline steps: (tile, k tile) pairs
 
-  // Per-row and per-query scalars for the epilogue, loaded now (their latency hides under the loop).
-  for (int i = threadIdx.x; i < BN; i += THREADS) {
-    const long long r = r0 + i;
-    const bool ok = r < n_rows;
-    norm_s[i] = ok && !IP ? __ldg(sq_norms + r * row_step) : 0.0f;
-    rnorm_s[i] = ok ? __ldg(row_norms + r * row_step) : 0.0f;
-  }
-  for (int i = threadIdx.x; i < BQ; i += THREADS) {
+  for (int i = threadIdx.x; i < BQ; i += THREADS) {        // per-query scalars (seen after the first barrier)
     const bool ok = q0 + i < n_queries;
     thr_s[i] = ok && !THRESHOLD ? __ldg(thresholds + q0 + i) : 0.0f;
     esc_s[i] = ok ? __ldg(err_scale + q0 + i) : 0.0f;
     eoff_s[i] = ok ? __ldg(err_offset + q0 + i) : 0.0f;
   }
 
-  // What each thread copies per stage: fixed rows, the stage only moves the chunk offset.
-  const uint4* a_src[A_LOADS];
-  bool a_ok[A_LOADS];
-  const uint4* b_src[B_LOADS];
-  bool b_ok[B_LOADS];
-#pragma unroll
-  for (int i = 0; i < A_LOADS; ++i) {
-    const int unit = threadIdx.x + i * THREADS;
-    const int q = q0 + unit / CH;
-    a_ok[i] = unit < A_UNITS && q < n_queries;
-    a_src[i] = queries + (a_ok[i] ? (long long)q * row_chunks : 0) + unit % CH;
-  }
-#pragma unroll
-  for (int i = 0; i < B_LOADS; ++i) {
-    const int unit = threadIdx.x + i * THREADS;
-    const long long r = r0 + unit / CH;
-    b_ok[i] = unit < B_UNITS && r < n_rows;
-    b_src[i] = data + (b_ok[i] ? r * row_step * row_chunks : 0) + unit % CH;
-  }
+  // What each thread copies per stage: 16-byte chunk (tid % CH) of rows tid / CH + i * THREADS / CH of
+  // the query and row tiles; the step moves the chunk offset, the tile the row offset.
+  static_assert(THREADS % CH == 0, "screen_kernel: threads must cover whole rows of a stage");
+  constexpr int ROWS_PER_PASS = THREADS / CH;
+  const int my_chunk = threadIdx.x % CH, my_row = threadIdx.x / CH;
+  const uint4* my_query = queries + (long long)(q0 + my_row) * row_chunks + my_chunk;
+  const long long row_stride = row_step * row_chunks;        // chunks between consecutive logical rows
   const unsigned smem_base = shared_address(smem);
-  auto load_stage = [&](int kt) {
-    const int slot = kt % STAGES;
-    const unsigned a_base = smem_base + slot * STAGE_A;
-    const unsigned b_base = smem_base + STAGES * STAGE_A + slot * STAGE_B;
-    const int c0 = kt * CH;
+  const unsigned rows_base = shared_address(rows_s);
+  const unsigned my_offset = my_row * PITCH + my_chunk * 16;
+  int load_tile = 0, load_kt = 0;                            // the next step to copy
+  auto load_next = [&]() {
+    const int slot = (load_tile * k_tiles + load_kt) % STAGES;
+    const unsigned a_base = smem_base + slot * STAGE_A + my_offset;
+    const unsigned b_base = smem_base + STAGES * STAGE_A + slot * STAGE_B + my_offset;
+    const int c0 = load_kt * CH;
+    const bool chunk_ok = c0 + my_chunk < row_chunks;
+    const long long r0 = (first_tile + load_tile) * BN + my_row;
 #pragma unroll
     for (int i = 0; i < A_LOADS; ++i) {
-      const int unit = threadIdx.x + i * THREADS;
-      if (unit < A_UNITS) {
-        const bool ok = a_ok[i] && c0 + unit % CH < row_chunks;
-        copy_async16(a_base + (unit / CH) * PITCH + (unit % CH) * 16, ok ? a_src[i] + c0 : queries, ok ? 16 : 0);
+      if (i * THREADS + (int)threadIdx.x < A_UNITS) {
+        const bool ok = chunk_ok && q0 + my_row + i * ROWS_PER_PASS < n_queries;
+        copy_async16(a_base + i * ROWS_PER_PASS * PITCH,
+                     ok ? my_query + (long long)i * ROWS_PER_PASS * row_chunks + c0 : queries, ok ? 16 : 0);
       }
     }
 #pragma unroll
     for (int i = 0; i < B_LOADS; ++i) {
-      const int unit = threadIdx.x + i * THREADS;
-      if (unit < B_UNITS) {
-        const bool ok = b_ok[i] && c0 + unit % CH < row_chunks;
-        copy_async16(b_base + (unit / CH) * PITCH + (unit % CH) * 16, ok ? b_src[i] + c0 : data, ok ? 16 : 0);
+      if (i * THREADS + (int)threadIdx.x < B_UNITS) {
+        const long long r = r0 + i * ROWS_PER_PASS;
+        const bool ok = chunk_ok && r < n_rows;
+        copy_async16(b_base + i * ROWS_PER_PASS * PITCH, ok ? data + r * row_stride + my_chunk + c0 : data,
+                     ok ? 16 : 0);
       }
+    }
+    if (load_kt == 0) {                                      // the tile's per-row scalars, into buffer tile % STAGES
+      const unsigned base = rows_base + (load_tile % STAGES) * 2 * BN * 4;
+      for (int i = threadIdx.x; i < 2 * BN; i += THREADS) {
+        const long long r = r0 - my_row + (i % BN);
+        const bool ok = r < n_rows && (i >= BN || !IP);
+        const float* from = i < BN ? sq_norms : row_norms;
+        copy_async4(base + i * 4, ok ? from + r * row_step : row_norms, ok ? 4 : 0);
+      }
+    }
+    if (++load_kt == k_tiles) {
+      load_kt = 0;
+      ++load_tile;
     }
   };
 
@@ -260,7 +304,7 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < k_tiles) load_stage(s);
+    if (s < total) load_next();
     copy_async_commit();
   }
   // Fragment addresses (ldmatrix): A, lane l gives query row (l & 15), k half (l >> 4) of a 16x16
@@ -270,12 +314,13 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
   const int b_lane = (wn0 + (lane & 7) + ((lane >> 4) << 3)) * PITCH + ((lane >> 3) & 1) * 16;
   const int g = lane >> 2, t = lane & 3;   // mma fragment coordinates (group, thread in group)
 
-  for (int kt = 0; kt < k_tiles; ++kt) {
+  int tile = 0, kt = 0;                    // the step computed
+  for (int step = 0; step < total; ++step) {
     copy_async_wait<STAGES - 2>();
-    __syncthreads();   // stage kt has landed for every thread; stage kt - 1's slot is free
-    if (kt + STAGES - 1 < k_tiles) load_stage(kt + STAGES - 1);
+    __syncthreads();   // step's copies have landed for every thread; the slot of step - 1 is free
+    if (step + STAGES - 1 < total) load_next();
     copy_async_commit();
-    const int slot = kt % STAGES;
+    const int slot = step % STAGES;
     const unsigned char* a_tile = smem + slot * STAGE_A;
     const unsigned char* b_tile = smem + STAGES * STAGE_A + slot * STAGE_B;
     const unsigned a_addr = smem_base + slot * STAGE_A + a_lane;
@@ -315,78 +360,57 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
 #pragma unroll
         for (int n = 0; n < NT; ++n) Mma::mma(acc[m][n], a[m], b[n]);
     }
-  }
-  copy_async_wait<0>();
-  __syncthreads();   // the per-row / per-query scalars are visible; the ring is free (threshold mode)
-
-  // Epilogue. acc[m][n][i]: query wq0 + 16 m + g + 8 (i >> 1), row wn0 + 8 n + 2 t + (i & 1).
-  float* upper_s = reinterpret_cast<float*>(smem);
+    if (kt == k_tiles - 1) {
+      // Epilogue of the tile. acc[m][n][i]: query wq0 + 16 m + g + 8 (i >> 1), row wn0 + 8 n + 2 t + (i & 1).
+      // Its per-row scalars landed with its first step (an earlier commit group, so complete now).
+      const long long r0 = (first_tile + tile) * BN;
+      const float* norm_s = rows_s + (tile % STAGES) * 2 * BN;
+      const float* rnorm_s = norm_s + BN;
 #pragma unroll
-  for (int m = 0; m < MT; ++m) {
+      for (int m = 0; m < MT; ++m) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int ql = wq0 + 16 * m + g + 8 * h;
-      const int q = q0 + ql;
-      const float e = esc_s[ql], f = eoff_s[ql], thr = thr_s[ql];
+        for (int h = 0; h < 2; ++h) {
+          const int ql = wq0 + 16 * m + g + 8 * h;
+          const int q = q0 + ql;
+          const float e = esc_s[ql], f = eoff_s[ql], thr = thr_s[ql];
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
+          for (int n = 0; n < NT; ++n) {
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int rl = wn0 + 8 * n + 2 * t + j;
-          const long long r = r0 + rl;
-          const Acc c = acc[m][n][2 * h + j];
-          const float bound = fma_up(e, rnorm_s[rl], f);
-          if constexpr (THRESHOLD) {
-            const float key = IP ? -Mma::low(c) : fma_up(-2.0f, Mma::low(c), norm_s[rl]);
-            const float upper = add_up(key, bound);
-            upper_s[ql * UPITCH + rl] = r < n_rows && q < n_queries && upper == upper ? upper : positive_infinity();
-          } else {
-            const float key = IP ? -Mma::high(c) : fma_down(-2.0f, Mma::high(c), norm_s[rl]);
-            const float lower = sub_down(key, bound);
-            if (r < n_rows && q < n_queries && !(lower > thr)) {
-              const int slot = atomicAdd(counts + q, 1);
-              if (slot < capacity) survivors[(long long)q * capacity + slot] = (int)r;
+            for (int j = 0; j < 2; ++j) {
+              const int rl = wn0 + 8 * n + 2 * t + j;
+              const long long r = r0 + rl;
+              const Acc c = acc[m][n][2 * h + j];
+              acc[m][n][2 * h + j] = 0;
+              const float bound = fma_up(e, rnorm_s[rl], f);
+              if constexpr (THRESHOLD) {
+                const float key = IP ? -Mma::low(c) : fma_up(-2.0f, Mma::low(c), norm_s[rl]);
+                const float upper = add_up(key, bound);
+                upper_s[ql * UPITCH + rl] = r < n_rows && q < n_queries && upper == upper ? upper : positive_infinity();
+              } else {
+                const float key = IP ? -Mma::high(c) : fma_down(-2.0f, Mma::high(c), norm_s[rl]);
+                const float lower = sub_down(key, bound);
+                if (r < n_rows && q < n_queries && !(lower > thr)) {
+                  const int slot = atomicAdd(counts + q, 1);
+                  if (slot < capacity) survivors[(long long)q * capacity + slot] = (int)r;
+                }
+              }
             }
           }
         }
       }
-    }
-  }
-  if constexpr (THRESHOLD) {
-    __syncthreads();
-    // Per query: the K smallest of its BN upper bounds, by K rounds of a warp argmin.
-    constexpr int V = BN / 32;
-    const long long n_rtiles = (n_rows + BN - 1) / BN;
-    for (int ql = warp; ql < BQ; ql += WARPS_Q * WARPS_N) {
-      const int q = q0 + ql;
-      if (q >= n_queries) break;   // warp-uniform
-      float u[V];
-#pragma unroll
-      for (int v = 0; v < V; ++v) u[v] = upper_s[ql * UPITCH + lane + 32 * v];
-      float* out = out_upper + ((long long)q * n_rtiles + rtile) * K;
-#pragma unroll 1
-      for (int j = 0; j < K; ++j) {
-        float best = u[0];
-        int where = 0;
-#pragma unroll
-        for (int v = 1; v < V; ++v) {
-          if (u[v] < best) { best = u[v]; where = v; }
-        }
-        unsigned key_hi = ordered_bits(best), key_lo = (unsigned)(lane * V + where);
-#pragma unroll
-        for (int offset = 16; offset >= 1; offset >>= 1) {
-          const unsigned other_hi = __shfl_xor_sync(FULL_WARP, key_hi, offset);
-          const unsigned other_lo = __shfl_xor_sync(FULL_WARP, key_lo, offset);
-          if (other_hi < key_hi || (other_hi == key_hi && other_lo < key_lo)) { key_hi = other_hi; key_lo = other_lo; }
-        }
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          if (key_lo == (unsigned)(lane * V + v)) u[v] = positive_infinity();
-        }
-        if (lane == 0) out[j] = from_ordered_bits(key_hi);
+      if constexpr (THRESHOLD) {
+        __syncthreads();
+        select_smallest<K, BN, WARPS_Q * WARPS_N>(upper_s, UPITCH, q0, n_queries, BQ,
+                                                   out_upper + (first_tile + tile) * K, n_rtiles * K);
+        // upper_s is written again only after the next step's barrier
       }
     }
+    if (++kt == k_tiles) {
+      kt = 0;
+      ++tile;
+    }
   }
+  copy_async_wait<0>();   // nothing may be in flight when the block exits
 }
 
 }  // namespace tinyknn

@@ -181,9 +181,14 @@ def test_screen_keeps_every_row_within_the_threshold(gpu_screens, elem, metric):
     launch = gpu_screens[ts.ScreenConfig(elem=elem, metric=metric)]
     counts = torch.zeros(n_q, dtype=torch.int32, device="cuda")
     survivors = torch.full((n_q, capacity), -1, dtype=torch.int32, device="cuda")
-    launch(xp, n, 1, norms, r_x, qp, row_bytes, t, e, f, counts, survivors, capacity, None)
+    launch(xp, n, 1, norms, r_x, qp, row_bytes, t, e, f, counts, survivors, capacity, None, tiles_per_block=1)
     torch.cuda.synchronize()
     assert int(counts.max()) <= capacity
+    one_tile = counts.clone()
+    counts.zero_()   # several row tiles per block (the persistent loop, a partial last group): the same survivors
+    launch(xp, n, 1, norms, r_x, qp, row_bytes, t, e, f, counts, survivors, capacity, None, tiles_per_block=3)
+    torch.cuda.synchronize()
+    assert torch.equal(counts, one_tile)
     for i in range(n_q):
         got = set(survivors[i, :int(counts[i])].tolist())
         assert len(got) == int(counts[i])                                 # each row at most once
@@ -202,7 +207,7 @@ def test_screen_keeps_every_row_within_the_threshold(gpu_screens, elem, metric):
     tiles = -(-n // config.bn)
     upper = torch.empty((n_q, tiles, 4), dtype=torch.float32, device="cuda")
     gpu_screens[config](xp, n, 1, sq_hi if metric == "l2" else r_x, r_x, qp, row_bytes, None, e, f, None, None, 0,
-                        upper)
+                        upper, tiles_per_block=4)
     torch.cuda.synchronize()
     padded_key = torch.full((n_q, tiles * config.bn), float("inf"), dtype=torch.float64, device="cuda")
     padded_key[:, :n] = key

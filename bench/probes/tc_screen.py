@@ -56,9 +56,8 @@ class ScreenConfig:
     @property
     def smem(self) -> int:
         """screen_smem_bytes of kernels/screen.cuh."""
-        pipe = self.stages * (self.bq + self.bn) * (self.bkb + 16)
-        main = max(pipe, self.bq * (self.bn + 1) * 4) if self.threshold else pipe
-        return main + 4 * (2 * self.bn + 3 * self.bq)
+        upper = self.bq * (self.bn + 1) * 4 if self.threshold else 0
+        return self.stages * (self.bq + self.bn) * (self.bkb + 16) + upper + self.stages * 8 * self.bn + 12 * self.bq
 
     @property
     def name(self) -> str:
@@ -178,29 +177,44 @@ def padded(x, row_bytes: int):
 
 _PARAMS = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_void_p,
            ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+WAVES = 8    # default tiles_per_block: about this many waves of resident blocks
 
 
 class ScreenLauncher:
     """One compiled config, launched on torch tensors through tinyknn.gpu.launcher (default stream)."""
 
     def __init__(self, cubin, config: ScreenConfig):
+        from tinyknn.gpu.device import current_device
         from tinyknn.gpu.launcher import load_module
 
         self.config = config
         self.kernel = load_module(cubin).kernel(config.name)
         self.kernel.set_max_dynamic_shared(config.smem)
+        self.resident = current_device().sm_count * max(1, self.kernel.max_active_blocks_per_sm(config.threads,
+                                                                                                 config.smem))
 
-    def grid(self, n_rows: int, n_queries: int) -> int:
+    def tiles_per_block(self, n_rows: int, n_queries: int) -> int:
+        """Row tiles per block so that the grid is about WAVES waves of resident blocks."""
         c = self.config
-        return -(-n_queries // c.bq) * -(-n_rows // c.bn)
+        blocks = -(-n_queries // c.bq) * -(-n_rows // c.bn)
+        return max(1, blocks // (WAVES * self.resident))
 
-    def __call__(self, data, n_rows, row_step, sq_norms, row_norms, queries, row_bytes, thresholds, e, f,
-                 counts, survivors, capacity, out_upper):
+    def bind(self, data, n_rows, row_step, sq_norms, row_norms, queries, row_bytes, thresholds, e, f,
+             counts, survivors, capacity, out_upper, tiles_per_block=None):
+        """A launch with these arguments packed once: calling it enqueues the kernel (default stream)."""
+        c = self.config
         n_queries = queries.shape[0]
+        tpb = tiles_per_block or self.tiles_per_block(n_rows, n_queries)
+        row_tiles = -(-n_rows // c.bn)
+        grid = -(-n_queries // c.bq) * -(-row_tiles // tpb)   # query tile fastest (kernels/screen.cuh)
         ptr = lambda t: 0 if t is None else t.data_ptr()   # noqa: E731
         launch = self.kernel.prepare(_PARAMS, [
             ptr(data), int(n_rows), int(row_step), ptr(sq_norms), ptr(row_norms), ptr(queries), n_queries,
             int(row_bytes), ptr(thresholds), ptr(e), ptr(f), ptr(counts), ptr(survivors), int(capacity),
-            ptr(out_upper)])
-        launch.launch(self.grid(n_rows, n_queries), self.config.threads, self.config.smem)
+            ptr(out_upper), int(tpb)])
+        launch.configure(grid, c.threads, c.smem)
+        return launch.launch_configured
+
+    def __call__(self, *args, **kwargs):
+        self.bind(*args, **kwargs)()

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import pickle
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
@@ -190,19 +192,23 @@ class Reference:
 
 # ---- running ------------------------------------------------------------------------------------
 def median_ms(fn, reps: int = 20, warm: int = 3) -> float:
+    """Median over `reps` of (CUDA events around `inner` back-to-back calls) / inner, inner sized so that
+    one sample lasts >= ~2 ms: short kernels are then not timed as Python's launch overhead."""
     import torch
+
+    def sample(inner):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / inner
 
     for _ in range(warm):
         fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    inner = max(1, min(100, int(2.0 / max(sample(1), 1e-3))))
+    return statistics.median(sample(inner) for _ in range(reps))
 
 
 def survivor_stats(counts, required) -> dict:
@@ -213,7 +219,7 @@ def survivor_stats(counts, required) -> dict:
             "overflowed": int((counts > CAPACITY).sum()), "required_mean": required / max(1, counts.numel())}
 
 
-def run_case(case: Case, cubin, launchers, seed: int) -> dict:
+def run_case(case: Case, launchers, seed: int) -> dict:
     import torch
 
     out = {"case": asdict(case) | {"configs": [c.label() for c in case.configs]}, "seed": seed}
@@ -238,18 +244,25 @@ def run_case(case: Case, cubin, launchers, seed: int) -> dict:
                                   config.bkb, case.shadow)
             e, f = torch.from_numpy(e).cuda(), torch.from_numpy(f).cuda()
             res["bound_median"] = float(torch.median(e) * torch.median(r_x) + torch.median(f))
-            launch = launchers[config]
             norms = sq_lo if case.metric == "l2" else r_x
+            launch = launchers[config].bind(xp, case.n, 1, norms, r_x, qp, row_bytes, t_key, e, f, counts,
+                                            survivors, CAPACITY, None)
 
-            def screen(t=t_key):
+            def screen():
                 counts.zero_()
-                launch(xp, case.n, 1, norms, r_x, qp, row_bytes, t, e, f, counts, survivors, CAPACITY, None)
+                launch()
             screen()
             torch.cuda.synchronize()
             res["soundness"] = ref.check(t_dist, counts, survivors, CAPACITY)
             res["survivors"] = survivor_stats(counts, res["soundness"]["required_pairs"])
             res["kernel_ms"] = median_ms(screen)
             res["tflops"] = flops / res["kernel_ms"] / 1e9
+            res["tiles_per_block"] = launchers[config].tiles_per_block(case.n, case.n_q)
+            if config == replace(DEFAULT, elem=case.elem, metric=case.metric):
+                res["tiles_per_block_sweep"] = tpb_sweep(
+                    case, flops, counts, lambda tpb: launchers[config].bind(
+                        xp, case.n, 1, norms, r_x, qp, row_bytes, t_key, e, f, counts, survivors, CAPACITY, None,
+                        tiles_per_block=tpb))
         except Exception as exc:  # noqa: BLE001 - one config's failure must not stop the others
             res["error"] = f"{type(exc).__name__}: {exc}"
             res["traceback"] = traceback.format_exc(limit=6)
@@ -257,15 +270,39 @@ def run_case(case: Case, cubin, launchers, seed: int) -> dict:
         results.append(res)
     out["screens"] = results
     if case.sample_step:
-        out["threshold_mode"] = run_threshold(case, cubin, launchers, ref, xp, qp, q, qs, sq_hi, sq_lo, r_x,
-                                              row_bytes, counts, survivors)
+        out["threshold_mode"] = run_threshold(case, launchers, ref, xp, qp, q, qs, sq_hi, sq_lo, r_x, row_bytes,
+                                              counts, survivors)
     out["torch_matmul_ms"] = torch_matmul_ms(case, xs, qs)
     out["torch_tflops"] = flops / out["torch_matmul_ms"] / 1e9 if out["torch_matmul_ms"] else None
     out["total_s"] = round(time.perf_counter() - t0, 2)
     return out
 
 
-def run_threshold(case, cubin, launchers, ref, xp, qp, q, qs, sq_hi, sq_lo, r_x, row_bytes, counts, survivors):
+def tpb_sweep(case, flops, counts, bind) -> dict:
+    """Kernel time per tiles_per_block; the survivor counts must not change with it (same arithmetic)."""
+    import torch
+
+    reference = counts.clone()
+    out = {}
+    for tpb in (1, 2, 4, 16, 64):
+        try:
+            launch = bind(tpb)
+
+            def screen():
+                counts.zero_()
+                launch()
+            screen()
+            torch.cuda.synchronize()
+            same = bool(torch.equal(counts, reference))
+            ms = median_ms(screen, reps=10)
+            out[tpb] = {"kernel_ms": ms, "tflops": flops / ms / 1e9, "same_counts": same}
+        except Exception as exc:  # noqa: BLE001
+            out[tpb] = {"error": f"{type(exc).__name__}: {exc}"}
+    counts.copy_(reference)
+    return out
+
+
+def run_threshold(case, launchers, ref, xp, qp, q, qs, sq_hi, sq_lo, r_x, row_bytes, counts, survivors):
     """T from the threshold mode over rows r * step: an upper bound of the k-th key; then the screen with it."""
     import torch
 
@@ -281,9 +318,7 @@ def run_threshold(case, cubin, launchers, ref, xp, qp, q, qs, sq_hi, sq_lo, r_x,
         e, f = torch.from_numpy(e).cuda(), torch.from_numpy(f).cuda()
         upper = torch.empty((case.n_q, tiles, case.k), dtype=torch.float32, device="cuda")
         norms = sq_hi if case.metric == "l2" else r_x
-
-        def thresholds():
-            launch(xp, n_sample, step, norms, r_x, qp, row_bytes, None, e, f, None, None, 0, upper)
+        thresholds = launch.bind(xp, n_sample, step, norms, r_x, qp, row_bytes, None, e, f, None, None, 0, upper)
         thresholds()
         torch.cuda.synchronize()
         t_thr = torch.kthvalue(upper.view(case.n_q, -1), case.k, dim=1).values.double()
@@ -293,13 +328,10 @@ def run_threshold(case, cubin, launchers, ref, xp, qp, q, qs, sq_hi, sq_lo, r_x,
         res["median_upper_minus_true"] = float((t_thr - true_key).median())
         res["threshold_kernel_ms"] = median_ms(thresholds)
         t_key = ref.key_threshold(t_thr + ref.offset)
-        screen_cfg = replace(DEFAULT, elem=case.elem, metric=case.metric)
-        e2, f2 = ts.error_terms(q.cpu().numpy(), qs.double().cpu().numpy(), case.elem, case.metric, row_bytes,
-                                screen_cfg.bkb, case.shadow)
-        e2, f2 = torch.from_numpy(e2).cuda(), torch.from_numpy(f2).cuda()
+        screen_cfg = replace(DEFAULT, elem=case.elem, metric=case.metric)   # the same bkb: the same e, f
         counts.zero_()
         launchers[screen_cfg](xp, case.n, 1, sq_lo if case.metric == "l2" else r_x, r_x, qp, row_bytes, t_key,
-                              e2, f2, counts, survivors, CAPACITY, None)
+                              e, f, counts, survivors, CAPACITY, None)
         torch.cuda.synchronize()
         res["soundness"] = ref.check(t_thr + ref.offset, counts, survivors, CAPACITY)
         res["soundness_knn"] = ref.check(ref.kth(case.k), counts, survivors, CAPACITY)
@@ -338,7 +370,7 @@ def all_configs(case_list):
 def summary_line(r: dict) -> str:
     lines = [f"== {r['case']['name']}  (setup {r.get('setup_s')} s, total {r.get('total_s')} s)"]
     if "error" in r:
-        return lines[0] + f"\n   ERROR {r['error']}"
+        return lines[0] + f"\n   ERROR {r['error']}\n" + (r.get("traceback") or r.get("log") or "")[-1500:]
     for s in r.get("screens", []):
         if "error" in s:
             lines.append(f"   {s['config']}: ERROR {s['error']}")
@@ -347,7 +379,12 @@ def summary_line(r: dict) -> str:
         flag = "SOUND" if snd["missed"] == 0 else f"UNSOUND missed {snd['missed']} (worst by {snd['worst_missed_by']:.3g}, {snd['example']})"
         lines.append(f"   {s['config']}: {flag}; survivors median {sv['median']:.0f} max {sv['max']} "
                      f"(required {sv['required_mean']:.1f}/q, overflowed {sv['overflowed']}); "
-                     f"{s['kernel_ms']:.3f} ms = {s['tflops']:.0f} TFLOP/s; bound ~{s['bound_median']:.3g}")
+                     f"{s['kernel_ms']:.3f} ms = {s['tflops']:.0f} TFLOP/s (tpb {s['tiles_per_block']}); "
+                     f"bound ~{s['bound_median']:.3g}")
+        if "tiles_per_block_sweep" in s:
+            lines.append("      tiles/block: " + ", ".join(
+                f"{k}: {v['kernel_ms']:.3f} ms{'' if v['same_counts'] else ' COUNTS DIFFER'}" if "kernel_ms" in v
+                else f"{k}: {v['error']}" for k, v in s["tiles_per_block_sweep"].items()))
     if "threshold_mode" in r:
         t = r["threshold_mode"]
         if "error" in t:
@@ -361,57 +398,122 @@ def summary_line(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("screen.json"))
-    parser.add_argument("--quick", action="store_true", help="only the small cases")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+def groups(case_list) -> list[list[int]]:
+    """Case indices per child process: the tiny cases, the 100k cases, then each large case alone (a
+    kernel fault poisons its CUDA context, so it costs only its own group)."""
+    small = [i for i, c in enumerate(case_list) if c.n <= 100_000]
+    tiny = [i for i in small if case_list[i].n < 100_000]
+    rest = [i for i in small if i not in tiny]
+    return [g for g in (tiny, rest) if g] + [[i] for i, c in enumerate(case_list) if c.n > 100_000]
+
+
+def child(args) -> int:
+    """Run the cases args.child names with the cubin the parent compiled; results to args.out."""
     import torch
 
-    report = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": []}
-    props = torch.cuda.get_device_properties(0)
-    major, minor = torch.cuda.get_device_capability(0)
-    arch = f"sm_{major}{minor}"
-    report["device"] = {"name": props.name, "sms": props.multi_processor_count, "arch": arch}
+    with open(args.cubin, "rb") as fh:
+        cubin = pickle.load(fh)
     case_list = cases(args.quick)
-    configs = all_configs(case_list)
-    t0 = time.perf_counter()
-    cubin = ts.compile_screens(configs, arch)
-    report["compile_s"] = round(time.perf_counter() - t0, 2)
-    report["ptxas"] = {c.label(): asdict(cubin.reports[c.name]) for c in configs}
     launchers = {}
-    for c in configs:
+    for c in all_configs(case_list):
         try:
             launchers[c] = ts.ScreenLauncher(cubin, c)
-            report["ptxas"][c.label()]["blocks_per_sm"] = launchers[c].kernel.max_active_blocks_per_sm(c.threads, c.smem)
-        except Exception as exc:  # noqa: BLE001
-            report["ptxas"][c.label()]["load_error"] = f"{type(exc).__name__}: {exc}"
-    print(f"device {props.name} {arch}; compiled {len(configs)} screen kernels in {report['compile_s']} s")
-    for c in configs:
-        print(f"   {c.label()}: {report['ptxas'][c.label()]}")
-    try:
-        a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
-        report["fp16_8192_cubed_tflops"] = 2 * 8192 ** 3 / median_ms(lambda: a @ a, reps=10) / 1e9
-        print(f"torch fp16 8192^3 matmul: {report['fp16_8192_cubed_tflops']:.0f} TFLOP/s")
-        del a
-    except Exception as exc:  # noqa: BLE001
-        report["fp16_8192_cubed_tflops"] = f"{type(exc).__name__}: {exc}"
-    for i, case in enumerate(case_list):
+        except Exception:  # noqa: BLE001 - reported by the parent's load check; cases using it fail alone
+            pass
+    results = []
+    for i in (int(v) for v in args.child.split(",")):
+        case = case_list[i]
         try:
-            r = run_case(case, cubin, launchers, args.seed + i)
+            r = run_case(case, launchers, args.seed + i)
         except Exception as exc:  # noqa: BLE001
             r = {"case": {"name": case.name}, "error": f"{type(exc).__name__}: {exc}",
                  "traceback": traceback.format_exc(limit=8)}
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        report["cases"].append(r)
-        print(summary_line(r), flush=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1, default=str))
+        results.append(r)
+        args.out.write_text(json.dumps(results, default=str))
+    return 0
+
+
+def device_report(cubin, configs) -> dict:
+    """Device, ptxas numbers, occupancy and torch's fp16 GEMM ceiling (8192^3), in a child of its own."""
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    out = {"device": {"name": props.name, "sms": props.multi_processor_count}, "ptxas": {}}
+    for c in configs:
+        entry = out["ptxas"][c.label()] = asdict(cubin.reports[c.name]) | {"smem": c.smem}
+        try:
+            entry["blocks_per_sm"] = ts.ScreenLauncher(cubin, c).kernel.max_active_blocks_per_sm(c.threads, c.smem)
+        except Exception as exc:  # noqa: BLE001
+            entry["load_error"] = f"{type(exc).__name__}: {exc}"
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    out["fp16_8192_cubed_tflops"] = 2 * 8192 ** 3 / median_ms(lambda: a @ a, reps=10) / 1e9
+    del a
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("screen.json"))
+    parser.add_argument("--quick", action="store_true", help="only the small cases")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget-s", type=float, default=230.0, help="start no case group after this")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--cubin", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        return child(args)
+    from tinyknn.gpu.device import current_device
+
+    t0 = time.perf_counter()
+    arch = current_device().arch
+    report = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "arch": arch, "cases": []}
+    case_list = cases(args.quick)
+    configs = all_configs(case_list)
+    cubin = ts.compile_screens(configs, arch)
+    report["compile_s"] = round(time.perf_counter() - t0, 2)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin_path = Path(tmp) / "screen.cubin.pickle"
+        cubin_path.write_bytes(pickle.dumps(cubin))
+        try:
+            report |= device_report(cubin, configs)
+        except Exception as exc:  # noqa: BLE001
+            report["device_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"{report.get('device')} {arch}; {len(configs)} screen kernels compiled in {report['compile_s']} s; "
+              f"torch fp16 8192^3: {report.get('fp16_8192_cubed_tflops', 0):.0f} TFLOP/s")
+        for label, entry in report.get("ptxas", {}).items():
+            print(f"   {label}: {entry}")
+        for group in groups(case_list):
+            if time.perf_counter() - t0 > args.budget_s:
+                report["cases"] += [{"case": {"name": case_list[i].name}, "error": "skipped: out of time"} for i in group]
+                continue
+            part = Path(tmp) / f"part{group[0]}.json"
+            command = [sys.executable, __file__, "--child", ",".join(map(str, group)), "--cubin", str(cubin_path),
+                       "--out", str(part), "--seed", str(args.seed)] + (["--quick"] if args.quick else [])
+            try:
+                done = subprocess.run(command, capture_output=True, text=True,
+                                      timeout=max(30.0, args.budget_s + 60 - (time.perf_counter() - t0)))
+                rc, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
+            except subprocess.TimeoutExpired as exc:
+                rc, tail = "timeout", str(exc)[-3000:]
+            results = json.loads(part.read_text()) if part.exists() else []
+            finished = {r["case"]["name"] for r in results}
+            for i in group:
+                if case_list[i].name not in finished:
+                    results.append({"case": {"name": case_list[i].name}, "error": f"child exit {rc}", "log": tail})
+            for r in results:
+                report["cases"].append(r)
+                print(summary_line(r), flush=True)
+            args.out.write_text(json.dumps(report, indent=1, default=str))
     missed = sum(s.get("soundness", {}).get("missed", 0) for r in report["cases"] for s in r.get("screens", []))
     missed += sum(r.get("threshold_mode", {}).get("soundness", {}).get("missed", 0) for r in report["cases"])
-    print(f"total missed (must be 0): {missed}; wrote {args.out}")
+    report["total_missed"] = missed
+    report["total_s"] = round(time.perf_counter() - t0, 1)
+    args.out.write_text(json.dumps(report, indent=1, default=str))
+    print(f"total missed (must be 0): {missed}; {report['total_s']} s; wrote {args.out}")
     return 0
 
 
