@@ -73,14 +73,23 @@ class ScreenConfig:
                 f" s{self.stages}{'' if self.ldmatrix else ' no-ldmatrix'}")
 
 
-def compile_screens(configs, arch: str):
-    """One NVRTC program for every config -> tinyknn.jit.compiler.Cubin (reports per name expression)."""
+def compile_screens(configs, arch: str, programs: int = 8) -> dict:
+    """{name expression: tinyknn.jit.compiler.Cubin} for every config, in up to `programs` NVRTC programs
+    compiled in parallel threads (nvrtcCompileProgram releases the GIL)."""
+    import concurrent.futures
+
     from tinyknn.jit import render
     from tinyknn.jit.compiler import compile_cubin
 
-    names = tuple(dict.fromkeys(c.name for c in configs))
-    rendered = render.RenderedSource(render.kernel_source("screen.cuh"), names, render.OPTIONS)
-    return compile_cubin(rendered, arch)
+    names = list(dict.fromkeys(c.name for c in configs))
+    groups = [tuple(names[i::programs]) for i in range(min(programs, len(names)))]
+    source = render.kernel_source("screen.cuh")
+
+    def build(group):
+        return compile_cubin(render.RenderedSource(source, group, render.OPTIONS), arch)
+
+    with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
+        return {name: cubin for group, cubin in zip(groups, pool.map(build, groups)) for name in group}
 
 
 def row_bytes_for(dim: int, elem: str) -> int:
@@ -184,12 +193,12 @@ WAVES = 8    # default tiles_per_block: about this many waves of resident blocks
 class ScreenLauncher:
     """One compiled config, launched on torch tensors through tinyknn.gpu.launcher (default stream)."""
 
-    def __init__(self, cubin, config: ScreenConfig):
+    def __init__(self, cubins: dict, config: ScreenConfig):
         from tinyknn.gpu.device import current_device
         from tinyknn.gpu.launcher import load_module
 
         self.config = config
-        self.kernel = load_module(cubin).kernel(config.name)
+        self.kernel = load_module(cubins[config.name]).kernel(config.name)
         self.kernel.set_max_dynamic_shared(config.smem)
         self.resident = current_device().sm_count * max(1, self.kernel.max_active_blocks_per_sm(config.threads,
                                                                                                  config.smem))

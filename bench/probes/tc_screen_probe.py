@@ -412,12 +412,12 @@ def child(args) -> int:
     import torch
 
     with open(args.cubin, "rb") as fh:
-        cubin = pickle.load(fh)
+        cubins = pickle.load(fh)
     case_list = cases(args.quick)
     launchers = {}
     for c in all_configs(case_list):
         try:
-            launchers[c] = ts.ScreenLauncher(cubin, c)
+            launchers[c] = ts.ScreenLauncher(cubins, c)
         except Exception:  # noqa: BLE001 - reported by the parent's load check; cases using it fail alone
             pass
     results = []
@@ -435,16 +435,16 @@ def child(args) -> int:
     return 0
 
 
-def device_report(cubin, configs) -> dict:
+def device_report(cubins, configs) -> dict:
     """Device, ptxas numbers, occupancy and torch's fp16 GEMM ceiling (8192^3), in a child of its own."""
     import torch
 
     props = torch.cuda.get_device_properties(0)
     out = {"device": {"name": props.name, "sms": props.multi_processor_count}, "ptxas": {}}
     for c in configs:
-        entry = out["ptxas"][c.label()] = asdict(cubin.reports[c.name]) | {"smem": c.smem}
+        entry = out["ptxas"][c.label()] = asdict(cubins[c.name].reports[c.name]) | {"smem": c.smem}
         try:
-            entry["blocks_per_sm"] = ts.ScreenLauncher(cubin, c).kernel.max_active_blocks_per_sm(c.threads, c.smem)
+            entry["blocks_per_sm"] = ts.ScreenLauncher(cubins, c).kernel.max_active_blocks_per_sm(c.threads, c.smem)
         except Exception as exc:  # noqa: BLE001
             entry["load_error"] = f"{type(exc).__name__}: {exc}"
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
@@ -460,26 +460,34 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="only the small cases")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget-s", type=float, default=230.0, help="start no case group after this")
+    parser.add_argument("--compile-only", metavar="ARCH", help="compile every kernel for ARCH, print ptxas, stop")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--cubin", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         return child(args)
+    t0 = time.perf_counter()
+    if args.compile_only:
+        configs = all_configs(cases(args.quick))
+        cubins = ts.compile_screens(configs, args.compile_only)
+        for c in configs:
+            print(f"{c.label()}: smem {c.smem} {cubins[c.name].reports[c.name]}")
+        print(f"{len(configs)} kernels for {args.compile_only} in {time.perf_counter() - t0:.1f} s")
+        return 0
     from tinyknn.gpu.device import current_device
 
-    t0 = time.perf_counter()
     arch = current_device().arch
     report = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "arch": arch, "cases": []}
     case_list = cases(args.quick)
     configs = all_configs(case_list)
-    cubin = ts.compile_screens(configs, arch)
+    cubins = ts.compile_screens(configs, arch)
     report["compile_s"] = round(time.perf_counter() - t0, 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         cubin_path = Path(tmp) / "screen.cubin.pickle"
-        cubin_path.write_bytes(pickle.dumps(cubin))
+        cubin_path.write_bytes(pickle.dumps(cubins))
         try:
-            report |= device_report(cubin, configs)
+            report |= device_report(cubins, configs)
         except Exception as exc:  # noqa: BLE001
             report["device_error"] = f"{type(exc).__name__}: {exc}"
         print(f"{report.get('device')} {arch}; {len(configs)} screen kernels compiled in {report['compile_s']} s; "
