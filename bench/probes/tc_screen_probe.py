@@ -34,8 +34,11 @@ import tc_screen as ts  # noqa: E402
 
 CAPACITY = 4096
 DEFAULT = ts.ScreenConfig()
+FOUR_WARPS = replace(DEFAULT, warps_n=2)            # 128 x 128 as 2 x 2 warps of 64 x 64 (246 registers)
 SWEEP = [replace(DEFAULT, stages=3), replace(DEFAULT, bkb=128, stages=3), replace(DEFAULT, bn=256, stages=3),
-         replace(DEFAULT, bq=256, warps_q=4, warps_n=2, stages=3), replace(DEFAULT, ldmatrix=False)]
+         replace(DEFAULT, bq=256, warps_q=4, warps_n=2, stages=3), FOUR_WARPS, replace(FOUR_WARPS, stages=3),
+         replace(DEFAULT, ldmatrix=False)]
+DIAGNOSE_K = 16                                      # tiny cases: the threshold mode's 16 smallest per row tile
 SMALL_Q = replace(DEFAULT, bq=64, warps_q=1)          # 4 warps, for 100 queries
 
 
@@ -69,13 +72,14 @@ def cases(quick: bool) -> list[Case]:
     ]
     if quick:
         return small
-    big = [
+    big = [   # most telling first: a group that would start past --budget-s is skipped
         Case("1M x 768 f16 l2 1000q", 1_000_000, 768, 1000, configs=[DEFAULT, *SWEEP], sample_step=64),
-        Case("1M x 768 f16 ip unit 1000q", 1_000_000, 768, 1000, metric="ip", data="unit"),
+        Case("10M x 128 f16 l2 2048q", 10_000_000, 128, 2048, configs=[DEFAULT, FOUR_WARPS]),
         Case("1M x 768 bf16 ip unit 1000q", 1_000_000, 768, 1000, elem="bfloat16", metric="ip", data="unit"),
+        Case("1M x 768 f16 ip unit 1000q", 1_000_000, 768, 1000, metric="ip", data="unit"),
+        Case("10M x 128 u8 l2 2048q", 10_000_000, 128, 2048, elem="uint8", data="uint8", configs=[DEFAULT, FOUR_WARPS]),
         Case("1M x 768 bf16 l2 100q", 1_000_000, 768, 100, elem="bfloat16", configs=[SMALL_Q, DEFAULT]),
         Case("1M x 768 f16 l2 clustered 100q", 1_000_000, 768, 100, data="clustered", configs=[SMALL_Q, DEFAULT]),
-        Case("10M x 128 f16 l2 1000q", 10_000_000, 128, 1000),
     ]
     return small + big
 
@@ -269,6 +273,8 @@ def run_case(case: Case, launchers, seed: int) -> dict:
             torch.cuda.synchronize()
         results.append(res)
     out["screens"] = results
+    if case.n < 100_000:
+        out["tile_diagnosis"] = diagnose_tiles(case, launchers, ref, xp, qp, q, qs, sq_hi, r_x, row_bytes)
     if case.sample_step:
         out["threshold_mode"] = run_threshold(case, launchers, ref, xp, qp, q, qs, sq_hi, sq_lo, r_x, row_bytes,
                                               counts, survivors)
@@ -300,6 +306,35 @@ def tpb_sweep(case, flops, counts, bind) -> dict:
             out[tpb] = {"error": f"{type(exc).__name__}: {exc}"}
     counts.copy_(reference)
     return out
+
+
+def diagnose_tiles(case, launchers, ref, xp, qp, q, qs, sq_hi, r_x, row_bytes) -> dict:
+    """Threshold mode over every row, K = 16: per row tile the 16 smallest upper bounds against the 16
+    smallest exact keys (never below them, at most twice the bound above): the dot products and the
+    fragment layout checked without the survivor lists."""
+    import torch
+
+    try:
+        config = replace(DEFAULT, elem=case.elem, metric=case.metric, threshold=True, k=DIAGNOSE_K)
+        e, f = ts.error_terms(q.cpu().numpy(), qs.double().cpu().numpy(), case.elem, case.metric, row_bytes,
+                              config.bkb, case.shadow)
+        e, f = torch.from_numpy(e).cuda(), torch.from_numpy(f).cuda()
+        tiles = -(-case.n // config.bn)
+        upper = torch.empty((case.n_q, tiles, DIAGNOSE_K), dtype=torch.float32, device="cuda")
+        launchers[config](xp, case.n, 1, sq_hi if case.metric == "l2" else r_x, r_x, qp, row_bytes, None, e, f,
+                          None, None, 0, upper)
+        torch.cuda.synchronize()
+        key = torch.full((case.n_q, tiles * config.bn), float("inf"), dtype=torch.float64, device="cuda")
+        key[:, :case.n] = torch.cat([d for _, d in ref.blocks()]) - ref.offset[:, None]
+        smallest = torch.sort(key.view(case.n_q, tiles, config.bn), dim=2).values[:, :, :DIAGNOSE_K]
+        finite = torch.isfinite(smallest)
+        gap = torch.where(finite, upper.double() - smallest, torch.zeros_like(smallest))
+        allowed = (2 * (e.double() * float(r_x.max()) + f.double()))[:, None, None] + ref.eps[:, None, None]
+        return {"below_exact": int((gap < -ref.eps[:, None, None]).sum()), "above_twice_bound": int((gap > allowed).sum()),
+                "worst_below": float(gap.min()), "worst_above_over_allowed": float((gap / allowed).max()),
+                "inf_mismatch": int((torch.isfinite(upper) != finite).sum())}
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=6)}
 
 
 def run_threshold(case, launchers, ref, xp, qp, q, qs, sq_hi, sq_lo, r_x, row_bytes, counts, survivors):
@@ -364,6 +399,8 @@ def all_configs(case_list):
         configs.add(replace(DEFAULT, elem=case.elem, metric=case.metric))
         if case.sample_step:
             configs.add(replace(DEFAULT, elem=case.elem, metric=case.metric, threshold=True, k=case.k))
+        if case.n < 100_000:
+            configs.add(replace(DEFAULT, elem=case.elem, metric=case.metric, threshold=True, k=DIAGNOSE_K))
     return sorted(configs, key=lambda c: c.name)
 
 
@@ -385,6 +422,8 @@ def summary_line(r: dict) -> str:
             lines.append("      tiles/block: " + ", ".join(
                 f"{k}: {v['kernel_ms']:.3f} ms{'' if v['same_counts'] else ' COUNTS DIFFER'}" if "kernel_ms" in v
                 else f"{k}: {v['error']}" for k, v in s["tiles_per_block_sweep"].items()))
+    if "tile_diagnosis" in r:
+        lines.append(f"   tile diagnosis (threshold mode, 16 smallest per tile vs exact): {r['tile_diagnosis']}")
     if "threshold_mode" in r:
         t = r["threshold_mode"]
         if "error" in t:
@@ -459,7 +498,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("screen.json"))
     parser.add_argument("--quick", action="store_true", help="only the small cases")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--budget-s", type=float, default=230.0, help="start no case group after this")
+    parser.add_argument("--budget-s", type=float, default=200.0, help="start no case group after this")
     parser.add_argument("--compile-only", metavar="ARCH", help="compile every kernel for ARCH, print ptxas, stop")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--cubin", help=argparse.SUPPRESS)
