@@ -413,7 +413,8 @@ def summary_line(r: dict) -> str:
             lines.append(f"   {s['config']}: ERROR {s['error']}")
             continue
         snd, sv = s["soundness"], s["survivors"]
-        flag = "SOUND" if snd["missed"] == 0 else f"UNSOUND missed {snd['missed']} (worst by {snd['worst_missed_by']:.3g}, {snd['example']})"
+        flag = "SOUND" if snd["missed"] == 0 else (
+            f"UNSOUND missed {snd['missed']} (worst by {snd['worst_missed_by']:.3g}, {snd['example']})")
         lines.append(f"   {s['config']}: {flag}; survivors median {sv['median']:.0f} max {sv['max']} "
                      f"(required {sv['required_mean']:.1f}/q, overflowed {sv['overflowed']}); "
                      f"{s['kernel_ms']:.3f} ms = {s['tflops']:.0f} TFLOP/s (tpb {s['tiles_per_block']}); "
@@ -429,8 +430,9 @@ def summary_line(r: dict) -> str:
         if "error" in t:
             lines.append(f"   threshold mode: ERROR {t['error']}")
         else:
-            lines.append(f"   threshold mode: upper bound holds {t['upper_bound_holds']} (min slack {t['worst_upper_minus_true']:.3g}), "
-                         f"{t['threshold_kernel_ms']:.3f} ms; screen with it: missed {t['soundness']['missed']}/{t['soundness_knn']['missed']} (knn), "
+            lines.append(f"   threshold mode: upper bound holds {t['upper_bound_holds']} "
+                         f"(min slack {t['worst_upper_minus_true']:.3g}), {t['threshold_kernel_ms']:.3f} ms; "
+                         f"screen with it: missed {t['soundness']['missed']}/{t['soundness_knn']['missed']} (knn), "
                          f"survivors median {t['survivors']['median']:.0f} max {t['survivors']['max']}")
     if r.get("torch_matmul_ms"):
         lines.append(f"   torch.matmul same shape: {r['torch_matmul_ms']:.3f} ms = {r['torch_tflops']:.0f} TFLOP/s")
