@@ -38,6 +38,7 @@ FOUR_WARPS = replace(DEFAULT, warps_n=2)            # 128 x 128 as 2 x 2 warps o
 SWEEP = [replace(DEFAULT, stages=3), replace(DEFAULT, bkb=128, stages=3), replace(DEFAULT, bn=256, stages=3),
          replace(DEFAULT, bq=256, warps_q=4, warps_n=2, stages=3), FOUR_WARPS, replace(FOUR_WARPS, stages=3),
          replace(DEFAULT, ldmatrix=False)]
+DEVICE = "cuda"                                      # a CPU smoke test of the probe swaps in "cpu"
 DIAGNOSE_K = 16                                      # tiny cases: the threshold mode's 16 smallest per row tile
 SMALL_Q = replace(DEFAULT, bq=64, warps_q=1)          # 4 warps, for 100 queries
 
@@ -89,30 +90,30 @@ def make_data(case: Case, seed: int):
     """(rows as stored, rows the kernel reads, queries as searched (float32 values), queries the kernel reads)."""
     import torch
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
     n, dim, n_q = case.n, case.dim, case.n_q
-    randn = lambda *s: torch.randn(*s, generator=g, device="cuda")  # noqa: E731
+    randn = lambda *s: torch.randn(*s, generator=g, device=DEVICE)  # noqa: E731
     if case.data in ("uint8", "int8"):
         lo, hi = (0, 255) if case.data == "uint8" else (-128, 127)
         centre = 60.0 if case.data == "uint8" else 0.0
         dtype = torch.uint8 if case.data == "uint8" else torch.int8
         x = (randn(n, dim) * 40 + centre).round().clamp(lo, hi).to(dtype)
         q = (randn(n_q, dim) * 40 + centre).round().clamp(lo, hi).to(dtype)
-        q[: n_q // 4] = x[torch.randint(0, n, (n_q // 4,), generator=g, device="cuda")]   # exact hits: ties at 0
+        q[: n_q // 4] = x[torch.randint(0, n, (n_q // 4,), generator=g, device=DEVICE)]   # exact hits: ties at 0
         return x, x, q.float(), q
     if case.data == "normal":
         x, q = randn(n, dim), randn(n_q, dim)
     elif case.data in ("clustered", "unit"):
         centres = randn(1024, dim) * 3
-        x = centres[torch.randint(0, 1024, (n,), generator=g, device="cuda")] + randn(n, dim)
-        q = centres[torch.randint(0, 1024, (n_q,), generator=g, device="cuda")] + randn(n_q, dim)
+        x = centres[torch.randint(0, 1024, (n,), generator=g, device=DEVICE)] + randn(n, dim)
+        q = centres[torch.randint(0, 1024, (n_q,), generator=g, device=DEVICE)] + randn(n_q, dim)
         if case.data == "unit":
             x, q = x / x.norm(dim=1, keepdim=True), q / q.norm(dim=1, keepdim=True)
     elif case.data == "duplicates":
         base = randn(max(1, n // 40), dim)
-        x = base[torch.randperm(n, generator=g, device="cuda") % base.shape[0]]
+        x = base[torch.randperm(n, generator=g, device=DEVICE) % base.shape[0]]
         q = randn(n_q, dim)
-        q[: n_q // 2] = base[torch.randint(0, base.shape[0], (n_q // 2,), generator=g, device="cuda")]
+        q[: n_q // 2] = base[torch.randint(0, base.shape[0], (n_q // 2,), generator=g, device=DEVICE)]
     else:
         raise ValueError(f"unknown data kind {case.data!r}")
     half = torch.float16 if case.elem == "float16" else torch.bfloat16
@@ -160,7 +161,7 @@ class Reference:
         """float32 key thresholds (rounded up, float64 error added) that keep every row with D <= t_dist."""
         import torch
 
-        return torch.from_numpy(ts.round_up_f32((t_dist - self.offset + self.eps).cpu().numpy())).cuda()
+        return torch.from_numpy(ts.round_up_f32((t_dist - self.offset + self.eps).cpu().numpy())).to(DEVICE)
 
     def check(self, t_dist, counts, survivors, capacity):
         """Rows with D <= t_dist[q] that did not survive (overflowed queries excluded)."""
@@ -195,6 +196,24 @@ class Reference:
 
 
 # ---- running ------------------------------------------------------------------------------------
+def sync(empty_cache: bool = False) -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        if empty_cache:
+            torch.cuda.empty_cache()
+
+
+def bound_terms(case, q, qs, row_bytes: int, bkb: int):
+    """(e_q, f_q) of tc_screen.error_terms as float32 tensors on DEVICE."""
+    import torch
+
+    e, f = ts.error_terms(q.cpu().numpy(), qs.double().cpu().numpy(), case.elem, case.metric, row_bytes, bkb,
+                          case.shadow)
+    return torch.from_numpy(e).to(DEVICE), torch.from_numpy(f).to(DEVICE)
+
+
 def median_ms(fn, reps: int = 20, warm: int = 3) -> float:
     """Median over `reps` of (CUDA events around `inner` back-to-back calls) / inner, inner sized so that
     one sample lasts >= ~2 ms: short kernels are then not timed as Python's launch overhead."""
@@ -237,16 +256,14 @@ def run_case(case: Case, launchers, seed: int) -> dict:
     t_key = ref.key_threshold(t_dist)
     out["setup_s"] = round(time.perf_counter() - t0, 2)
     flops = 2.0 * case.n * case.n_q * case.dim
-    counts = torch.zeros(case.n_q, dtype=torch.int32, device="cuda")
-    survivors = torch.empty((case.n_q, CAPACITY), dtype=torch.int32, device="cuda")
+    counts = torch.zeros(case.n_q, dtype=torch.int32, device=DEVICE)
+    survivors = torch.empty((case.n_q, CAPACITY), dtype=torch.int32, device=DEVICE)
     results = []
     for config in case.configs:
         config = replace(config, elem=case.elem, metric=case.metric)
         res = {"config": config.label()}
         try:
-            e, f = ts.error_terms(q.cpu().numpy(), qs.double().cpu().numpy(), case.elem, case.metric, row_bytes,
-                                  config.bkb, case.shadow)
-            e, f = torch.from_numpy(e).cuda(), torch.from_numpy(f).cuda()
+            e, f = bound_terms(case, q, qs, row_bytes, config.bkb)
             res["bound_median"] = float(torch.median(e) * torch.median(r_x) + torch.median(f))
             norms = sq_lo if case.metric == "l2" else r_x
             launch = launchers[config].bind(xp, case.n, 1, norms, r_x, qp, row_bytes, t_key, e, f, counts,
@@ -256,7 +273,7 @@ def run_case(case: Case, launchers, seed: int) -> dict:
                 counts.zero_()
                 launch()
             screen()
-            torch.cuda.synchronize()
+            sync()
             res["soundness"] = ref.check(t_dist, counts, survivors, CAPACITY)
             res["survivors"] = survivor_stats(counts, res["soundness"]["required_pairs"])
             res["kernel_ms"] = median_ms(screen)
@@ -270,7 +287,7 @@ def run_case(case: Case, launchers, seed: int) -> dict:
         except Exception as exc:  # noqa: BLE001 - one config's failure must not stop the others
             res["error"] = f"{type(exc).__name__}: {exc}"
             res["traceback"] = traceback.format_exc(limit=6)
-            torch.cuda.synchronize()
+            sync()
         results.append(res)
     out["screens"] = results
     if case.n < 100_000:
@@ -298,7 +315,7 @@ def tpb_sweep(case, flops, counts, bind) -> dict:
                 counts.zero_()
                 launch()
             screen()
-            torch.cuda.synchronize()
+            sync()
             same = bool(torch.equal(counts, reference))
             ms = median_ms(screen, reps=10)
             out[tpb] = {"kernel_ms": ms, "tflops": flops / ms / 1e9, "same_counts": same}
@@ -316,15 +333,13 @@ def diagnose_tiles(case, launchers, ref, xp, qp, q, qs, sq_hi, r_x, row_bytes) -
 
     try:
         config = replace(DEFAULT, elem=case.elem, metric=case.metric, threshold=True, k=DIAGNOSE_K)
-        e, f = ts.error_terms(q.cpu().numpy(), qs.double().cpu().numpy(), case.elem, case.metric, row_bytes,
-                              config.bkb, case.shadow)
-        e, f = torch.from_numpy(e).cuda(), torch.from_numpy(f).cuda()
+        e, f = bound_terms(case, q, qs, row_bytes, config.bkb)
         tiles = -(-case.n // config.bn)
-        upper = torch.empty((case.n_q, tiles, DIAGNOSE_K), dtype=torch.float32, device="cuda")
+        upper = torch.empty((case.n_q, tiles, DIAGNOSE_K), dtype=torch.float32, device=DEVICE)
         launchers[config](xp, case.n, 1, sq_hi if case.metric == "l2" else r_x, r_x, qp, row_bytes, None, e, f,
                           None, None, 0, upper)
-        torch.cuda.synchronize()
-        key = torch.full((case.n_q, tiles * config.bn), float("inf"), dtype=torch.float64, device="cuda")
+        sync()
+        key = torch.full((case.n_q, tiles * config.bn), float("inf"), dtype=torch.float64, device=DEVICE)
         key[:, :case.n] = torch.cat([d for _, d in ref.blocks()]) - ref.offset[:, None]
         smallest = torch.sort(key.view(case.n_q, tiles, config.bn), dim=2).values[:, :, :DIAGNOSE_K]
         finite = torch.isfinite(smallest)
@@ -348,14 +363,12 @@ def run_threshold(case, launchers, ref, xp, qp, q, qs, sq_hi, sq_lo, r_x, row_by
         step = case.sample_step
         n_sample = -(-case.n // step)
         tiles = -(-n_sample // config.bn)
-        e, f = ts.error_terms(q.cpu().numpy(), qs.double().cpu().numpy(), case.elem, case.metric, row_bytes,
-                              config.bkb, case.shadow)
-        e, f = torch.from_numpy(e).cuda(), torch.from_numpy(f).cuda()
-        upper = torch.empty((case.n_q, tiles, case.k), dtype=torch.float32, device="cuda")
+        e, f = bound_terms(case, q, qs, row_bytes, config.bkb)
+        upper = torch.empty((case.n_q, tiles, case.k), dtype=torch.float32, device=DEVICE)
         norms = sq_hi if case.metric == "l2" else r_x
         thresholds = launch.bind(xp, n_sample, step, norms, r_x, qp, row_bytes, None, e, f, None, None, 0, upper)
         thresholds()
-        torch.cuda.synchronize()
+        sync()
         t_thr = torch.kthvalue(upper.view(case.n_q, -1), case.k, dim=1).values.double()
         true_key = ref.kth(case.k, step) - ref.offset
         res["upper_bound_holds"] = bool((t_thr >= true_key - ref.eps).all())
@@ -367,7 +380,7 @@ def run_threshold(case, launchers, ref, xp, qp, q, qs, sq_hi, sq_lo, r_x, row_by
         counts.zero_()
         launchers[screen_cfg](xp, case.n, 1, sq_lo if case.metric == "l2" else r_x, r_x, qp, row_bytes, t_key,
                               e, f, counts, survivors, CAPACITY, None)
-        torch.cuda.synchronize()
+        sync()
         res["soundness"] = ref.check(t_thr + ref.offset, counts, survivors, CAPACITY)
         res["soundness_knn"] = ref.check(ref.kth(case.k), counts, survivors, CAPACITY)
         res["survivors"] = survivor_stats(counts, res["soundness"]["required_pairs"])
@@ -469,8 +482,8 @@ def child(args) -> int:
         except Exception as exc:  # noqa: BLE001
             r = {"case": {"name": case.name}, "error": f"{type(exc).__name__}: {exc}",
                  "traceback": traceback.format_exc(limit=8)}
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        sync()
+        sync(empty_cache=True)
         results.append(r)
         args.out.write_text(json.dumps(results, default=str))
     return 0
@@ -488,10 +501,10 @@ def device_report(cubins, configs) -> dict:
             entry["blocks_per_sm"] = ts.ScreenLauncher(cubins, c).kernel.max_active_blocks_per_sm(c.threads, c.smem)
         except Exception as exc:  # noqa: BLE001
             entry["load_error"] = f"{type(exc).__name__}: {exc}"
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.float16)
     out["fp16_8192_cubed_tflops"] = 2 * 8192 ** 3 / median_ms(lambda: a @ a, reps=10) / 1e9
     del a
-    torch.cuda.empty_cache()
+    sync(empty_cache=True)
     return out
 
 
