@@ -16,6 +16,7 @@ sys.path.insert(0, str(PROBES))   # bench/ is not a package
 
 import tc_screen as ts  # noqa: E402
 
+DEVICE = "cuda"                    # where the gpu tests put their tensors
 SHARED_LIMIT = 227 * 1024          # dynamic shared memory one block may have on sm_80 / sm_90
 
 TILES = [ts.ScreenConfig(), ts.ScreenConfig(stages=3), ts.ScreenConfig(bkb=128, stages=3),
@@ -145,16 +146,21 @@ def gpu_screens():
     return {c: ts.ScreenLauncher(cubin, c) for c in configs}
 
 
+def _sync(torch):
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def _gpu_data(torch, elem, n, dim, n_q, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
     if elem == "uint8":
-        x = torch.randint(0, 256, (n, dim), generator=g, device="cuda", dtype=torch.uint8)
-        q = x[torch.randint(0, n, (n_q,), generator=g, device="cuda")].clone()
-        q[::2] = torch.randint(0, 256, (len(q[::2]), dim), generator=g, device="cuda", dtype=torch.uint8)
+        x = torch.randint(0, 256, (n, dim), generator=g, device=DEVICE, dtype=torch.uint8)
+        q = x[torch.randint(0, n, (n_q,), generator=g, device=DEVICE)].clone()
+        q[::2] = torch.randint(0, 256, (len(q[::2]), dim), generator=g, device=DEVICE, dtype=torch.uint8)
         return x, q
     half = torch.float16 if elem == "float16" else torch.bfloat16
-    x = torch.randn((n // 4, dim), generator=g, device="cuda").repeat(4, 1).to(half)   # four copies of each row
-    q = torch.randn((n_q, dim), generator=g, device="cuda")
+    x = torch.randn((n // 4, dim), generator=g, device=DEVICE).repeat(4, 1).to(half)   # four copies of each row
+    q = torch.randn((n_q, dim), generator=g, device=DEVICE)
     q[::3] = x[:len(q[::3])].float()                                                  # queries on rows: ties
     return x, q
 
@@ -174,20 +180,20 @@ def test_screen_keeps_every_row_within_the_threshold(gpu_screens, elem, metric):
     x64, q64 = x.double(), q.double()
     key = (x64 * x64).sum(1)[None, :] - 2 * q64 @ x64.T if metric == "l2" else -(q64 @ x64.T)
     kth = torch.kthvalue(key, k, dim=1).values
-    t = torch.from_numpy(ts.round_up_f32((kth + 1e-9 * (1 + kth.abs())).cpu().numpy())).cuda()
-    e, f = (torch.from_numpy(v).cuda() for v in ts.error_terms(q.float().cpu().numpy(), qs.double().cpu().numpy(),
+    t = torch.from_numpy(ts.round_up_f32((kth + 1e-9 * (1 + kth.abs())).cpu().numpy())).to(DEVICE)
+    e, f = (torch.from_numpy(v).to(DEVICE) for v in ts.error_terms(q.float().cpu().numpy(), qs.double().cpu().numpy(),
                                                                    elem, metric, row_bytes, 64))
     norms = sq_lo if metric == "l2" else r_x
     launch = gpu_screens[ts.ScreenConfig(elem=elem, metric=metric)]
-    counts = torch.zeros(n_q, dtype=torch.int32, device="cuda")
-    survivors = torch.full((n_q, capacity), -1, dtype=torch.int32, device="cuda")
+    counts = torch.zeros(n_q, dtype=torch.int32, device=DEVICE)
+    survivors = torch.full((n_q, capacity), -1, dtype=torch.int32, device=DEVICE)
     launch(xp, n, 1, norms, r_x, qp, row_bytes, t, e, f, counts, survivors, capacity, None, tiles_per_block=1)
-    torch.cuda.synchronize()
+    _sync(torch)
     assert int(counts.max()) <= capacity
     one_tile = counts.clone()
     counts.zero_()   # several row tiles per block (the persistent loop, a partial last group): the same survivors
     launch(xp, n, 1, norms, r_x, qp, row_bytes, t, e, f, counts, survivors, capacity, None, tiles_per_block=3)
-    torch.cuda.synchronize()
+    _sync(torch)
     assert torch.equal(counts, one_tile)
     for i in range(n_q):
         got = set(survivors[i, :int(counts[i])].tolist())
@@ -198,18 +204,18 @@ def test_screen_keeps_every_row_within_the_threshold(gpu_screens, elem, metric):
     counts.zero_()
     launch(xp, n, 1, norms, r_x, qp, row_bytes, torch.full_like(t, float("inf")), e, f, counts, survivors,
            capacity, None)
-    torch.cuda.synchronize()
+    _sync(torch)
     assert (counts == n).all()
-    assert (torch.sort(survivors[:, :n], dim=1).values == torch.arange(n, device="cuda", dtype=torch.int32)).all()
+    assert (torch.sort(survivors[:, :n], dim=1).values == torch.arange(n, device=DEVICE, dtype=torch.int32)).all()
 
     # threshold mode: per row tile, the 4 smallest upper bounds are >= the 4 smallest exact keys
     config = ts.ScreenConfig(elem=elem, metric=metric, threshold=True, k=4)
     tiles = -(-n // config.bn)
-    upper = torch.empty((n_q, tiles, 4), dtype=torch.float32, device="cuda")
+    upper = torch.empty((n_q, tiles, 4), dtype=torch.float32, device=DEVICE)
     gpu_screens[config](xp, n, 1, sq_hi if metric == "l2" else r_x, r_x, qp, row_bytes, None, e, f, None, None, 0,
                         upper, tiles_per_block=4)
-    torch.cuda.synchronize()
-    padded_key = torch.full((n_q, tiles * config.bn), float("inf"), dtype=torch.float64, device="cuda")
+    _sync(torch)
+    padded_key = torch.full((n_q, tiles * config.bn), float("inf"), dtype=torch.float64, device=DEVICE)
     padded_key[:, :n] = key
     smallest = torch.sort(padded_key.view(n_q, tiles, config.bn), dim=2).values[:, :, :4]
     assert (upper.double() >= smallest - 1e-9 * (1 + smallest.abs())).all()
