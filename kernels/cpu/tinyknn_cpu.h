@@ -23,6 +23,8 @@ int tk_abi_version(void);
 const char* tk_last_error(void);
 // What this build uses: compiler, vector width, F16C (a short human-readable line).
 const char* tk_build_info(void);
+// The digest of the sources this build was compiled from (tinyknn/cpu/build.py passes it), "" if none.
+const char* tk_sources_digest(void);
 // One number of this build's shape, by name (TK_INVALID_ARGUMENT for an unknown name): "lanes",
 // "panel_rows", "tile_queries", "sketch_max_queries", "sketch_min_panels", "winograd_min_queries",
 // "winograd_min_panels", "winograd_min_dim"; tests size their databases from them. "margin:<k>": the

@@ -42,8 +42,12 @@
 
 namespace tinyknn {
 
-// Extra rows the screen keeps beyond k (measured: see bench/NOTES_CPU.md "Exactness").
-inline int64_t screen_margin(int64_t k) { return 4 + k / 16; }
+// Extra rows the screen keeps beyond k (measured: see bench/NOTES_CPU.md "Exactness"); the base can be
+// set at build time for that measurement (bench/probes/screen_margin.py).
+#ifndef TINYKNN_SCREEN_MARGIN
+#define TINYKNN_SCREEN_MARGIN 4
+#endif
+inline int64_t screen_margin(int64_t k) { return TINYKNN_SCREEN_MARGIN + k / 16; }
 
 // lower(K) = (K - a) b - c: a lower bound on the float64 key of every row whose float32 key is >= K.
 struct ScreenBound {
