@@ -158,3 +158,39 @@ def test_k_beyond_the_library_limit_is_refused(rng):
                                                 out[1].ctypes.data)
     with pytest.raises(ValueError, match="k must be"):
         library.check(searcher._library, status, "search")
+
+
+def test_an_add_that_runs_out_of_address_space_changes_nothing():
+    """Issue 11 row 2 as the audit met it (`ulimit -v`, an add of float32 l2 rows whose panels fit but whose
+    sketch does not): MemoryError, and the library still holds exactly the rows Python registered (before,
+    it kept the panels of the failed add and a later search crashed)."""
+    script = textwrap.dedent("""
+        import json, resource
+        import numpy as np
+        import tinyknn
+        rng = np.random.default_rng(1)
+        db = rng.standard_normal((5000, 128)).astype(np.float32)
+        big = np.ones((600_000, 128), np.float32)   # 307 MB: its panels fit in 350 MB more, panels + sketch do not
+        q = rng.standard_normal((3, 128)).astype(np.float32)
+        index = tinyknn.Index(128)
+        index.add(db)
+        before = index.search(q, 5)
+        with open("/proc/self/status") as status:
+            size = next(int(line.split()[1]) for line in status if line.startswith("VmSize")) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (size + 350 * 2**20, resource.RLIM_INFINITY))
+        try:
+            index.add(big)
+            outcome = "added"
+        except MemoryError as exc:
+            outcome = "MemoryError"
+        resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        after = index.search(q, 5)
+        same = all(np.array_equal(a, b) for a, b in zip(before, after))
+        print(json.dumps({"outcome": outcome, "python": index.ntotal, "library": index._searcher.size(), "same": same}))
+    """)
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/self/status")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    assert measured == {"outcome": "MemoryError", "python": 5000, "library": 5000, "same": True}, measured

@@ -76,7 +76,7 @@ class Panels {
 
   // Blocks for `n` more rows, allocated now (may throw std::bad_alloc); append() then cannot throw.
   struct Growth;
-  Growth reserve(int64_t n) const {
+  Growth reserve(int64_t n) {
     Growth growth;
     if (n > ((int64_t)1 << 44) / (dim_ * (int64_t)sizeof(Storage))) throw std::bad_alloc();  // > 16 TiB
     const int64_t panels_needed = (rows_ + n + kPanel - 1) / kPanel;
@@ -89,6 +89,7 @@ class Panels {
     void* region = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (region == MAP_FAILED) throw std::bad_alloc();
     growth.blocks.reserve(more);  // (if this throws, the region leaks: only ever on a failing add)
+    blocks_.reserve(blocks_.size() + more);  // so that append() cannot throw (capacity only: nothing changes)
     for (int64_t b = 0; b < more; ++b) {
       growth.blocks.push_back(Block(reinterpret_cast<Storage*>(static_cast<char*>(region) + b * bytes), BlockFree{bytes}));
     }
@@ -98,7 +99,8 @@ class Panels {
   // Appends n rows into the blocks of `growth` (from reserve(n)); row i's element d is element(i, d).
   template <class Element>
   void append(int64_t n, Element element, Growth& growth) noexcept {
-    for (auto& block : growth.blocks) blocks_.push_back(std::move(block));
+    for (auto& block : growth.blocks) blocks_.push_back(std::move(block));  // (capacity reserved: cannot throw)
+    growth.blocks.clear();
     for (int64_t i = 0; i < n; ++i, ++rows_) {
       Storage* slot = slot_of(rows_);
       for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = element(i, d);

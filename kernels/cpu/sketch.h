@@ -97,7 +97,7 @@ class Sketch {
     std::vector<float> centre;
     std::vector<double> sums;  // the first batch's per-dimension sums
   };
-  Growth reserve(int64_t n) const {
+  Growth reserve(int64_t n) {
     Growth growth{residuals_.reserve(n), std::vector<half_bits>(dim()), std::vector<float>(), std::vector<double>()};
     if (residuals_.rows() == 0) {
       growth.centre.resize(dim());
