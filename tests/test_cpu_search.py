@@ -264,6 +264,16 @@ def test_other_builds_first_passes_match_their_full_scan(rng, cache_dir, monkeyp
         assert index._searcher.sketch_counts() == (1, 0) and index._searcher.winograd_counts() == (1, 0)
         assert index._searcher.exact_fallbacks() == 0
         index.close()
+        tied = db[:3000].copy()
+        tied[::75] = tied[0]        # 40 copies: more ties than the margin, so the exhaustive pass answers
+        for metric in METRICS:
+            for dtype in DTYPES:
+                index = build(tied, metric, dtype)
+                distances, ids = index.search(tied[:2] + 0.01, 10)
+                assert_exact(distances, ids, tied, tied[:2] + 0.01, 10, metric, dtype)
+                if metric != "ip":   # (ip: longer rows may outrank the copies, leaving no tie to break)
+                    assert index._searcher.exact_fallbacks() >= 1
+                index.close()
     finally:
         library.reset_library()
 

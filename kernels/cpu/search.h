@@ -14,6 +14,7 @@
 #include "../metrics.cuh"
 #include "database.h"
 #include "errors.h"
+#include "exhaustive.h"
 #include "gate.h"
 #include "pool.h"
 #include "scan.h"

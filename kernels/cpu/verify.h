@@ -181,17 +181,6 @@ void write_answer(const std::vector<ExactEntry>& best, int64_t k, float* distanc
   }
 }
 
-// Every row's float64 distance: the answer when the screen's could not be proven.
-template <class Metric, class Storage>
-void exhaustive_query(const Database<Storage>& db, const float* q, double qq, int64_t k, float* distances, int64_t* ids) {
-  VerifyScratch& scratch = VerifyScratch::of_this_thread();
-  Storage* buffer = scratch.row(db, db.dim());
-  ExactTopK best;
-  best.start(k, &scratch.entries);
-  for (int64_t position = 0; position < db.size(); ++position) best.push(exact_entry<Metric>(db, position, q, qq, buffer));
-  write_answer<Metric>(best.finish(), k, distances, ids);
-}
-
 // The screen's kk candidates of one query (sorted by float32 key; kk = min(k', n)) verified in
 // float64; returns false, having written nothing, when they cannot be proven to hold the answer.
 template <class Metric, class Storage>

@@ -1,0 +1,103 @@
+// The exhaustive float64 pass (verify.h's answer for a query whose screen could not be proven), panel by
+// panel: each lane of a vector of doubles is one row, summed in dimension order with exactly exact.cuh's
+// operations (every product materialised before its addition: no FMA), so every row's distance is bit for
+// bit Exact<Metric>::distance of that row, several rows per instruction.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "../exact.cuh"
+#include "database.h"
+#include "simd.h"
+#include "verify.h"
+
+namespace tinyknn {
+
+#if defined(__AVX512F__)
+constexpr int kDoubleLanes = 8;
+#elif defined(__AVX__)
+constexpr int kDoubleLanes = 4;
+#else
+constexpr int kDoubleLanes = 2;
+#endif
+typedef double DoubleVec __attribute__((vector_size(8 * kDoubleLanes)));
+static_assert(kPanel % kDoubleLanes == 0, "a panel is whole vectors of doubles");
+
+// The product as computed, kept from being fused with the addition that follows (as exact_mul does).
+inline DoubleVec materialised(DoubleVec v) {
+#if defined(__AVX512F__)
+  __asm__("" : "+v"(v));
+#elif defined(__x86_64__) || defined(__i386__)
+  __asm__("" : "+x"(v));
+#elif defined(__aarch64__)
+  __asm__("" : "+w"(v));
+#else
+  volatile DoubleVec kept = v;
+  v = kept;
+#endif
+  return v;
+}
+
+inline DoubleVec widen_lanes(const float* x) {
+  DoubleVec v;
+  for (int l = 0; l < kDoubleLanes; ++l) v[l] = (double)x[l];
+  return v;
+}
+
+// Float64 distances (exact.cuh) of query q to the kPanel rows of one panel, into out.
+template <class Metric, class Storage>
+void exact_panel(const Storage* panel, int64_t dim, const float* q, double qq, double* out) {
+  constexpr int C = kPanel / kDoubleLanes;
+  DoubleVec sums[C] = {}, squares[C] = {};  // l2: sum of squared differences; ip, cosine: dot (and x x)
+  float row[kPanel];
+  for (int64_t d = 0; d < dim; ++d) {
+    const float* x = row;
+    if constexpr (std::is_same<Storage, float>::value) {
+      x = panel + d * kPanel;
+    } else {
+      convert(panel + d * kPanel, row, kPanel);  // float16 -> float32 is exact
+    }
+    const double qd = (double)q[d];
+    for (int c = 0; c < C; ++c) {
+      const DoubleVec xv = widen_lanes(x + c * kDoubleLanes);
+      if constexpr (std::is_same<Metric, L2>::value) {
+        const DoubleVec diff = qd - xv;
+        sums[c] = sums[c] + materialised(diff * diff);
+      } else {
+        sums[c] = sums[c] + materialised(qd * xv);
+        if constexpr (Metric::needs_norms) squares[c] = squares[c] + materialised(xv * xv);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    for (int l = 0; l < kDoubleLanes; ++l) {
+      double distance = sums[c][l] + 0.0;
+      if constexpr (Metric::needs_norms) {
+        const double xx = squares[c][l];
+        distance = qq == 0.0 || xx == 0.0 ? 0.0
+                                          : exact_div(sums[c][l], exact_mul(exact_sqrt(qq), exact_sqrt(xx))) + 0.0;
+      }
+      out[c * kDoubleLanes + l] = distance;
+    }
+  }
+}
+
+// Every row's float64 distance: the answer when the screen's could not be proven.
+template <class Metric, class Storage>
+void exhaustive_query(const Database<Storage>& db, const float* q, double qq, int64_t k, float* distances, int64_t* ids) {
+  VerifyScratch& scratch = VerifyScratch::of_this_thread();
+  ExactTopK best;
+  best.start(k, &scratch.entries);
+  double exact[kPanel];
+  const int64_t n = db.size();
+  for (int64_t p = 0; p < db.panels(); ++p) {
+    exact_panel<Metric>(db.panel(p), db.dim(), q, qq, exact);
+    for (int64_t l = 0; l < std::min<int64_t>(kPanel, n - p * kPanel); ++l) {
+      best.push(ExactEntry{exact_key<Metric>(exact[l]), db.ids()[p * kPanel + l], exact[l]});
+    }
+  }
+  write_answer<Metric>(best.finish(), k, distances, ids);
+}
+
+}  // namespace tinyknn
