@@ -10,6 +10,7 @@
 #include "../exact.cuh"
 #include "database.h"
 #include "simd.h"
+#include "select.h"
 #include "verify.h"
 
 namespace tinyknn {
@@ -80,6 +81,34 @@ void exact_panel(const Storage* panel, int64_t dim, const float* q, double qq, d
       }
       out[c * kDoubleLanes + l] = distance;
     }
+  }
+}
+
+// The float64 l2 distances (exact.cuh) of `count` (query, row) pairs whose rows are in one panel (its first
+// row first_row), kDoubleLanes pairs at a time (their sums are independent: no waiting on one chain of
+// additions), into each pair's float64: what rescore.h computes while the panel is in cache.
+inline void exact_pairs(const float* panel, int64_t dim, const float* queries, RescoredPair* pairs,
+                        const int64_t* which, int64_t count, int64_t first_row) {
+  for (int64_t start = 0; start < count; start += kDoubleLanes) {
+    const int m = (int)std::min<int64_t>(kDoubleLanes, count - start);
+    const float* q[kDoubleLanes];
+    const float* x[kDoubleLanes];
+    for (int j = 0; j < kDoubleLanes; ++j) {  // missing lanes repeat the first pair
+      const RescoredPair& pair = pairs[which[start + (j < m ? j : 0)]];
+      q[j] = queries + pair.query * dim;
+      x[j] = panel + (pair.position - first_row);
+    }
+    DoubleVec sum = {};
+    for (int64_t d = 0; d < dim; ++d) {
+      DoubleVec qv, xv;
+      for (int j = 0; j < kDoubleLanes; ++j) {
+        qv[j] = (double)q[j][d];
+        xv[j] = (double)x[j][d * kPanel];
+      }
+      const DoubleVec diff = qv - xv;
+      sum = sum + materialised(diff * diff);
+    }
+    for (int j = 0; j < m; ++j) pairs[which[start + j]].float64 = sum[j] + 0.0;
   }
 }
 

@@ -74,6 +74,7 @@ struct SearchScratch {
   std::vector<float> screen_queries, screen_norms;
   std::vector<ScreenBound> bounds;
   std::vector<Candidate> screened;
+  std::vector<double> screened_float64;  // the candidates' float64 distances, where the screen computed them
   static SearchScratch& of_this_thread() {
     static thread_local SearchScratch scratch;
     return scratch;
@@ -147,6 +148,7 @@ class Index final : public AnyIndex {
     SearchScratch& caller = SearchScratch::of_this_thread();
     caller.screened.resize(nq * kk);
     Candidate* const screened = caller.screened.data();
+    bool known = false;  // whether the screen computed the candidates' float64 distances
     // every row is a candidate, or (cosine over rows of norm below ~2^-126) no screen can be proven
     const bool all_rows = kk == n, exhaustive = !all_rows && Metric::needs_norms && db_.tiny_rows() > 0;
     if (all_rows) {
@@ -161,17 +163,20 @@ class Index final : public AnyIndex {
         prepare_screen_query<Metric>(queries + i * dim, dim, db_.largest_norm(), caller.screen_queries.data() + i * dim,
                                      &caller.screen_norms[i], &caller.bounds[i]);
       }
-      screen(caller.screen_queries.data(), caller.screen_norms.data(), nq, kk, threads, screened);
+      caller.screened_float64.resize(nq * kk);
+      known = screen(caller.screen_queries.data(), caller.screen_norms.data(), nq, kk, threads, screened,
+                     caller.screened_float64.data());
     }
     // per query: the candidates in float64, proven or searched exhaustively (eight queries per task)
     constexpr int64_t kPerTask = 8;
     const ScreenBound* const bounds = caller.bounds.data();
+    const double* const float64 = known ? caller.screened_float64.data() : nullptr;
     ThreadPool::shared().run((int)((nq + kPerTask - 1) / kPerTask), threads, [&](int task) {
       for (int64_t i = task * kPerTask; i < std::min(nq, (task + 1) * kPerTask); ++i) {
         const float* q = queries + i * dim;
         const double qq = Metric::needs_norms ? exact_squares(q, (int)dim) : 0.0;
-        if (!exhaustive && verify_query<Metric>(db_, q, qq, k, kk, screened + i * kk, all_rows ? ScreenBound{} : bounds[i],
-                                                distances + i * k, ids + i * k)) {
+        if (!exhaustive && verify_query<Metric>(db_, q, qq, k, kk, screened + i * kk, float64 ? float64 + i * kk : nullptr,
+                                                all_rows ? ScreenBound{} : bounds[i], distances + i * k, ids + i * k)) {
           continue;
         }
         exhaustive_query<Metric>(db_, q, qq, k, distances + i * k, ids + i * k);
@@ -180,21 +185,24 @@ class Index final : public AnyIndex {
     });
   }
 
-  // Each query's kk best rows by the full scan kernel's float32 key, sorted (TopK::extract), into out.
-  void screen(const float* queries, const float* query_norms, int64_t nq, int64_t kk, int threads, Candidate* out) {
+  // Each query's kk best rows by the full scan kernel's float32 key, sorted (TopK::extract), into out;
+  // true when their float64 distances are in float64 too (the first passes compute them while rescoring).
+  bool screen(const float* queries, const float* query_norms, int64_t nq, int64_t kk, int threads, Candidate* out,
+              double* float64) {
     if constexpr (kSketched) {
       if (first_passes_) {
         if (sketch_pays(nq, kk, db_.panels()) &&
-            sketch_counts_.record(sketch_search(db_, sketch_, queries, nq, kk, threads, out))) {
-          return;
+            sketch_counts_.record(sketch_search(db_, sketch_, queries, nq, kk, threads, out, float64))) {
+          return true;
         }
         if (winograd_pays(nq, kk, db_.dim(), db_.panels()) &&
-            winograd_counts_.record(winograd_search(db_, sketch_, queries, nq, kk, threads, out))) {
-          return;
+            winograd_counts_.record(winograd_search(db_, sketch_, queries, nq, kk, threads, out, float64))) {
+          return true;
         }
       }
     }
     full_scan(queries, query_norms, nq, kk, threads, out);
+    return false;
   }
 
   // All cores (pool.h): tasks are (query chunk, database slice) pairs, see make_plan.

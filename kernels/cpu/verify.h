@@ -182,17 +182,21 @@ void write_answer(const std::vector<ExactEntry>& best, int64_t k, float* distanc
 }
 
 // The screen's kk candidates of one query (sorted by float32 key; kk = min(k', n)) verified in
-// float64; returns false, having written nothing, when they cannot be proven to hold the answer.
+// float64 (their distances given in `known` where the screen computed them, else computed here);
+// returns false, having written nothing, when they cannot be proven to hold the answer.
 template <class Metric, class Storage>
 bool verify_query(const Database<Storage>& db, const float* q, double qq, int64_t k, int64_t kk,
-                  const Candidate* candidates, const ScreenBound& bound, float* distances, int64_t* ids) {
+                  const Candidate* candidates, const double* known, const ScreenBound& bound, float* distances,
+                  int64_t* ids) {
   VerifyScratch& scratch = VerifyScratch::of_this_thread();
   Storage* buffer = scratch.row(db, db.dim());
   std::vector<ExactEntry>& entries = scratch.entries;
   entries.clear();
   for (int64_t j = 0; j < kk; ++j) {
     if (candidates[j].position < 0) return false;  // the screen kept fewer rows than it should have
-    entries.push_back(exact_entry<Metric>(db, candidates[j].position, q, qq, buffer));
+    const int64_t position = candidates[j].position;
+    entries.push_back(known ? ExactEntry{exact_key<Metric>(known[j]), db.ids()[position], known[j]}
+                            : exact_entry<Metric>(db, position, q, qq, buffer));
   }
   const int64_t take = std::min(k, kk);
   std::partial_sort(entries.begin(), entries.begin() + take, entries.end());
