@@ -57,7 +57,7 @@ void exact_panel(const Storage* panel, int64_t dim, const float* q, double qq, d
     if constexpr (std::is_same<Storage, float>::value) {
       x = panel + d * kPanel;
     } else {
-      convert(panel + d * kPanel, row, kPanel);  // float16 -> float32 is exact
+      for (int v = 0; v < kVectorsPerPanel; ++v) store(row + v * kLanes, load(panel + d * kPanel + v * kLanes));  // exact
     }
     const double qd = (double)q[d];
     for (int c = 0; c < C; ++c) {
