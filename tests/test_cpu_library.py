@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tinyknn.config import reset_config
-from tinyknn.cpu import build, library, prebuilt
+from tinyknn.cpu import build, cache, library, prebuilt
 from tinyknn.errors import CpuLibraryError
 
 TINY_SOURCE = 'extern "C" __attribute__((visibility("default"))) int tk_tiny(void) { return 42; }\n'
@@ -150,23 +150,23 @@ def test_unwritable_cache_builds_once_in_a_per_user_folder(tmp_path, tiny_source
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("TINYKNN_CACHE_DIR", str(blocker))
-    monkeypatch.setattr(build.tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(cache.tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     reset_config()
-    build._fallback_dir.cache_clear()
+    cache._fallback_dir.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match="cannot write its cache") as caught:
             path = build.build_library()
         assert len([w for w in caught if "cannot write" in str(w.message)]) == 1
         assert path.is_file() and blocker not in path.parents and path.parent.parent.name.startswith("tinyknn-")
-        build._fallback_dir.cache_clear()      # a new process
+        cache._fallback_dir.cache_clear()      # a new process
         with pytest.warns(RuntimeWarning, match="cannot write its cache"):
             assert build.build_library() == path
         assert len(count_compiles) == 1
         assert sorted(p.name for p in (tmp_path / "tmp").iterdir()) == [path.parent.parent.name]
         assert not list(path.parent.glob("*.tmp*"))
     finally:
-        build._fallback_dir.cache_clear()
+        cache._fallback_dir.cache_clear()
         reset_config()
 
 
@@ -176,7 +176,7 @@ def test_read_only_cache_with_a_build_loads_it_without_writing(tmp_path, tiny_so
     reset_config()
     try:
         path = build.build_library()
-        monkeypatch.setattr(build, "_writable", lambda folder: False)
+        monkeypatch.setattr(cache, "_writable", lambda folder: False)
         assert build.build_library() == path and len(count_compiles) == 1
     finally:
         reset_config()
@@ -210,8 +210,8 @@ def test_damaged_or_foreign_cached_library_is_rebuilt(tmp_path, monkeypatch, dam
     built = Path(library.get_library()._name)
     target = real_library_in(tmp_path / "cache", monkeypatch)
     shutil.copy(built, target)
-    build._write_json(build.sidecar(target), {**build.build_facts(build.source_files()),
-                                              "sha256": build.file_sha256(target)})
+    cache._write_json(cache.sidecar(target), {**build.build_facts(build.source_files()),
+                                              "sha256": cache.file_sha256(target)})
     if damage == "garbage":
         target.write_bytes(b"\x7fELF but not really a library")
     elif damage == "truncated":
@@ -228,7 +228,7 @@ def test_damaged_or_foreign_cached_library_is_rebuilt(tmp_path, monkeypatch, dam
     try:
         with pytest.warns(RuntimeWarning, match="does not match the checksum"):
             lib = library.get_library()
-        assert lib.tk_abi_version() == library.ABI_VERSION and build.verified(target)
+        assert lib.tk_abi_version() == library.ABI_VERSION and cache.verified(target)
         assert not list(target.parent.glob("*.tmp*"))
     finally:
         library.reset_library()
@@ -243,15 +243,15 @@ def test_foreign_library_with_a_matching_sidecar_is_refused_and_removed(tmp_path
         pytest.skip("no libm file found")
     target = real_library_in(tmp_path / "cache", monkeypatch)
     shutil.copy(libm_file(), target)
-    build._write_json(build.sidecar(target), {**build.build_facts(build.source_files()),
-                                              "sha256": build.file_sha256(target)})
+    cache._write_json(cache.sidecar(target), {**build.build_facts(build.source_files()),
+                                              "sha256": cache.file_sha256(target)})
     library.reset_library()
     try:
         with pytest.warns(RuntimeWarning, match="cannot be used"):
             with pytest.raises(CpuLibraryError, match="not its own"):
                 library.get_library()
-        assert not target.exists() and not build.sidecar(target).exists()
-        assert build.build_library() == target and build.verified(target)
+        assert not target.exists() and not cache.sidecar(target).exists()
+        assert build.build_library() == target and cache.verified(target)
     finally:
         library.reset_library()
         reset_config()
@@ -264,7 +264,7 @@ def test_cached_library_loads_without_a_compiler(tmp_path, monkeypatch):
     library.reset_library()
     try:
         library.get_library()                     # "builds" (copies) it, remembers the compiler
-        assert build.verified(target)
+        assert cache.verified(target)
         library.reset_library()
         runs = []
         real_run = build.subprocess.run
@@ -339,10 +339,10 @@ def test_prebuilt_library_is_used_without_a_compiler_and_checked(tmp_path, cache
         lib = library.get_library()
         assert Path(lib._name) == path and "4 lanes" in lib.tk_build_info().decode()
         assert prebuilt.candidates() == [path]
-        facts = build.read_sidecar(path)
-        build._write_json(build.sidecar(path), {**facts, "sources": "other sources"})
+        facts = cache.read_sidecar(path)
+        cache._write_json(cache.sidecar(path), {**facts, "sources": "other sources"})
         assert prebuilt.candidates() == []
-        build._write_json(build.sidecar(path), facts)
+        cache._write_json(cache.sidecar(path), facts)
         with open(path, "r+b") as handle:
             handle.truncate(path.stat().st_size // 2)
         assert prebuilt.candidates() == []

@@ -3,7 +3,7 @@
 Why compile on the user's machine: `-march=native` uses every instruction the running CPU has (AVX2/FMA,
 AVX-512, F16C) and none it lacks. A wheel may also ship prebuilt libraries (prebuilt.py), tried first.
 
-The cache (`get_config().cache_dir / "cpu"`): one `libtinyknn-<key>.so` per key, the key hashing the ABI
+The cache (`primary_dir()`): one `libtinyknn-<key>.so` per key, the key hashing the ABI
 version, the sources, the compiler's identity, the flags and the CPU's identity, so a cache shared by several
 machines never serves one CPU another's build. Beside each library a sidecar `<library>.json` records its
 sha256 and what it was built from; it is written after a build succeeds, and a library is loaded only when its
@@ -17,23 +17,21 @@ place under a file lock: concurrent processes build once and never load half a f
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import logging
 import os
 import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-import warnings
 from pathlib import Path
 
 from .._paths import kernels_dir
 from ..config import get_config
 from ..errors import CpuLibraryError
+from .cache import (_fallback_path, _write_json, file_sha256, library_dir, log, primary_dir, read_sidecar, remove,
+                    sidecar, verified)
 
 ABI_VERSION = 4          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
 COMPILERS = ("g++", "c++", "clang++")
@@ -46,7 +44,6 @@ FLAGS = ("-O3", _NATIVE, "-std=c++17", "-fPIC", "-shared", "-pthread", "-ffp-con
          "-fvisibility=hidden", "-fno-math-errno", *_LINK)
 SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
 
-log = logging.getLogger("tinyknn.cpu")
 
 
 def source_files() -> list[Path]:
@@ -104,7 +101,7 @@ def compiler_identity(cxx: str) -> str:
 
 def _identities() -> dict:
     """The remembered identities: the cache's, else the fallback folder's (reading never needs to write)."""
-    for folder in (get_config().cache_dir / "cpu", _fallback_path()):
+    for folder in (primary_dir(), _fallback_path()):
         try:
             found = json.loads((folder / "compilers.json").read_text())
             if isinstance(found, dict):
@@ -112,11 +109,6 @@ def _identities() -> dict:
         except (OSError, ValueError):
             pass
     return {}
-
-
-def _fallback_path() -> Path:
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    return Path(tempfile.gettempdir()) / f"tinyknn-{uid}" / "cpu"
 
 
 def cpu_identity() -> str:
@@ -150,95 +142,6 @@ def library_key(cxx: str, sources: list[Path]) -> str:
     digest = hashlib.sha256(json.dumps(build_facts(sources), sort_keys=True).encode())
     digest.update(compiler_identity(cxx).encode())
     return digest.hexdigest()[:24]
-
-
-# -- the cache folder --------------------------------------------------------------------------------------
-def _writable(folder: Path) -> bool:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, probe = tempfile.mkstemp(dir=folder, prefix=".write-test-")
-        os.close(handle)
-        os.unlink(probe)
-        return True
-    except OSError:
-        return False
-
-
-@functools.lru_cache(maxsize=4)
-def _fallback_dir(unwritable: Path) -> Path:
-    """A persistent per-user folder for builds when the cache cannot be written (one warning per process):
-    later processes find the build there instead of compiling again."""
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    folder = _fallback_path()
-    try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        owner_ok = not hasattr(os, "getuid") or folder.parent.stat().st_uid == uid
-        if folder.parent.is_symlink() or not owner_ok or not _writable(folder):
-            raise OSError(f"{folder} is not a private folder of this user")
-    except OSError as exc:
-        raise CpuLibraryError(f"tinyknn cannot write its cache {unwritable} nor a fallback folder ({exc}); set "
-                              "TINYKNN_CACHE_DIR to a writable folder") from None
-    warnings.warn(f"tinyknn cannot write its cache {unwritable}; building the CPU library in {folder}",
-                  RuntimeWarning, stacklevel=4)
-    log.warning("cache %s is not writable; CPU library builds go to %s", unwritable, folder)
-    return folder
-
-
-def library_dir() -> Path:
-    """cache_dir/cpu, or the per-user fallback folder where that cannot be written."""
-    folder = get_config().cache_dir / "cpu"
-    return folder if _writable(folder) else _fallback_dir(folder)
-
-
-def _write_json(path: Path, value: dict) -> None:
-    """Atomically (a temporary file replaced into place); a failure only costs the memo."""
-    temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        temporary.write_text(json.dumps(value, indent=1, sort_keys=True))
-        os.replace(temporary, path)
-    except OSError:
-        temporary.unlink(missing_ok=True)
-
-
-# -- verified libraries ------------------------------------------------------------------------------------
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def sidecar(library: Path) -> Path:
-    return library.with_name(library.name + ".json")
-
-
-def read_sidecar(library: Path) -> dict | None:
-    try:
-        found = json.loads(sidecar(library).read_text())
-        return found if isinstance(found, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
-def verified(library: Path) -> bool:
-    """The file is a regular file whose bytes are those its sidecar recorded after its build."""
-    facts = read_sidecar(library)
-    try:
-        return bool(facts) and library.is_file() and not library.is_symlink() and file_sha256(library) == facts.get("sha256")
-    except OSError:
-        return False
-
-
-def remove(path: Path, why: str) -> None:
-    """A damaged or foreign entry, and its sidecar, gone (with one warning)."""
-    warnings.warn(f"tinyknn's cached CPU library {path} {why}; removing it and building it again", RuntimeWarning,
-                  stacklevel=4)
-    log.warning("cached CPU library %s %s; rebuilding", path, why)
-    try:
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-        sidecar(path).unlink(missing_ok=True)
-    except OSError as exc:
-        raise CpuLibraryError(f"cannot remove the damaged cached CPU library {path}: {exc}") from None
 
 
 def compile_library(cxx: str, sources: list[Path], target: Path) -> None:
@@ -282,7 +185,7 @@ def build_library_reporting() -> tuple[Path, bool]:
             return cached, False
         find_compiler(required=True)  # raises, saying what was tried and what to install
     name = f"libtinyknn-{library_key(cxx, sources)}{SUFFIX}"
-    primary = get_config().cache_dir / "cpu" / name
+    primary = primary_dir() / name
     if verified(primary):  # found in the cache, writable or not
         log.debug("CPU library from the cache: %s", primary)
         return primary, False
@@ -311,7 +214,7 @@ def build_library_reporting() -> tuple[Path, bool]:
 def cached_without_compiler(sources: list[Path]) -> Path | None:
     """With no compiler on PATH: a verified cached build of these sources, flags and CPU by any compiler."""
     facts = build_facts(sources)
-    for folder in (get_config().cache_dir / "cpu", _fallback_path()):
+    for folder in (primary_dir(), _fallback_path()):
         for candidate in sorted(folder.glob(f"libtinyknn-*{SUFFIX}"), key=_mtime, reverse=True):
             recorded = read_sidecar(candidate) or {}
             if all(recorded.get(name) == value for name, value in facts.items()) and verified(candidate):

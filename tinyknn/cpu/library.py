@@ -15,7 +15,7 @@ import functools
 from pathlib import Path
 
 from ..errors import CpuLibraryError
-from . import build, prebuilt
+from . import build, cache, prebuilt
 from .build import ABI_VERSION
 
 STATUS_INVALID_ARGUMENT, STATUS_OUT_OF_MEMORY = 1, 2
@@ -74,10 +74,10 @@ def get_library() -> ctypes.CDLL:
     for path in prebuilt.candidates():
         try:
             library = bind(path, digest)
-            build.log.info("using the prebuilt CPU library %s", path)
+            cache.log.info("using the prebuilt CPU library %s", path)
             return library
         except CpuLibraryError as exc:
-            build.log.warning("prebuilt CPU library not used: %s", exc)
+            cache.log.warning("prebuilt CPU library not used: %s", exc)
     path, compiled = build.build_library_reporting()
     try:
         return bind(path, digest)
@@ -85,7 +85,7 @@ def get_library() -> ctypes.CDLL:
         if compiled:
             raise CpuLibraryError(f"tinyknn's freshly built CPU library cannot be used: {exc}") from None
         # (the dynamic loader keeps what it loaded under this path: a rebuild could not be loaded in this process)
-        build.remove(path, f"cannot be used ({exc})")
+        cache.remove(path, f"cannot be used ({exc})")
         raise CpuLibraryError(f"tinyknn's cached CPU library {path} was not its own ({exc}); it has been removed, "
                               "and the next process builds it again") from None
 

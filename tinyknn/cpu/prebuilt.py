@@ -13,7 +13,7 @@ import platform
 import time
 from pathlib import Path
 
-from . import build
+from . import build, cache
 
 # What each x86-64 psABI level needs, as /proc/cpuinfo names the features (lzcnt is "abm" there).
 LEVEL_FEATURES = {
@@ -63,12 +63,12 @@ def candidates(features: set[str] | None = None, folder: Path | None = None) -> 
     found = []
     for level in supported_levels(cpu_features() if features is None else features):
         path = folder / library_name(level)
-        recorded = build.read_sidecar(path) or {}
+        recorded = cache.read_sidecar(path) or {}
         if path.is_file() and recorded.get("sources") == digest and recorded.get("abi") == build.ABI_VERSION:
-            if build.verified(path):
+            if cache.verified(path):
                 found.append(path)
             else:
-                build.log.warning("prebuilt CPU library %s does not match its checksum; not used", path)
+                cache.log.warning("prebuilt CPU library %s does not match its checksum; not used", path)
     return found
 
 
@@ -86,9 +86,9 @@ def build_prebuilt(level: int, folder: Path, cxx: str | None = None) -> Path:
         start = time.perf_counter()
         build.compile_library(cxx, sources, target)
         facts = {**build.build_facts(sources), "level": level, "compiler": build.compiler_identity(cxx),
-                 "sha256": build.file_sha256(target)}
-        build.log.info("built prebuilt CPU library %s in %.1f s", target, time.perf_counter() - start)
+                 "sha256": cache.file_sha256(target)}
+        cache.log.info("built prebuilt CPU library %s in %.1f s", target, time.perf_counter() - start)
     finally:
         build.FLAGS = saved
-    build._write_json(build.sidecar(target), facts)
+    cache._write_json(cache.sidecar(target), facts)
     return target
