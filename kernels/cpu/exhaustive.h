@@ -9,6 +9,7 @@
 
 #include "../exact.cuh"
 #include "database.h"
+#include "pool.h"
 #include "simd.h"
 #include "select.h"
 #include "verify.h"
@@ -112,19 +113,44 @@ inline void exact_pairs(const float* panel, int64_t dim, const float* queries, R
   }
 }
 
-// Every row's float64 distance: the answer when the screen's could not be proven.
+// The float64 distances of panels [begin, end) offered to best.
 template <class Metric, class Storage>
-void exhaustive_query(const Database<Storage>& db, const float* q, double qq, int64_t k, float* distances, int64_t* ids) {
-  VerifyScratch& scratch = VerifyScratch::of_this_thread();
-  ExactTopK best;
-  best.start(k, &scratch.entries);
+void exact_rows(const Database<Storage>& db, const float* q, double qq, int64_t begin, int64_t end, ExactTopK& best) {
   double exact[kPanel];
   const int64_t n = db.size();
-  for (int64_t p = 0; p < db.panels(); ++p) {
+  for (int64_t p = begin; p < end; ++p) {
     exact_panel<Metric>(db.panel(p), db.dim(), q, qq, exact);
     for (int64_t l = 0; l < std::min<int64_t>(kPanel, n - p * kPanel); ++l) {
       best.push(ExactEntry{exact_key<Metric>(exact[l]), db.ids()[p * kPanel + l], exact[l]});
     }
+  }
+}
+
+// Every row's float64 distance: the answer when the screen's could not be proven (on this thread).
+template <class Metric, class Storage>
+void exhaustive_query(const Database<Storage>& db, const float* q, double qq, int64_t k, float* distances, int64_t* ids) {
+  ExactTopK best;
+  best.start(k, &VerifyScratch::of_this_thread().entries);
+  exact_rows<Metric>(db, q, qq, 0, db.panels(), best);
+  write_answer<Metric>(best.finish(), k, distances, ids);
+}
+
+// The same on all threads: slices of the database, each its own k best, merged (for a few queries).
+template <class Metric, class Storage>
+void exhaustive_query_sliced(const Database<Storage>& db, const float* q, double qq, int64_t k, int threads,
+                             std::vector<std::vector<ExactEntry>>& parts, float* distances, int64_t* ids) {
+  const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(4 * (int64_t)threads, db.panels() / 16));
+  if ((int64_t)parts.size() < slices + 1) parts.resize(slices + 1);
+  ThreadPool::shared().run((int)slices, threads, [&](int slice) {
+    ExactTopK best;
+    best.start(k, &parts[slice]);
+    exact_rows<Metric>(db, q, qq, db.panels() * slice / slices, db.panels() * (slice + 1) / slices, best);
+    best.finish();
+  });
+  ExactTopK best;
+  best.start(k, &parts[slices]);
+  for (int64_t s = 0; s < slices; ++s) {
+    for (const ExactEntry& entry : parts[s]) best.push(entry);
   }
   write_answer<Metric>(best.finish(), k, distances, ids);
 }

@@ -75,6 +75,9 @@ struct SearchScratch {
   std::vector<ScreenBound> bounds;
   std::vector<Candidate> screened;
   std::vector<double> screened_float64;  // the candidates' float64 distances, where the screen computed them
+  std::vector<char> unproven;             // queries the verify could not prove
+  std::vector<int64_t> rest;              // their numbers
+  std::vector<std::vector<ExactEntry>> parts;  // an exhaustive pass's slices' best
   static SearchScratch& of_this_thread() {
     static thread_local SearchScratch scratch;
     return scratch;
@@ -171,18 +174,36 @@ class Index final : public AnyIndex {
     constexpr int64_t kPerTask = 8;
     const ScreenBound* const bounds = caller.bounds.data();
     const double* const float64 = known ? caller.screened_float64.data() : nullptr;
-    ThreadPool::shared().run((int)((nq + kPerTask - 1) / kPerTask), threads, [&](int task) {
-      for (int64_t i = task * kPerTask; i < std::min(nq, (task + 1) * kPerTask); ++i) {
-        const float* q = queries + i * dim;
-        const double qq = Metric::needs_norms ? exact_squares(q, (int)dim) : 0.0;
-        if (!exhaustive && verify_query<Metric>(db_, q, qq, k, kk, screened + i * kk, float64 ? float64 + i * kk : nullptr,
-                                                all_rows ? ScreenBound{} : bounds[i], distances + i * k, ids + i * k)) {
-          continue;
+    auto qq_of = [&](const float* q) { return Metric::needs_norms ? exact_squares(q, (int)dim) : 0.0; };
+    std::vector<char>& unproven = caller.unproven;
+    unproven.assign(nq, exhaustive ? 1 : 0);
+    if (!exhaustive) {
+      ThreadPool::shared().run((int)((nq + kPerTask - 1) / kPerTask), threads, [&](int task) {
+        for (int64_t i = task * kPerTask; i < std::min(nq, (task + 1) * kPerTask); ++i) {
+          const float* q = queries + i * dim;
+          unproven[i] = !verify_query<Metric>(db_, q, qq_of(q), k, kk, screened + i * kk, float64 ? float64 + i * kk : nullptr,
+                                              all_rows ? ScreenBound{} : bounds[i], distances + i * k, ids + i * k);
         }
-        exhaustive_query<Metric>(db_, q, qq, k, distances + i * k, ids + i * k);
-        ++exact_fallbacks_;
+      });
+    }
+    // the unproven queries exhaustively: one per task where there are enough, else each over every thread
+    std::vector<int64_t>& rest = caller.rest;
+    rest.clear();
+    for (int64_t i = 0; i < nq; ++i) {
+      if (unproven[i]) rest.push_back(i);
+    }
+    exact_fallbacks_ += (int64_t)rest.size();
+    if ((int64_t)rest.size() >= threads) {
+      ThreadPool::shared().run((int)rest.size(), threads, [&](int j) {
+        const int64_t i = rest[j];
+        exhaustive_query<Metric>(db_, queries + i * dim, qq_of(queries + i * dim), k, distances + i * k, ids + i * k);
+      });
+    } else {
+      for (const int64_t i : rest) {
+        exhaustive_query_sliced<Metric>(db_, queries + i * dim, qq_of(queries + i * dim), k, threads, caller.parts,
+                                        distances + i * k, ids + i * k);
       }
-    });
+    }
   }
 
   // Each query's kk best rows by the full scan kernel's float32 key, sorted (TopK::extract), into out;

@@ -3,7 +3,7 @@
 Why compile on the user's machine: `-march=native` uses every instruction the running CPU has (AVX2/FMA,
 AVX-512, F16C) and none it lacks. A wheel may also ship prebuilt libraries (prebuilt.py), tried first.
 
-The cache (`primary_dir()`): one `libtinyknn-<key>.so` per key, the key hashing the ABI
+The cache (cache.py: `get_config().cache_dir / "cpu"`): one `libtinyknn-<key>.so` per key, the key hashing the ABI
 version, the sources, the compiler's identity, the flags and the CPU's identity, so a cache shared by several
 machines never serves one CPU another's build. Beside each library a sidecar `<library>.json` records its
 sha256 and what it was built from; it is written after a build succeeds, and a library is loaded only when its
