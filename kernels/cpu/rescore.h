@@ -1,7 +1,7 @@
 // The end of a search through a first pass (sketch_search.h, winograd_search.h): the rows each query's
-// slices kept are cut to those under the bound's threshold, then scored exactly by the full scan's own
-// kernel and summation order, so the answer is bit for bit the full scan's (the proof that no row of
-// that answer is missing is in sketch_search.h).
+// slices kept are cut to those under the bound's threshold, then scored by the full scan's own float32
+// kernel and summation order, so the k' rows kept are bit for bit the full scan's screen (the proof that
+// none is missing is in sketch_search.h), and their float64 distances computed on the way (verify.h).
 //
 // The exact scoring goes panel by panel rather than query by query: the (query, row) pairs are
 // bucketed by panel, and each panel is read once (from DRAM, usually) for every query that needs it,
