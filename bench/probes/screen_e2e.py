@@ -65,7 +65,8 @@ def main() -> int:
         screened, back = searcher._screen.queries, searcher._screen.fallbacks
         searcher.use_screen = False
         off = timed(lambda: searcher.search(q, 10), repeats=5)
-        d_on = (searcher.use_screen := True) and searcher.search(q, 10)
+        searcher.use_screen = True
+        d_on = searcher.search(q, 10)
         searcher.use_screen = False
         d_off = searcher.search(q, 10)
         same = bool(np.array_equal(d_on[1], d_off[1]) and np.array_equal(d_on[0].view(np.uint32), d_off[0].view(np.uint32)))
