@@ -243,7 +243,7 @@ def _build_cupy(db, config):
 
     if config.dtype not in ("float32", "float16"):
         raise Unsupported(f"CuPy has no {config.dtype} matmul through cuBLAS (float32 and float16 only)")
-    base = cupy.asarray(db.astype(config.dtype))
+    base = cupy.asarray(db.astype(config.dtype, copy=False))
     aux = prepare(cupy, base, config.metric)
     rows = block_rows(len(db), GPU_BLOCK)
 

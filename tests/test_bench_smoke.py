@@ -176,3 +176,44 @@ def _reference():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.gpu
+def test_torch_oracle_equals_the_numpy_oracle_bit_for_bit():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    oracle = _bench_module("oracle")
+    rng = np.random.default_rng(5)
+    floats = rng.standard_normal((30_000, 40)).astype(np.float32)
+    floats[11], floats[12] = floats[29_000], 0.0
+    ints = rng.integers(0, 4, (30_000, 16)).astype(np.uint8)
+    for source, dtypes in ((floats, ("float32", "float16", "bfloat16")), (ints, ("uint8",))):
+        queries = source[:64].astype(np.float32)
+        for dtype in dtypes:
+            for metric in ("l2", "ip", "cosine"):
+                on_gpu = oracle.exact_neighbours(source, dtype, queries, 50, metric, backend="torch")
+                on_cpu = oracle.exact_neighbours(source, dtype, queries, 50, metric, backend="numpy")
+                assert on_gpu.backend == "torch cuda"
+                assert np.array_equal(on_gpu.ids, on_cpu.ids), (dtype, metric)
+                assert np.array_equal(on_gpu.distances, on_cpu.distances), (dtype, metric)
+
+
+@pytest.mark.gpu
+def test_search_gpu_small_sweep_runs_every_gpu_peer(tmp_path):
+    pytest.importorskip("torch")
+    command = [sys.executable, str(BENCH / "search.py"), "--device", "cuda", "--n-data", "20000", "--dim", "48",
+               "--dtype", "float32", "float16", "bfloat16", "uint8", "--metric", "l2", "cosine", "--nq", "1", "64",
+               "--k", "10", "--out-dir", str(tmp_path), "--target-s", "0.02"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    output = done.stdout[-6000:] + done.stderr[-4000:]
+    assert done.returncode == 0, output
+    (result_file,) = tmp_path.glob("search_*.json")
+    result = json.loads(result_file.read_text())["results"]
+    rows = result["rows"]
+    assert {"torch-fp32", "torch-tf32", "torch-fp16"} <= {r["peer"] for r in rows}, result["skipped"]
+    assert all(run.get("backend") == "torch cuda" for run in result["oracle"]["runs"]), result["oracle"]
+    assert all(r["agreement"] is not None for r in rows), output
+    exact = [r for r in rows if r["peer"] == "tinyknn-cuda" and r["dtype"] in ("float32", "float16")]
+    assert exact and all(r["agreement"] == 1.0 for r in exact), exact
+    assert all(r["note"] for r in rows if r["peer"] == "torch-fp16"), rows
