@@ -320,7 +320,7 @@ class Sweep:
                 self.skip(config, name, f"the data set has {len(reference.queries)} queries", nq)
                 continue
             q = reference.queries[:nq]
-            point = dict(config=config, name=name, nq=nq, reference=reference, add_s=add_s, note=built.note)
+            point = dict(config=config, name=name, nq=nq, reference=reference, add_s=add_s, built=built)
             median_s = self.point(mode="host", call=lambda: built.search(q, config.k), **point)
             if median_s is not None:
                 measured.append((nq, median_s))
@@ -328,7 +328,7 @@ class Sweep:
                 q_device = built.to_device(q)
                 self.point(mode="device", call=lambda: built.resident(q_device, config.k), clock=built.clock, **point)
 
-    def point(self, config, name, mode, nq, call, reference, add_s, note, clock=None):
+    def point(self, config, name, mode, nq, call, reference, add_s, built, clock=None):
         """Measure one point and record its row; returns the median seconds, or None when it failed."""
         try:
             timing, (_, ids) = measure(call, self.args, clock)
@@ -340,7 +340,7 @@ class Sweep:
         row = {"config": config.name, **asdict(config), "nq": nq, "peer": name, "mode": mode,
                "device": self.peers[name].device, "median_ms": timing["median_us"] / 1e3,
                "agreement": agreement, "agreement_queries": min(nq, len(reference.exact.ids)) if reference.exact else 0,
-               "recall": recall, "note": note, "add_s": add_s, "timing_us": timing}
+               "recall": recall, "note": built.note, "add_s": add_s, "timing_us": timing}
         del row["nqs"]
         self.rows.append(row)
         shown = "n/a" if agreement is None else f"{agreement:.4f}"

@@ -206,10 +206,25 @@ def _build_tinyknn(device):
         except Exception:
             index.close()
             raise
-        search = lambda q, k=config.k: index.search(q, k)  # noqa: E731
-        if device == "cpu":
-            return Built(search, index.close)
-        return Built(search, index.close, resident=search, to_device=_cupy_array, clock=_cupy_clock)
+        built = Built(None, index.close)
+
+        def search(q, k=config.k):
+            """Integer queries as they are (an 8-bit index takes its own dtype); where this checkout refuses
+            them, as float32 (the same values), said in the rows' note."""
+            if q.dtype.kind in "iu" and built.note:
+                q = q.astype(np.float32)
+            try:
+                return index.search(q, k)
+            except (TypeError, ValueError):
+                if q.dtype.kind not in "iu":
+                    raise
+                built.note = f"{q.dtype} queries refused; searched as float32 (the same values)"
+                return index.search(q.astype(np.float32), k)
+
+        built.search = search
+        if device == "cuda":
+            built.resident, built.to_device, built.clock = search, _cupy_array, _cupy_clock
+        return built
 
     return build
 

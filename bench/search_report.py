@@ -15,6 +15,9 @@ def plot(rows, panels, peer_order):
     fig, axes = plt.subplots(lines, cols, figsize=(5.2 * cols, 3.9 * lines), squeeze=False)
     for ax, panel in zip(axes.flat, panels):
         mine = [r for r in rows if r["config"] == panel]
+        if len({r["nq"] for r in mine}) == 1:
+            _bars(ax, mine, panel, peer_order)
+            continue
         for peer, mode in dict.fromkeys((r["peer"], r["mode"]) for r in mine):
             points = sorted((r["nq"], r["median_ms"], r["agreement"]) for r in mine
                             if (r["peer"], r["mode"]) == (peer, mode))
@@ -31,6 +34,21 @@ def plot(rows, panels, peer_order):
         ax.set_visible(False)
     fig.tight_layout()
     return fig
+
+
+def _bars(ax, mine, panel, peer_order):
+    """A panel measured at one nq: a bar per peer and mode, labelled with its time and agreement."""
+    labels = [r["peer"] + (" (resident)" if r["mode"] == "device" else "") for r in mine]
+    ax.barh(labels, [r["median_ms"] for r in mine],
+            color=[f"C{peer_order.index(r['peer']) % 10}" if r["peer"] in peer_order else "C9" for r in mine])
+    for y, r in enumerate(mine):
+        ax.text(r["median_ms"], y, f" {_ms(r['median_ms'])} ms, ids {_fraction(r['agreement'])}", va="center",
+                fontsize=7)
+    times = [r["median_ms"] for r in mine]
+    ax.set(xscale="log", xlim=(min(times) / 3, max(times) * 12), xlabel="median latency (ms)",
+           title=f"{panel}, nq={mine[0]['nq']:,}")
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", which="both", alpha=0.3)
 
 
 def _points(rows):
