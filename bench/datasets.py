@@ -28,23 +28,92 @@ FASHION_SHAPES = {"train": (60000, 784), "test": (10000, 784)}
 U32 = 2.0 ** -23  # twice the float32 unit roundoff
 
 
-def random_data(n_data: int, n_queries: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Standard-normal float32 database and queries (queries drawn apart from the database).
-
-    Filled in blocks of rows, each from its own seed, on all cores (the generator releases the GIL):
-    1M x 768 takes seconds, not tens of them, and the values do not depend on the number of threads.
-    """
-    out = np.empty((n_data + n_queries, dim), dtype=np.float32)
+def _fill_blocks(out: np.ndarray, seed_key: list[int], fill) -> None:
+    """fill(rng, block) on every block of 32,768 rows, each block from its own seed, on all cores (the
+    generators release the GIL): the values do not depend on the number of threads."""
     rows = 1 << 15
-    seeds = np.random.SeedSequence([seed, n_data, dim]).spawn(-(-len(out) // rows))
+    seeds = np.random.SeedSequence(seed_key).spawn(-(-len(out) // rows))
 
-    def fill(block: int) -> None:
-        part = out[block * rows:(block + 1) * rows]
-        np.random.default_rng(seeds[block]).standard_normal(dtype=np.float32, out=part)
+    def one(block: int) -> None:
+        fill(np.random.default_rng(seeds[block]), out[block * rows:(block + 1) * rows])
 
     with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
-        list(pool.map(fill, range(len(seeds))))
+        list(pool.map(one, range(len(seeds))))
+
+
+def random_data(n_data: int, n_queries: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Standard-normal float32 database and queries (queries drawn apart from the database); 1M x 768
+    takes seconds."""
+    out = np.empty((n_data + n_queries, dim), dtype=np.float32)
+    _fill_blocks(out, [seed, n_data, dim], lambda rng, part: rng.standard_normal(dtype=np.float32, out=part))
     return out[:n_data], out[n_data:]
+
+
+CLUSTERS = 1024
+
+
+def _generate(n_data, n_queries, dim, dtype, seed_key, fill):
+    """(database, queries) filled from separate seeds: the database does not depend on how many queries."""
+    db, queries = np.empty((n_data, dim), dtype=dtype), np.empty((n_queries, dim), dtype=dtype)
+    _fill_blocks(db, seed_key + [0], fill)
+    _fill_blocks(queries, seed_key + [1], fill)
+    return db, queries
+
+
+def _centres(dim: int, seed: int, scale) -> np.ndarray:
+    return scale(np.random.default_rng([seed, dim, 99]), (CLUSTERS, dim))
+
+
+def clustered_embeddings(n_data: int, n_queries: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Unit-norm float32 'sentence embeddings': 1,024 cluster centres sharing a mean direction (two random
+    rows have cosine about 0.2), each row its centre plus isotropic noise of norm 0.75 (cosine about 0.8
+    to the centre), normalised; queries are drawn the same way."""
+    def unit(x):
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    def centres(rng, shape):
+        mean = unit(rng.standard_normal(shape[1]))
+        return unit(0.5 * mean + unit(rng.standard_normal(shape))).astype(np.float32)
+
+    centre = _centres(dim, seed, centres)
+    sigma = np.float32(0.75 / np.sqrt(dim))
+
+    def fill(rng, part):
+        rng.standard_normal(dtype=np.float32, out=part)
+        part *= sigma
+        part += centre[rng.integers(0, CLUSTERS, len(part))]
+        part /= np.linalg.norm(part, axis=1, keepdims=True)
+
+    return _generate(n_data, n_queries, dim, np.float32, [seed, n_data, dim, 1], fill)
+
+
+def sift_like(n_data: int, n_queries: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 rows like SIFT descriptors: 1,024 centres with exponential coordinates (mean 25, a third of
+    them 0), each row its centre plus normal noise (sd 8), rounded and clipped to 0..255; many zeros and
+    exact distance ties, as in BIGANN. Queries are drawn the same way."""
+    def centres(rng, shape):
+        values = rng.exponential(25.0, shape)
+        values[rng.random(shape) < 1 / 3] = 0.0
+        return values.astype(np.float32)
+
+    centre = _centres(dim, seed, centres)
+
+    def fill(rng, part):
+        noisy = centre[rng.integers(0, CLUSTERS, len(part))] + rng.standard_normal(part.shape, dtype=np.float32) * 8
+        np.clip(np.rint(noisy), 0, 255, out=noisy)
+        part[:] = noisy.astype(np.uint8)
+
+    return _generate(n_data, n_queries, dim, np.uint8, [seed, n_data, dim, 2], fill)
+
+
+def for_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The source data handed to an index of `dtype`: uint8 data shifted by -128 for int8 storage, else as is."""
+    if dtype == "int8" and x.dtype == np.uint8:
+        return (x.astype(np.int16) - 128).astype(np.int8)
+    return x
+
+
+GENERATED = {"random": random_data, "clustered": clustered_embeddings, "sift-like": sift_like}
 
 
 # -- Fashion-MNIST ------------------------------------------------------------------------------
@@ -137,10 +206,10 @@ class PanelData:
         return self.value
 
     def _load(self, data, n_data, dim, n_queries):
-        if data == "random":
-            return random_data(n_data, n_queries, dim)
+        if data in GENERATED:
+            return GENERATED[data](n_data, n_queries, dim)
         if data != "fashion-mnist":
-            raise ValueError(f"data must be 'random' or 'fashion-mnist'; got {data!r}")
+            raise ValueError(f"data must be one of {', '.join(GENERATED)}, 'fashion-mnist'; got {data!r}")
         if self.fashion_about is None:
             folder, why = find_fashion_mnist(self.fashion_dir, install=self.install)
             self.fashion_about = why
@@ -170,8 +239,11 @@ def _distances(q64: np.ndarray, x64: np.ndarray, x_norm2: np.ndarray, metric: st
     ip = q64 @ x64.T
     if metric == "ip":
         return ip
+    if metric == "cosine":
+        scale = np.sqrt(np.einsum("ij,ij->i", q64, q64))[:, None] * np.sqrt(x_norm2)[None, :]
+        return np.divide(ip, scale, out=np.zeros_like(ip), where=scale > 0)
     if metric != "l2":
-        raise ValueError(f"the benchmark's ground truth knows metrics 'l2', 'ip'; got {metric!r}")
+        raise ValueError(f"the benchmark's ground truth knows metrics 'l2', 'ip', 'cosine'; got {metric!r}")
     return np.einsum("ij,ij->i", q64, q64)[:, None] + x_norm2[None, :] - 2.0 * ip
 
 
@@ -183,7 +255,7 @@ def ground_truth(db: np.ndarray, queries: np.ndarray, k: int, metric: str, rows:
                  block_rows: int = 32768) -> Truth:
     """Exact k best distances of queries[:rows] against `db` (already in the stored dtype), in blocks."""
     q64 = np.asarray(queries[:rows], dtype=np.float32).astype(np.float64)
-    sign = -1.0 if metric == "ip" else 1.0          # work with "smaller is better" keys
+    sign = 1.0 if metric == "l2" else -1.0          # work with "smaller is better" keys
     best = np.full((len(q64), 0), np.inf)
     max_norm2 = 0.0
     for start in range(0, len(db), block_rows):
@@ -193,19 +265,27 @@ def ground_truth(db: np.ndarray, queries: np.ndarray, k: int, metric: str, rows:
         keys = np.concatenate([best, sign * _distances(q64, x64, x_norm2, metric)], axis=1)
         take = min(k, keys.shape[1])
         best = np.partition(keys, take - 1, axis=1)[:, :take]
-    kth = sign * np.sort(best, axis=1)
-    dim, q_norm2 = db.shape[1], _norm2(q64)
+    return truth_from(sign * np.sort(best, axis=1), q64, max_norm2, db.shape[1], metric)
+
+
+def truth_from(kth: np.ndarray, q64: np.ndarray, max_norm2: float, dim: int, metric: str) -> Truth:
+    """A Truth from exact k best distances (e.g. the oracle's), with each row's float32 tolerance."""
+    q_norm2 = _norm2(q64[:len(kth)])
     if metric == "ip":   # |error of a float32 dot product| <= dim * u * |q| |x|
         tolerance = dim * U32 * np.sqrt(q_norm2 * max_norm2)
+    elif metric == "cosine":  # that of the dot product over the norms, and of the two norms
+        tolerance = np.full(len(kth), (dim + 4) * U32 * 2)
     else:                # error of |q|^2 + |x|^2 - 2 q.x, with |x| <= |q| + sqrt(d_k) for every true neighbour
         x_norm = np.sqrt(q_norm2) + np.sqrt(np.maximum(kth[:, -1], 0.0))
         tolerance = dim * U32 * (q_norm2 + x_norm ** 2)
     return Truth(kth=kth, tolerance=tolerance + 1e-30, metric=metric)
 
 
-def recall(ids: np.ndarray, truth: Truth, db: np.ndarray, queries: np.ndarray) -> float:
+def recall(ids: np.ndarray, truth: Truth, db: np.ndarray, queries: np.ndarray, rows_of=None) -> float:
     """Share of returned ids (over the truth's rows) that are distinct, real and no farther than the k-th
-    exact neighbour plus the float32 tolerance: a tie with the k-th neighbour counts as correct."""
+    exact neighbour plus the float32 tolerance: a tie with the k-th neighbour counts as correct.
+    rows_of(ids) gives the stored rows in float64 (default: db's rows, db already in the stored dtype)."""
+    rows_of = rows_of or (lambda valid: db[valid].astype(np.float64))
     rows, k = min(len(truth.kth), len(ids)), truth.kth.shape[1]
     ids = np.asarray(ids)[:rows, :k].astype(np.int64)
     q64 = np.asarray(queries[:rows], dtype=np.float32).astype(np.float64)
@@ -215,9 +295,9 @@ def recall(ids: np.ndarray, truth: Truth, db: np.ndarray, queries: np.ndarray) -
         valid = np.unique(row_ids[(row_ids >= 0) & (row_ids < len(db))])
         if len(valid) == 0:
             continue
-        x64 = db[valid].astype(np.float64)
+        x64 = rows_of(valid)
         dist = _distances(q64[row:row + 1], x64, _norm2(x64), truth.metric)[0]
         limit, slack = truth.kth[row, -1], truth.tolerance[row]
-        ok = dist >= limit - slack if truth.metric == "ip" else dist <= limit + slack
+        ok = dist >= limit - slack if truth.metric != "l2" else dist <= limit + slack
         correct += int(np.count_nonzero(ok))
     return correct / (rows * k)

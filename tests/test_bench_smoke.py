@@ -1,4 +1,5 @@
-"""The search benchmark keeps working: its quick CPU run end to end, and the recall it reports."""
+"""The search benchmark keeps working: its quick CPU run end to end, the float64 oracle and agreement it
+reports (against tests/reference.py), its recall, its data and its sweeps."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))  # bench modules import each other by name (oracle, _common)
 
 
 def _bench_module(name: str):
@@ -42,7 +44,11 @@ def test_search_quick_cpu_writes_exact_tinyknn_rows(tmp_path):
     assert [r["recall"] for r in tiny] == [1.0] * len(tiny), tiny
     assert {"faiss", "numpy"} <= {r["peer"] for r in rows}, skipped   # the bench extra is installed in CI
     assert all(r["recall"] == 1.0 for r in rows if r["dtype"] == "float32"), rows
-    assert "configuration" in done.stdout  # the table comes last
+    assert [r["agreement"] for r in tiny] == [1.0] * len(tiny), tiny   # the exactness contract, ties included
+    assert all(0.0 <= r["agreement"] <= 1.0 and r["agreement_queries"] >= 1 for r in rows), rows
+    assert all(run["backend"] == "numpy" for run in result["results"]["oracle"]["runs"]), result["results"]["oracle"]
+    assert "configuration" in done.stdout and "| workload | nq |" in done.stdout  # the tables come last
+    assert done.stdout.rstrip().splitlines()[-1].startswith(("Cells:", "- skipped"))
 
 
 def test_recall_counts_ties_and_rejects_wrong_or_repeated_ids():
@@ -84,9 +90,9 @@ def test_idx_images_are_read_and_checked(tmp_path):
     assert folder is None and "train-images-idx3-ubyte" in why
 
 
-def test_default_sweep_covers_every_value_of_every_axis():
+def test_cpu_sweep_covers_every_value_of_every_axis():
     search = _bench_module("search")
-    sweep = search.choose_sweep(search.parse_args([]))
+    sweep = search.choose_sweep(search.parse_args(["--device", "cpu"]))
     random_panels = [c for c in sweep if c.data == "random"]
     assert {nq for c in sweep for nq in c.nqs} == {1, 10, 100, 1000, 10000}
     assert {c.n_data for c in random_panels} == {10_000, 100_000, 1_000_000}
@@ -94,8 +100,120 @@ def test_default_sweep_covers_every_value_of_every_axis():
     assert {c.dtype for c in sweep} == {"float32", "float16"} and {c.k for c in sweep} == {10, 100}
     assert {(c.dtype, c.k) for c in sweep if c.data == "fashion-mnist"} == {
         (d, k) for d in ("float32", "float16") for k in (10, 100)}
-    for args in ([], ["--quick"]):
+    for args in (["--device", "cpu"], ["--quick"]):
         headline = [c for c in search.choose_sweep(search.parse_args(args)) if c.headline]
         assert headline and {1, 1000} <= set(headline[0].nqs) and headline[0].required(1000)
     custom = search.choose_sweep(search.parse_args(["--dim", "32", "96", "--k", "5", "--nq", "7"]))
     assert [(c.dim, c.k, c.nqs, c.data) for c in custom] == [(32, 5, (7,), "random"), (96, 5, (7,), "random")]
+    eight_bit = search.choose_sweep(search.parse_args(["--dtype", "float16", "uint8"]))
+    assert [(c.data, c.dtype) for c in eight_bit] == [("random", "float16"), ("sift-like", "uint8")]
+
+
+def test_gpu_sweep_has_every_target_workload_and_shares_builds():
+    search = _bench_module("search")
+    args = search.parse_args(["--device", "cuda"])
+    sweep = search.choose_sweep(args)
+    points = {(c.data, c.n_data, c.dim, c.dtype, c.metric, c.k, nq) for c in sweep for nq in c.nqs}
+    wanted = {("random", 100_000, 128, "float32", "l2", 10, nq) for nq in (1, 10, 100, 1000, 10000)}
+    wanted |= {("random", 1_000_000, 768, "float32", "l2", 10, nq) for nq in (1, 100, 1000)}
+    wanted |= {("random", 1_000_000, 768, "float32", "l2", 100, 100), ("random", 1_000_000, 768, "float16", "l2", 10, 1),
+               ("random", 10_000_000, 128, "float16", "l2", 10, 2048), ("sift-like", 10_000_000, 128, "uint8", "l2", 10, 2048)}
+    wanted |= {("clustered", 1_000_000, 768, dtype, metric, 10, 1000)
+               for dtype in ("float16", "bfloat16") for metric in ("l2", "ip", "cosine")}
+    assert wanted <= points, wanted - points
+    assert args.fashion_mnist == "off" and args.budget_s <= 200 and args.truth_queries == 100
+    k10_k100 = [g for g in search.groups(sweep) if g[0].n_data == 1_000_000 and g[0].dtype == "float32"]
+    assert [[c.k for c in g] for g in k10_k100] == [[10, 100]]     # one build per peer for both k
+    data_order = [c.data for c in sweep]
+    assert all(data_order.index(d) + data_order.count(d) - 1 == len(data_order) - 1 - data_order[::-1].index(d)
+               for d in set(data_order)), data_order                  # each data set generated once
+
+
+def test_oracle_equals_the_reference_with_ties_chunks_and_every_metric(monkeypatch):
+    oracle, reference = _bench_module("oracle"), _reference()
+    monkeypatch.setattr(oracle._NumpyOps, "work", 900)   # many blocks of rows, merged across blocks
+    rng = np.random.default_rng(3)
+    ints = rng.integers(0, 3, (2000, 6)).astype(np.uint8)        # exact ties everywhere
+    floats = rng.standard_normal((2000, 12)).astype(np.float32)
+    floats[7], floats[30] = floats[1500], 0.0                     # a duplicate, a zero row (cosine 0)
+    for source, dtype in ((ints, "uint8"), (floats, "float32"), (floats, "float16")):
+        queries = source[:5].astype(np.float32) + (0 if dtype == "uint8" else 0.01)
+        for metric in ("l2", "ip", "cosine"):
+            exact = oracle.exact_neighbours(source, dtype, queries, 40, metric, backend="numpy")
+            want_d, want_i = reference.exact_search(source.astype(np.float32), queries, 40, metric,
+                                                    "float32" if dtype == "uint8" else dtype)
+            assert np.array_equal(exact.ids, want_i), (dtype, metric)
+            assert np.array_equal(exact.distances.astype(np.float32), want_d), (dtype, metric)
+            assert oracle.agreement(want_i, exact, 40) == 1.0
+    swapped = exact.ids.copy()
+    swapped[0, [3, 4]] = swapped[0, [4, 3]]                       # the same ids, two in the wrong order
+    assert oracle.agreement(swapped, exact, 40) == 1 - 2 / (5 * 40)
+
+
+def test_bfloat16_rounding_is_to_nearest_even():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    oracle = _bench_module("oracle")
+    values = np.random.default_rng(4).standard_normal(100_000).astype(np.float32)
+    halfway = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8)], dtype=np.float32)  # ties: to even
+    for x in (values, halfway):
+        assert np.array_equal(oracle.bfloat16_bits(x), x.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_generated_data_sets_are_what_they_say():
+    datasets = _bench_module("datasets")
+    emb, emb_q = datasets.clustered_embeddings(5000, 50, 96)
+    assert emb.dtype == np.float32 and np.allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
+    mean_cos = float((emb[:2000:2] * emb[1:2000:2]).sum(axis=1).mean())
+    assert 0.1 < mean_cos < 0.5, mean_cos                         # shared direction, not isotropic
+    sift, sift_q = datasets.sift_like(5000, 50, 128)
+    assert sift.dtype == np.uint8 and sift_q.shape == (50, 128) and (sift == 0).mean() > 0.1
+    assert np.array_equal(datasets.sift_like(5000, 60, 128)[0], sift)   # seeded: the same rows for any nq
+    assert datasets.for_dtype(sift, "int8").dtype == np.int8 and datasets.for_dtype(sift, "int8").min() >= -128
+
+
+def _reference():
+    spec = importlib.util.spec_from_file_location("tinyknn_bench_reference", BENCH.parent / "tests" / "reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.gpu
+def test_torch_oracle_equals_the_numpy_oracle_bit_for_bit():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    oracle = _bench_module("oracle")
+    rng = np.random.default_rng(5)
+    floats = rng.standard_normal((30_000, 40)).astype(np.float32)
+    floats[11], floats[12] = floats[29_000], 0.0
+    ints = rng.integers(0, 4, (30_000, 16)).astype(np.uint8)
+    for source, dtypes in ((floats, ("float32", "float16", "bfloat16")), (ints, ("uint8",))):
+        queries = source[:64].astype(np.float32)
+        for dtype in dtypes:
+            for metric in ("l2", "ip", "cosine"):
+                on_gpu = oracle.exact_neighbours(source, dtype, queries, 50, metric, backend="torch")
+                on_cpu = oracle.exact_neighbours(source, dtype, queries, 50, metric, backend="numpy")
+                assert on_gpu.backend == "torch cuda"
+                assert np.array_equal(on_gpu.ids, on_cpu.ids), (dtype, metric)
+                assert np.array_equal(on_gpu.distances, on_cpu.distances), (dtype, metric)
+
+
+@pytest.mark.gpu
+def test_search_gpu_small_sweep_runs_every_gpu_peer(tmp_path):
+    pytest.importorskip("torch")
+    command = [sys.executable, str(BENCH / "search.py"), "--device", "cuda", "--n-data", "20000", "--dim", "48",
+               "--dtype", "float32", "float16", "bfloat16", "uint8", "--metric", "l2", "cosine", "--nq", "1", "64",
+               "--k", "10", "--out-dir", str(tmp_path), "--target-s", "0.02"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    output = done.stdout[-6000:] + done.stderr[-4000:]
+    assert done.returncode == 0, output
+    (result_file,) = tmp_path.glob("search_*.json")
+    result = json.loads(result_file.read_text())["results"]
+    rows = result["rows"]
+    assert {"torch-fp32", "torch-tf32", "torch-fp16"} <= {r["peer"] for r in rows}, result["skipped"]
+    assert all(run.get("backend") == "torch cuda" for run in result["oracle"]["runs"]), result["oracle"]
+    assert all(r["agreement"] is not None for r in rows), output
+    exact = [r for r in rows if r["peer"] == "tinyknn-cuda" and r["dtype"] in ("float32", "float16")]
+    assert exact and all(r["agreement"] == 1.0 for r in exact), exact
+    assert all(r["note"] for r in rows if r["peer"] == "torch-fp16"), rows
