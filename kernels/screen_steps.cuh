@@ -49,22 +49,30 @@ template <class E>
 __global__ void __launch_bounds__(256, 1)
 screen_queries_kernel(const float* __restrict__ queries, int n_queries, int query_stride, int dim,
                       typename ScreenStorage<E>::type* __restrict__ out, int out_stride, int n_mma, int shadow,
-                      double key_scale, float* __restrict__ err_scale, float* __restrict__ err_offset) {
+                      int normalize, double key_scale, float* __restrict__ err_scale, float* __restrict__ err_offset) {
   typedef typename ScreenStorage<E>::type S;
   typedef ScreenRounding<E> R;
   const int lane = threadIdx.x & 31;
   const int q = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (q >= n_queries) return;
+  const float* query = queries + (long long)q * query_stride;
+  double scale_by = 1.0;                  // cosine: the screen compares q / |q| with the rows' unit shadows
+  if (normalize) {
+    double squares = 0.0;
+    for (int e = lane; e < dim; e += 32) squares += (double)query[e] * (double)query[e];
+    for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(FULL_WARP, squares, offset);
+    scale_by = squares > 0.0 ? 1.0 / sqrt(squares) : 0.0;
+  }
   double diff = 0.0, rounded = 0.0, norm = 0.0;
   for (int e = lane; e < out_stride; e += 32) {
-    const float v = e < dim ? queries[(long long)q * query_stride + e] : 0.0f;
+    const double v = e < dim ? (double)query[e] * scale_by : 0.0;
     S r;
-    round_to(r, v);
+    round_to(r, (float)v);
     out[(long long)q * out_stride + e] = r;
-    const double w = (double)to_float(r), d = (double)v - w;
+    const double w = (double)to_float(r), d = v - w;
     diff += d * d;
     rounded += w * w;
-    norm += (double)v * (double)v;
+    norm += v * v;
   }
   for (int offset = 16; offset > 0; offset /= 2) {
     diff += __shfl_xor_sync(FULL_WARP, diff, offset);
@@ -80,7 +88,8 @@ screen_queries_kernel(const float* __restrict__ queries, int n_queries, int quer
     e += R::unit * sqrt(norm * slack) * slack;
     f += R::tiny * sqrt((double)dim) * sqrt(norm * slack) * slack;
   }
-  const bool representable = !R::exact || diff == 0.0;
+  if (normalize) e += 1e-12;              // the float64 normalisations of the query and the rows
+  const bool representable = (!R::exact || diff == 0.0) && !(normalize && scale_by == 0.0);
   const double scale = key_scale * (1.0 + 9.5367431640625e-07);                                            // 2^-20
   err_scale[q] = representable ? up_f32(e * scale) : __int_as_float(0x7f800000);
   err_offset[q] = up_f32(f * scale);
@@ -92,37 +101,43 @@ screen_queries_kernel(const float* __restrict__ queries, int n_queries, int quer
 template <class T, class E>
 __global__ void __launch_bounds__(256, 1)
 screen_rows_kernel(const T* __restrict__ data, int row_stride, long long first, long long last, int dim,
-                   typename ScreenStorage<E>::type* __restrict__ shadow, int shadow_stride, float* __restrict__ sq_lo,
-                   float* __restrict__ sq_hi, float* __restrict__ r_x, int* __restrict__ status) {
+                   typename ScreenStorage<E>::type* __restrict__ shadow, int shadow_stride, int normalize,
+                   float* __restrict__ sq_lo, float* __restrict__ sq_hi, float* __restrict__ r_x,
+                   int* __restrict__ status) {
   typedef typename ScreenStorage<E>::type S;
   const int lane = threadIdx.x & 31;
   const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+  const int width = shadow != nullptr && shadow_stride > row_stride ? shadow_stride : row_stride;
   for (long long row = first + (((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5); row < last; row += warps) {
     double sum = 0.0, shadow_sum = 0.0;
+    for (int e = lane; e < row_stride; e += 32) {
+      const double x = (double)to_float(data[row * row_stride + e]);
+      sum += x * x;
+    }
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(FULL_WARP, sum, offset);
+    const double scale_by = normalize ? (sum > 0.0 ? 1.0 / sqrt(sum) : 0.0) : 1.0;   // cosine: unit rows
     bool bad = false;
-    const int width = shadow != nullptr && shadow_stride > row_stride ? shadow_stride : row_stride;
-    for (int e = lane; e < width; e += 32) {
-      const float x = e < row_stride ? to_float(data[row * row_stride + e]) : 0.0f;
-      sum += (double)x * (double)x;
-      if (shadow != nullptr && e < shadow_stride) {
+    if (shadow != nullptr) {
+      for (int e = lane; e < width; e += 32) {
+        if (e >= shadow_stride) continue;
+        const double x = e < row_stride ? (double)to_float(data[row * row_stride + e]) * scale_by : 0.0;
         S r;
-        round_to(r, x);
+        round_to(r, (float)x);
         shadow[row * shadow_stride + e] = r;
         const float w = to_float(r);
         bad |= !(fabsf(w) <= 65504.0f);
         shadow_sum += (double)w * (double)w;
       }
-    }
-    for (int offset = 16; offset > 0; offset /= 2) {
-      sum += __shfl_xor_sync(FULL_WARP, sum, offset);
-      shadow_sum += __shfl_xor_sync(FULL_WARP, shadow_sum, offset);
+      for (int offset = 16; offset > 0; offset /= 2) shadow_sum += __shfl_xor_sync(FULL_WARP, shadow_sum, offset);
     }
     bad = __any_sync(FULL_WARP, bad);
     if (lane == 0) {
       const double slack = dim * 2.220446049250313e-16;
-      sq_lo[row] = down_f32(sum * (1.0 - slack));
-      sq_hi[row] = up_f32(sum * (1.0 + slack));
-      r_x[row] = up_f32(sqrt(fmax(sum, shadow_sum) * (1.0 + slack)) * (1.0 + 8.881784197001252e-16));
+      const double exact_sum = normalize ? (sum > 0.0 ? 1.0 : 0.0) : sum;      // |x / |x||^2
+      sq_lo[row] = down_f32(exact_sum * (1.0 - slack));
+      sq_hi[row] = up_f32(exact_sum * (1.0 + slack));
+      r_x[row] = up_f32(sqrt(fmax(exact_sum, shadow_sum) * (1.0 + slack)) * (1.0 + 8.881784197001252e-16) +
+                        (normalize ? 1e-12 : 0.0));
       if (bad) atomicOr(status, 1);
     }
   }

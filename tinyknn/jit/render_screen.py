@@ -18,6 +18,19 @@ SCREEN_ELEMENTS = {"float16": "tinyknn::ScreenF16", "bfloat16": "tinyknn::Screen
                    "int8": "tinyknn::ScreenS8", "uint8": "tinyknn::ScreenU8"}
 ELEMENT_OF_STORAGE = {"float32": "float16", "float16": "float16", "bfloat16": "bfloat16", "int8": "int8",
                       "uint8": "uint8"}        # float32 indexes screen through a float16 shadow
+
+
+def element_of(metric: str, dtype: str) -> str:
+    """What the screen multiplies: the rows' own 16- or 8-bit values, a float32 index's float16 shadow, or
+    for cosine the rows divided by their norms (a float16 shadow; bfloat16 for a bfloat16 index)."""
+    if metric == "cosine":
+        return "bfloat16" if dtype == "bfloat16" else "float16"
+    return ELEMENT_OF_STORAGE[dtype]
+
+
+def has_shadow(metric: str, dtype: str) -> bool:
+    """Whether the screen reads a copy of the rows (float32 storage, or cosine's unit rows)."""
+    return metric == "cosine" or dtype == "float32"
 # Tuning, from the H200 probe (bench/NOTES_SCREEN.md): 128 x 128 tiles of 64-byte stages, 2 x 4 warps, 4 stages.
 SCREEN_BQ, SCREEN_BN, SCREEN_BKB, SCREEN_WARPS_Q, SCREEN_WARPS_N, SCREEN_STAGES = 128, 128, 64, 2, 4, 4
 SURVIVOR_CAPACITY = 4096        # survivors kept per query (more: the query goes to the other kernels)
@@ -48,14 +61,14 @@ def step_spec(variant: str, metric: str, dtype: str, k: int, arch: str) -> Kerne
     if variant == "survivors":
         params = {"cap": SURVIVOR_CAPACITY, "warps": SURVIVOR_WARPS, "smem": SURVIVOR_CAPACITY * 20}
     keeps_k = variant in ("threshold", "survivors")
-    keeps_metric = variant == "survivors"
+    keeps_metric = variant == "survivors" or (metric == "cosine" and variant != "threshold")
     return KernelSpec(metric if keeps_metric else "l2", dtype if variant != "threshold" else "float32", 1,
                       k if keeps_k else 0, variant, arch, tuple(params.items()))
 
 
 def name_expression(spec: KernelSpec) -> str:
     p = spec.param
-    element = SCREEN_ELEMENTS[ELEMENT_OF_STORAGE[spec.dtype]]
+    element = SCREEN_ELEMENTS[element_of(spec.metric, spec.dtype)]
     if spec.variant == "screen":
         flag = lambda v: "true" if v else "false"   # noqa: E731
         args = [element, flag(spec.metric != "l2"), flag(p("threshold")), p("kl"), p("bq"), p("bn"), p("bkb"),
