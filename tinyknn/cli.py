@@ -190,7 +190,7 @@ def cmd_clear(args) -> int:
 
 # -- the parser ----------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ._version import __version__
     from ._cli_demo import add_demo_arguments, cmd_demo
     from ._cli_info import cmd_report
 

@@ -26,14 +26,19 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import threading
+import time
 import warnings
 from pathlib import Path
 
+from .._version import __version__
 from ..config import get_config
 from ..spec import KernelSpec
 from . import store, toolchain
 from .compiler import Cubin, compile_cubin, compile_options
+
+log = logging.getLogger(__name__)   # "tinyknn.jit.cache": hits, misses, compiles, repairs
 
 LOCK_TIMEOUT_S = 120.0   # a compile takes seconds; past this, compile rather than wait
 
@@ -50,8 +55,6 @@ def _default_render(spec: KernelSpec):
 
 def entry_key(rendered, arch: str, nvrtc: tuple[int, int]) -> str:
     """sha256 hex over everything that changes the cubin of `rendered` for `arch`."""
-    from .. import __version__
-
     fields = {
         "format": store.FORMAT_VERSION,
         "tinyknn": __version__,
@@ -95,6 +98,7 @@ class CubinCache:
             cubin = self._memory.get(spec)
             if cubin is not None:
                 self._stats["memory_hits"] += 1
+                log.debug("cubin cache: memory hit %s", spec)
                 return cubin, "memory"
             spec_lock = self._spec_locks.setdefault(spec, threading.Lock())
         with spec_lock:   # threads wanting the same spec wait for one compile
@@ -117,12 +121,17 @@ class CubinCache:
         key = entry_key(rendered, spec.arch, self._nvrtc_version())
         cubin = self._read(key)
         if cubin is not None:
+            log.debug("cubin cache: disk hit %s (%s)", spec, key[:16])
             return cubin, "disk"
+        log.debug("cubin cache: miss %s (%s)", spec, key[:16])
         with self._interprocess_lock(key):
             cubin = self._read(key)   # another process may have compiled it while we waited
             if cubin is not None:
+                log.debug("cubin cache: disk hit after waiting for the lock %s", spec)
                 return cubin, "disk"
+            start = time.perf_counter()
             cubin = compile_cubin(rendered, spec.arch, spec=spec)
+            log.info("compiled %s in %.2f s", spec, time.perf_counter() - start)
             self._write(key, store.encode_entry(key, spec, cubin, compile_options(rendered, spec.arch),
                                                 rendered.name_expressions))
         return cubin, "compiled"
@@ -149,6 +158,7 @@ class CubinCache:
             return store.decode_entry(data, expected_key=key)[1]
         except store.EntryError as problem:
             removed = self._remove(path)
+            log.warning("cubin cache: repairing %s: %s (%s)", path, problem, "removed" if removed else "not removable")
             self._warn(f"cache entry {path} is {problem}; {'removed it' if removed else 'cannot remove it'}"
                        " and compiling again")
             return None
@@ -163,6 +173,7 @@ class CubinCache:
 
     def _disable_writes(self, exc: OSError) -> None:
         self._writable = False
+        log.warning("cubin cache: cannot write to %s (%s); memory only from now on", self.directory, exc)
         self._warn_once("write", f"cannot write to the cubin cache {self.directory} ({exc.strerror or exc}); "
                                  "compiled kernels stay in memory only, for this process")
 
