@@ -1,4 +1,11 @@
-"""The float64 oracle and the tie-aware comparison every search test uses.
+"""The float64 oracle of the exactness contract, and the older tie-aware comparison.
+
+`exact_search` / `assert_exact` are the contract (README "Exactness", kernels/exact.cuh): float64 distances
+computed operation by operation as the kernels compute them (sequential over dimensions, every product and
+sum rounded, no fused multiply-add), nearest first, equal float64 distances broken by the smaller id,
+distances returned as those float64 values rounded to float32; `assert_exact` compares bit for bit.
+
+`check_search` (below them) is the first wave's tolerant check, kept for paths not yet under the contract:
 
 A search result is correct when (1) each row's distances are sorted nearest first, (2) they equal the
 reference's k best distances within float32 rounding (so ties may be broken any way), (3) every
@@ -21,6 +28,69 @@ def stored(db: np.ndarray, dtype: str) -> np.ndarray:
 def searched(q: np.ndarray) -> np.ndarray:
     """Queries as the index searches them (float32), in float64."""
     return np.asarray(q).astype(np.float32).astype(np.float64)
+
+
+def contract_distances(db64: np.ndarray, q64: np.ndarray, metric: str) -> np.ndarray:
+    """(nq, n) float64 distances exactly as kernels/exact.cuh defines them (same operations, same order)."""
+    nq, n = q64.shape[0], db64.shape[0]
+    if metric == "l2":
+        total = np.zeros((nq, n))
+        for d in range(db64.shape[1]):
+            diff = q64[:, d, None] - db64[None, :, d]
+            total = total + diff * diff
+        return total + 0.0
+    dot = np.zeros((nq, n))
+    for d in range(db64.shape[1]):
+        dot = dot + q64[:, d, None] * db64[None, :, d]
+    if metric == "ip":
+        return dot + 0.0
+    qq, xx = np.zeros(nq), np.zeros(n)
+    for d in range(db64.shape[1]):
+        qq = qq + q64[:, d] * q64[:, d]
+        xx = xx + db64[:, d] * db64[:, d]
+    denominator = np.sqrt(qq)[:, None] * np.sqrt(xx)[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cosine = dot / denominator
+    cosine[(qq == 0)[:, None] | (xx == 0)[None, :]] = 0.0
+    return cosine + 0.0
+
+
+def exact_search(db, q, k: int, metric: str, dtype: str = "float32", id_map=None) -> tuple[np.ndarray, np.ndarray]:
+    """The contract's answer: (float32 distances, int64 ids), (nq, k), padded with (+-inf, -1) beyond n."""
+    db64, q64 = stored(db, dtype), searched(q)
+    nq, n = q64.shape[0], db64.shape[0]
+    ids = np.arange(n, dtype=np.int64) if id_map is None else np.asarray(id_map, dtype=np.int64)
+    larger = LARGER_IS_BETTER[metric]
+    out_d = np.full((nq, k), -np.inf if larger else np.inf, dtype=np.float32)
+    out_i = np.full((nq, k), -1, dtype=np.int64)
+    if n == 0 or nq == 0:
+        return out_d, out_i
+    dist = contract_distances(db64, q64, metric)
+    take = min(k, n)
+    for row in range(nq):
+        key = -dist[row] if larger else dist[row]
+        order = np.lexsort((ids, key))[:take]          # by key, then by the smaller id
+        out_d[row, :take] = dist[row, order].astype(np.float32)
+        out_i[row, :take] = ids[order]
+    return out_d, out_i
+
+
+def assert_exact(distances, ids, db, q, k: int, metric: str, dtype: str = "float32", id_map=None) -> None:
+    """The exactness contract: ids equal the float64 oracle's, distances its float32 roundings, bit for bit."""
+    want_d, want_i = exact_search(db, q, k, metric, dtype, id_map)
+    got_d, got_i = np.asarray(distances), np.asarray(ids)
+    assert got_d.shape == want_d.shape and got_i.shape == want_i.shape, (got_d.shape, got_i.shape, want_d.shape)
+    assert got_d.dtype == np.float32 and got_i.dtype == np.int64, (got_d.dtype, got_i.dtype)
+    bad_rows = np.flatnonzero(np.any(got_i != want_i, axis=1) |
+                              np.any(got_d.view(np.uint32) != want_d.view(np.uint32), axis=1))
+    if len(bad_rows):
+        row = bad_rows[0]
+        wrong = np.flatnonzero((got_i[row] != want_i[row]) | (got_d[row].view(np.uint32) != want_d[row].view(np.uint32)))
+        raise AssertionError(
+            f"{len(bad_rows)} of {len(got_i)} queries differ from the float64 oracle; query {row}, positions "
+            f"{wrong[:8].tolist()}: got ids {got_i[row, wrong[:8]].tolist()} distances "
+            f"{got_d[row, wrong[:8]].tolist()}, expected ids {want_i[row, wrong[:8]].tolist()} distances "
+            f"{want_d[row, wrong[:8]].tolist()}")
 
 
 def all_distances(db64: np.ndarray, q64: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:
