@@ -106,14 +106,22 @@ class IndexFlat:
         return _into(D, distances), _into(I, np.asarray(ids, dtype=np.int64))
 
     def range_search(self, x, thresh, *, params=None):
-        """(lims uint64 (n + 1,), D float32, I int64): l2 distance < thresh, inner product > thresh."""
+        """(lims uint64 (n + 1,), D float32, I int64): l2 distance < thresh, inner product > thresh; each
+        query's hits in storage (insertion) order, as FAISS's flat indexes give them and its tests expect."""
         x = _checked_rows(x, self.d, "queries")
         allowed = self._allowed(params)
         range_search = require(self._index, "range_search")
         kwargs = {} if allowed is None else {"filter": allowed}
         lims, distances, ids = range_search(x, float(thresh), **kwargs)
-        return (np.asarray(lims, dtype=np.uint64), np.asarray(distances, dtype=np.float32),
-                np.asarray(ids, dtype=np.int64))
+        lims, distances, ids = (np.asarray(lims, dtype=np.int64), np.asarray(distances, dtype=np.float32),
+                                np.asarray(ids, dtype=np.int64))
+        query = np.repeat(np.arange(len(lims) - 1), np.diff(lims))
+        order = np.lexsort((self._positions(ids), query))
+        return lims.astype(np.uint64), distances[order], ids[order]
+
+    def _positions(self, ids: np.ndarray) -> np.ndarray:
+        """Where each id sits in storage order (for IndexFlat the id is its position)."""
+        return ids
 
     def remove_ids(self, sel) -> int:
         """Remove the ids `sel` selects (an IDSelector or an array of ids); later ids shift down, as in FAISS."""
@@ -180,6 +188,10 @@ class IndexIDMap(IndexFlat):
 
     def _stored_ids(self) -> np.ndarray:
         return self.id_map
+
+    def _positions(self, ids: np.ndarray) -> np.ndarray:
+        by_id = np.argsort(self.id_map, kind="stable")
+        return by_id[np.searchsorted(self.id_map, ids, sorter=by_id)]
 
     def add(self, x) -> None:
         raise FaissError("add does not make sense with IndexIDMap, use add_with_ids")

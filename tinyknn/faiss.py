@@ -5,8 +5,8 @@ knn, normalize_L2, SearchParameters with the IDSelectors, and index_cpu_to_gpu-s
 FAISS's conventions: METRIC_INNER_PRODUCT = 0 and METRIC_L2 = 1 (squared distances); a missing result
 is id -1 with distance +FLT_MAX (l2) or -FLT_MAX (inner product), not infinity; range_search returns
 (lims uint64, D float32, I int64) with l2 hits where distance < radius and inner-product hits where
-similarity > radius. FAISS leaves the order of one query's range hits unspecified; tinyknn gives them
-nearest first. Answers are exact (tinyknn's exactness contract), so they can differ from FAISS's BLAS
+similarity > radius, each query's hits in storage (insertion) order as FAISS's flat indexes return them
+(FAISS documents the order as unspecified; its own tests rely on this one). Answers are exact (tinyknn's exactness contract), so they can differ from FAISS's BLAS
 path in the last bit and in the order of exact ties.
 
 Differences, on purpose: bad shapes are ValueError (FAISS: AssertionError); ids within one index are
@@ -82,7 +82,8 @@ def _copy_to(index: IndexFlat, device: str) -> IndexFlat:
     with tempfile.TemporaryDirectory(prefix="tinyknn-faiss-") as folder:
         path = os.path.join(folder, "index.tknn")
         index._index.save(path)
-        flat = IndexFlat._over(Index.load(path, device=device), index.metric_type)
+        flat_type = type(index.index) if isinstance(index, IndexIDMap) else type(index)
+        flat = flat_type._over(Index.load(path, device=device), index.metric_type)
     if not isinstance(index, IndexIDMap):
         return flat
     moved = type(index).__new__(type(index))

@@ -24,3 +24,11 @@ def omp_set_num_threads(n: int) -> None:
 
 
 __path__.append(os.environ["FAISS_UPSTREAM_SRC"])   # noqa: F821 - faiss.contrib from the fetched source
+
+if os.environ.get("FAISS_SHIM_MODEL_INDEX") == "1":
+    # tests/test_faiss_upstream.py's second backend: the model of the index-operations issue's Index API
+    # (tests/adapter_index_model.py) in place of tinyknn.Index, so FAISS's tests check the adapter itself.
+    import tinyknn._faiss_index
+    from adapter_index_model import IndexWithOperations
+
+    tinyknn._faiss_index.Index = IndexWithOperations
