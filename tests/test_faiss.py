@@ -19,7 +19,7 @@ from adapter_index_model import backend_fixture
 from reference import check_search, contract_distances
 
 import tinyknn.faiss as tkfaiss
-from tinyknn._faiss_ops import require
+from tinyknn._index_ops import require
 
 backend = backend_fixture("tinyknn._faiss_index")
 METRICS = {tkfaiss.METRIC_L2: "l2", tkfaiss.METRIC_INNER_PRODUCT: "ip"}

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._faiss_ops import FaissError, require
 from ._faiss_selectors import IDSelector, SearchParameters, as_selector
+from ._index_ops import require
+from .errors import TinyKnnError
 from .index import Index
 
 METRIC_INNER_PRODUCT = 0
 METRIC_L2 = 1
 FLT_MAX = float(np.finfo(np.float32).max)
 _METRICS = {METRIC_L2: "l2", METRIC_INNER_PRODUCT: "ip"}
+
+
+class FaissError(TinyKnnError):
+    """What FAISS raises as RuntimeError: a missing key, an operation this kind of index does not have."""
 
 
 def _metric_name(metric_type) -> str:

@@ -22,9 +22,8 @@ import tempfile
 
 import numpy as np
 
-from ._faiss_index import (FLT_MAX, METRIC_INNER_PRODUCT, METRIC_L2, IndexFlat, IndexFlatIP, IndexFlatL2,
-                           IndexIDMap, IndexIDMap2)
-from ._faiss_ops import FaissError
+from ._faiss_index import (FLT_MAX, METRIC_INNER_PRODUCT, METRIC_L2, FaissError, IndexFlat, IndexFlatIP,
+                           IndexFlatL2, IndexIDMap, IndexIDMap2)
 from ._faiss_selectors import *  # noqa: F401,F403 - the selectors are part of this module's surface
 from ._faiss_selectors import __all__ as _selector_names
 from .index import Index
