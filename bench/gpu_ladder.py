@@ -65,7 +65,7 @@ def kernel_times(index, nq: int, k: int, repeats: int, zero_bounds: bool = True,
         plan.main.launch(plan.main_grid, plan.main_block, plan.main_shared, stream)
         events[1].record(stream)
         if zero_bounds:
-            plan.merge.launch(plan.n_queries, plan.merge_block, plan.merge_shared, stream)
+            plan.verify.launch(plan.n_queries, plan.verify_block, plan.verify_shared, stream)
         events[2].record(stream)
         events[2].synchronize()
         if i >= 2:

@@ -86,7 +86,7 @@ def main() -> int:
                     ms = ladder.end_to_end(index, queries[:nq], k, args.repeats)
                     batch = index._searcher._host_batch(nq, k)
                     ladder.record(what=label, nq=nq, k=k, plan=name, ms=ms, variant=batch.plan.variant,
-                                  slices=batch.plan.slices, rescored=batch.plan.rescores)
+                                  slices=batch.plan.slices, filtered=bool(batch.plan.main_spec_filter) if hasattr(batch.plan, "main_spec_filter") else None)
                 index.close()
             except Exception as exc:  # noqa: BLE001 - a plan that cannot run is a result too
                 ladder.record(what=label, k=k, plan=name, error=f"{type(exc).__name__}: {exc}"[:300])

@@ -19,18 +19,22 @@ template <> struct StorageLimit<half_bits> { static constexpr double value = 655
 // One warp per row. src holds n_rows rows of dim elements of float16/32/64 (src_itemsize 2/4/8),
 // src_row_stride elements apart. dst gets dst_row_stride (>= dim) elements per row, zero padded.
 // status |= 1 when a value is NaN, infinite or beyond StorageLimit. norms may be null; it gets
-// 1 / |x| (cosine) or, with `squared`, |x|^2 (l2's filter key), and then norm_max (if not null) the
-// largest |x|^2 as float bits (non-negative floats order like their bits: atomicMax works).
+// 1 / |x| (cosine: from the float64 sum of squares, so tiny rows keep their norm; at most FLT_MAX) or,
+// with `squared`, the float32 |x|^2 (l2's filter key). row_stats (if not null: the database, never
+// queries) collects what verify.cuh's bounds need: [0] the largest |x|^2 rounded up, [1] ~ the smallest
+// non-zero |x|^2 rounded down, both as float bits of float64 sums (non-negative floats order like their
+// bits: atomicMax works; 0 means none yet).
 // Not on the search path, so dim is a run-time value: one kernel per storage type serves every dim.
 template <class T>
 __global__ void __launch_bounds__(256)
 ingest_kernel(const void* __restrict__ src, int src_itemsize, long long src_row_stride, long long n_rows, int dim,
               T* __restrict__ dst, int dst_row_stride, float* __restrict__ norms, int squared,
-              unsigned* __restrict__ norm_max, int* __restrict__ status) {
+              unsigned* __restrict__ row_stats, int* __restrict__ status) {
   const int lane = threadIdx.x & 31;
   const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
   for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < n_rows; row += warps) {
     float sum_of_squares = 0.0f;
+    double wide_sum = 0.0;
     bool bad = false;
     for (int e = lane; e < dst_row_stride; e += 32) {
       T out;
@@ -55,12 +59,20 @@ ingest_kernel(const void* __restrict__ src, int src_itemsize, long long src_row_
       dst[row * dst_row_stride + e] = out;
       const float stored = to_float(out);
       sum_of_squares += stored * stored;
+      wide_sum += (double)stored * (double)stored;
     }
     sum_of_squares = sum_over_lanes<32>(sum_of_squares);
-    if (lane == 0 && norms != nullptr) norms[row] = squared ? sum_of_squares : inverse_norm(sum_of_squares);
+    for (int offset = 16; offset > 0; offset /= 2) wide_sum += __shfl_xor_sync(FULL_WARP, wide_sum, offset);
+    if (lane == 0 && norms != nullptr) {
+      const float inverse = wide_sum > 0.0 ? __double2float_rn(fmin(1.0 / sqrt(wide_sum), 3.4028234663852886e38)) : 0.0f;
+      norms[row] = squared ? sum_of_squares : inverse;
+    }
     // A bad row fails the whole add; only an over-estimate of the maximum may stay behind, never NaN.
     const bool any_bad = __any_sync(FULL_WARP, bad);
-    if (lane == 0 && norm_max != nullptr && !any_bad) atomicMax(norm_max, __float_as_uint(sum_of_squares));
+    if (lane == 0 && row_stats != nullptr && !any_bad) {
+      atomicMax(row_stats, __float_as_uint(__double2float_ru(wide_sum * (1.0 + 1e-12))));
+      if (wide_sum > 0.0) atomicMax(row_stats + 1, ~__float_as_uint(__double2float_rd(wide_sum * (1.0 - 1e-12))));
+    }
     if (any_bad && lane == 0) atomicOr(status, 1);
   }
 }

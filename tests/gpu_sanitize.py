@@ -6,9 +6,10 @@
 
 Covers: ingest (host rows, float64/float16 CUDA rows and queries when CuPy is present), scan with
 register lists and with shared-memory lists (k = 2048), tiled with shared lists (bulk rebuilds), the
-l2 filter key with its rescore and the exact fallback, scan blocks of one query and tiled blocks of 16,
-the merge (small and large k, padding), graph replay, float16 storage and every metric. Each result is
-checked against the float64 reference, so a broken run also fails without the tool. Exit status 0
+l2 filter key, the verify step after every selection (small and large k, padding) and the band search
+of unproven queries (far data, 40 tied copies), scan blocks of one query and tiled blocks of 16, graph
+replay, float16 storage and every metric. Each result is checked against the float64 oracle
+(assert_exact), so a broken run also fails without the tool. Exit status 0
 means every search was correct.
 """
 
@@ -23,16 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tinyknn  # noqa: E402
-from reference import check_search  # noqa: E402
+from reference import assert_exact  # noqa: E402
 from tinyknn.gpu import plan  # noqa: E402
 
 CASES = [  # metric, dtype, dim, n, k, n_queries, selection kernel, data offset
     ("l2", "float32", 37, 700, 10, 3, "scan", 0.0),
     ("ip", "float16", 64, 700, 100, 5, "scan", 0.0),
-    ("cosine", "float32", 20, 2300, 2048, 2, "scan", 0.0),        # shared-memory lists, big merge
-    ("l2", "float16", 130, 300, 10, 70, "tiled", 0.0),           # l2 filter key + rescore
+    ("cosine", "float32", 20, 2300, 2048, 2, "scan", 0.0),        # shared-memory lists, big verify
+    ("l2", "float16", 130, 300, 10, 70, "tiled", 0.0),           # l2 filter key + verify
     ("l2", "float32", 37, 1500, 100, 40, "tiled", 0.0),          # filter lists of 108, bulk rebuilds
-    ("l2", "float32", 20, 800, 5, 30, "tiled", 1e4),             # filter unproven: exact tiled again
+    ("l2", "float32", 20, 800, 5, 30, "tiled", 1e4),             # filter unproven: band search
+    ("l2", "float32", 6, 400, 10, 3, "scan", -1.0),              # 40 tied copies: band search
     ("cosine", "float16", 16, 500, 100, 40, "tiled", 0.0),       # tiled with shared-memory lists
     ("ip", "float32", 3, 5, 20, 4, "scan", 0.0),                 # k > ntotal: padding
     ("cosine", "float16", 96, 1200, 10, 1, "scan", 0.0),         # one query: scan blocks of one
@@ -45,13 +47,16 @@ def main() -> int:
     rng = np.random.default_rng(7)
     for metric, dtype, dim, n, k, n_queries, variant, offset in CASES:
         plan.SCAN_MAX_QUERIES = 10**9 if variant == "scan" else 0
-        db = (rng.standard_normal((n, dim)) + offset).astype(np.float32)
-        q = (rng.standard_normal((n_queries, dim)) + offset).astype(np.float32)
+        db = (rng.standard_normal((n, dim)) + max(offset, 0.0)).astype(np.float32)
+        q = (rng.standard_normal((n_queries, dim)) + max(offset, 0.0)).astype(np.float32)
+        if offset < 0:                                      # 40 copies of one row, searched at that row
+            db[100:140] = db[3]
+            q[:] = db[3]
         with tinyknn.Index(dim, metric, dtype, device="cuda") as index:
             index.add(db)
             for _ in range(2):                              # the second search replays a graph
                 distances, ids = index.search(q, k)
-                check_search(distances, ids, db, q, k, metric, dtype)
+                assert_exact(distances, ids, db, q, k, metric, dtype)
             try:
                 import cupy
             except ImportError:
@@ -59,7 +64,7 @@ def main() -> int:
             index.add(cupy.asarray(rng.standard_normal((50, dim))))   # float64 rows converted on the device
             db = np.concatenate([db, index._searcher.export()[0][n:].astype(np.float32)])
             distances, ids = index.search(cupy.asarray(q.astype(np.float16)), k)
-            check_search(distances.get(), ids.get(), db, q.astype(np.float16), k, metric, dtype)
+            assert_exact(distances.get(), ids.get(), db, q.astype(np.float16), k, metric, dtype)
         print(f"ok {metric} {dtype} dim={dim} n={n} k={k} nq={n_queries} {variant}", flush=True)
     return 0
 

@@ -18,7 +18,7 @@ import pytest
 
 import tinyknn
 from tinyknn.jit import render
-from reference import check_search
+from reference import assert_exact
 
 pytestmark = pytest.mark.gpu
 
@@ -57,8 +57,9 @@ def _data(rng, n, dim, dtype="float32", scale=1.0, offset=0.0):
 
 
 def _check(result, db, q, k, metric, dtype, id_map=None, sample=96):
-    """check_search on all rows, or on the first, last and random rows of a large batch; in chunks
-    of rows so that the reference's (rows, n, dim) float64 temporaries stay small."""
+    """The exactness contract (assert_exact: ids and distances bit for bit the float64 oracle's) on all
+    rows, or on the first, last and random rows of a large batch; in chunks of rows so that the
+    reference's (rows, n) float64 temporaries stay small."""
     distances, ids = (np.asarray(a) for a in result)
     nq = len(q)
     rows = np.arange(nq)
@@ -69,7 +70,7 @@ def _check(result, db, q, k, metric, dtype, id_map=None, sample=96):
     step = max(1, int(2e7 // max(1, db.size)))
     for start in range(0, len(rows), step):
         part = rows[start:start + step]
-        check_search(distances[part], ids[part], db, q[part], k, metric, dtype, id_map)
+        assert_exact(distances[part], ids[part], db, q[part], k, metric, dtype, id_map)
 
 
 @pytest.mark.parametrize("dim", DIMS)
@@ -215,8 +216,8 @@ def test_adversarial_data(case, rng):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_l2_filter_is_proven_on_ordinary_data(dtype, rng):
-    """Large l2 batches rank by |x|^2 - 2 q.x and rescore: on data near the origin the rescore proves
-    every answer (no query searched twice), for list lengths 9 to 108 and an unfiltered k = 121."""
+    """Large l2 batches rank by |x|^2 - 2 q.x, then verify: on data near the origin the verify step proves
+    every answer (no band search), for list lengths 9 to 108 and an unfiltered k = 121."""
     dim = 48
     db = _data(rng, 4000, dim, dtype)
     with tinyknn.Index(dim, "l2", dtype, device="cuda") as index:
@@ -229,7 +230,7 @@ def test_l2_filter_is_proven_on_ordinary_data(dtype, rng):
 
 @pytest.mark.parametrize("n", [0, 1, 5, 17])
 def test_l2_filter_with_fewer_rows_than_its_lists(n, rng):
-    """k + 8 candidates per list but only n rows (n < k + 8, k > n too): the rescore pads like the merge."""
+    """k + 8 candidates per list but only n rows (n < k + 8, k > n too): verify pads and proves."""
     dim = 12
     db = _data(rng, n, dim)
     q = _data(rng, 20, dim)
@@ -247,8 +248,8 @@ def test_l2_filter_with_fewer_rows_than_its_lists(n, rng):
 
 def test_l2_filter_proof_counts_underflow(rng):
     """Coordinates near 2^-70 make every square subnormal, where roundings are absolute, not relative:
-    the filter cannot rank such rows reliably, so the proof must fail and every query is searched
-    again exactly (the answer is then the exact kernel's, bit for bit)."""
+    the filter cannot rank such rows reliably, so the proof must fail and every query goes to the band
+    search (whose answer is the contract's, bit for bit)."""
     dim, k = 16, 1
     center = rng.uniform(-1, 1, dim) * 2.0**-70
     db = (center + rng.uniform(-1, 1, (300, dim)) * 2.0**-75).astype(np.float32)
@@ -257,9 +258,7 @@ def test_l2_filter_proof_counts_underflow(rng):
         index.add(db)
         distances, ids = index.search(q, k)
         assert index._searcher.exact_reruns == len(q)
-        exact = index._searcher._search_host_batch(q, k, exact=True)
-        np.testing.assert_array_equal(distances, exact[0])
-        np.testing.assert_array_equal(ids, exact[1])
+        _check((distances, ids), db, q, k, "l2", "float32")
 
 
 def test_zero_queries(rng):
@@ -273,7 +272,7 @@ def test_zero_queries(rng):
 @pytest.mark.parametrize("case", ["far", "ties", "one_far_query"])
 def test_l2_filter_falls_back_when_unproven(case, rng):
     """Where the filter key's rounding could hide a nearer row (far from the origin, ties at the k-th
-    distance), the query is searched again exactly: the answer stays the exact one."""
+    distance), the query goes to the band search: the answer stays the contract's."""
     dim, k = 24, 10
     if case == "far":
         db = _data(rng, 3000, dim, scale=1e-2, offset=1e4)

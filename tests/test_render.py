@@ -28,7 +28,8 @@ def test_render_source_names_the_instantiation():
     assert rendered.source == render.kernel_source()        # only the name expression differs per spec
     (name,) = rendered.name_expressions
     p = dict(spec.params)
-    assert name == (f"tinyknn::scan_kernel<tinyknn::Cosine, tinyknn::half_bits, 130, 37, {p['qb']}, {p['lanes']}, "
+    assert name == (f"tinyknn::scan_kernel<tinyknn::Cosine, tinyknn::half_bits, 130, {37 + render.VERIFY_MARGIN}, "
+                    f"{p['qb']}, {p['lanes']}, "
                     f"{p['warps']}, {p['smem']}>")
     assert "-std=c++17" in rendered.options
     assert not any(o.startswith("-arch") for o in rendered.options)
@@ -39,8 +40,14 @@ def test_dim_independent_kernels_share_one_name():
     b = render.tiled_spec("l2", "float32", 1536, 10, "sm_90")
     assert a != b and render.name_expression(a) == render.name_expression(b)
     assert render.name_expression(render.norms_spec("float16", 3, "sm_90")) == "tinyknn::ingest_kernel<tinyknn::half_bits>"
-    assert render.merge_spec("ip", 10, "sm_80") == render.merge_spec("ip", 10, "sm_80")
-    assert render.name_expression(render.merge_spec("ip", 10, "sm_80")).startswith("tinyknn::merge_kernel<tinyknn::InnerProduct, 10,")
+    verify = render.verify_spec(render.scan_spec("ip", "float32", 64, 10, "sm_80"))
+    assert verify == render.verify_spec(render.scan_spec("ip", "float32", 1536, 10, "sm_80"))
+    assert render.name_expression(verify).startswith(
+        "tinyknn::verify_kernel<tinyknn::InnerProduct, tinyknn::KeyBound<tinyknn::InnerProduct>, float, 10, 18,")
+    filtered = render.verify_spec(render.tiled_spec("l2", "float16", 64, 10, "sm_80"))
+    assert "tinyknn::FilterKeyBound, tinyknn::half_bits" in render.name_expression(filtered)
+    assert render.name_expression(render.band_spec("cosine", "float16", "sm_80")) == \
+        "tinyknn::band_kernel<tinyknn::Cosine, tinyknn::half_bits>"
 
 
 @pytest.mark.parametrize("dim,dtype,expected", [
@@ -55,7 +62,7 @@ def test_specs_for_search_cover_every_plan():
     specs = render.specs_for_search("cosine", "float16", 96, 10, "sm_90")
     variants = [s.variant for s in specs]
     assert variants.count("norms") == 2                    # database (float16) and CUDA queries (float32)
-    assert {"scan", "tiled", "merge"} <= set(variants)
+    assert {"scan", "tiled", "verify", "band"} <= set(variants)
     big = render.specs_for_search("l2", "float32", 96, 2048, "90")
     assert "tiled" not in [s.variant for s in big]          # k beyond the tiled kernel: scan only
     assert all(s.arch == "sm_90" for s in big)
@@ -110,13 +117,14 @@ def test_specs_for_search_refuse_bad_input(bad, match):
 @pytest.mark.parametrize("dim,dtype", [(1, "float32"), (130, "float16"), (1536, "float32")])
 def test_parameters_are_consistent(k, dim, dtype):
     scan = dict(render.scan_spec("l2", dtype, dim, k, "sm_90").params)
-    kp = render.padded_k(k)
+    kp = render.padded_k(k + render.VERIFY_MARGIN)
+    assert scan["kl"] == k + render.VERIFY_MARGIN
     assert scan["lanes"] in (1, 2, 4, 8, 16, 32)
     assert scan["qb"] >= 1 and (scan["qb"] * kp <= render.REGISTER_LIST_SLOTS or scan["qb"] == 1)
     assert scan["smem"] >= scan["warps"] * scan["qb"] * kp * 8
     assert scan["smem"] <= 227 * 1024                        # what an H100/H200 block may opt in to
-    merge = dict(render.merge_spec("l2", k, "sm_90").params)
-    assert merge["smem"] <= 227 * 1024
+    verify = dict(render.verify_spec(render.scan_spec("l2", dtype, dim, k, "sm_90")).params)
+    assert verify["kl"] == k + render.VERIFY_MARGIN and verify["smem"] <= 227 * 1024
     if k <= render.TILED_MAX_K:
         tiled = dict(render.tiled_spec("l2", dtype, dim, k, "sm_90").params)
         assert tiled["bq"] % tiled["warps"] == 0 and tiled["bn"] % 128 == 0

@@ -9,7 +9,7 @@ import numpy as np
 
 METRICS = ("l2", "ip", "cosine")
 DTYPES = ("float32", "float16")
-VARIANTS = ("norms", "scan", "merge", "tiled", "rescore")
+VARIANTS = ("norms", "scan", "tiled", "verify", "band")
 MAX_K = 2048
 MAX_DIM = 65536
 

@@ -190,6 +190,15 @@ class DeviceBuffer(_Owned):
             check(driver.cuMemsetD8Async(dst, value & 0xFF, nbytes, _stream_handle(stream)), "cuMemsetD8Async")
 
 
+def copy_host_to_address(address: int, host: np.ndarray, stream=None) -> None:
+    """Enqueue host -> a raw device address (a CUDA array of the caller's framework). Pageable host
+    memory is staged by the driver before this returns, so `host` may be freed afterwards."""
+    host = np.ascontiguousarray(host)
+    if host.nbytes:
+        check(driver.cuMemcpyHtoDAsync(driver.CUdeviceptr(int(address)), host.ctypes.data, host.nbytes,
+                                       _stream_handle(stream)), "cuMemcpyHtoDAsync")
+
+
 class _HostMemory:
     """The pinned allocation itself: NumPy views point at it, and it is freed once nothing does."""
 

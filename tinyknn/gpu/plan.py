@@ -2,11 +2,11 @@
 packed once.
 
 A search is two launches: a selection kernel (`scan` for small batches, `tiled` for large ones) that
-writes the k best of every (query, database slice), then `merge`, which merges the slices of each
-query into the sorted answer. Large l2 batches rank by a cheaper filter key and keep a few more
-candidates; their second launch is `rescore`, which also writes a per-query status (1: search again
-exactly; see render.py). The database is split into enough slices to give every SM several
-blocks, so a single query still uses the whole GPU. A plan is built once per (n_queries, k) for the
+writes the k + margin best of every (query, database slice) by its float32 key (large l2 batches by
+a cheaper filter key), then `verify`, which settles each query's answer in float64 under the
+exactness contract and writes a per-query status (1: not proven; the searcher then runs the `band`
+search for that query, see render.py). The database is split into enough slices to give every SM
+several blocks, so a single query still uses the whole GPU. A plan is built once per (n_queries, k) for the
 index's current buffers and size; `add`, `reset` and buffer growth throw the plans away.
 """
 
@@ -40,12 +40,15 @@ ARGUMENTS = {
     #            bounds)
     "scan": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
     "tiled": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
-    # merge_kernel(keys, positions, n_lists, ids, out_distances, out_ids, bounds)
-    "merge": (_P, _P, _I, _P, _P, _P, _P),
-    # rescore_kernel(the merge's seven, data, queries, row_stride, norm_max, status)
-    "rescore": (_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P),
+    # verify_kernel(keys, positions, n_lists, ids, out_distances, out_ids, bounds, data, queries, row_stride, dim,
+    #               row_stats, status, threshold)
+    "verify": (_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
+    # band_kernel(data, ids, n_data, row_stride, dim, queries, which, threshold, capacity, band_keys, band_ids,
+    #             counts)
+    "band": (_P, _P, _L, _I, _I, _P, _P, _P, _I, _P, _P, _P),
 }
-RESCORE_STATUS_SLOT = 11
+VERIFY_STATUS_SLOT, VERIFY_THRESHOLD_SLOT = 12, 13
+BAND_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ def load_kernel(spec: KernelSpec) -> LoadedKernel:
     kernel = load_module(get_cubin(spec)).kernel(render.name_expression(spec))
     if spec.variant == "norms":
         threads, shared = INGEST_THREADS, 0
+    elif spec.variant == "band":
+        threads, shared = BAND_THREADS, 0
     else:
         threads, shared = spec.param("warps") * 32, spec.param("smem")
     if shared > 48 * 1024:
@@ -128,35 +133,31 @@ class SearchPlan:
     main_grid: tuple[int, int, int]
     main_block: int
     main_shared: int
-    merge: PreparedLaunch   # merge_kernel or rescore_kernel (same first seven parameters)
-    merge_block: int
-    merge_shared: int
-    bounds: object          # DeviceBuffer of n_queries uint32: zero before a search, zeroed again by the merge
-    list_k: int             # candidates per (query, slice): k, or k + FILTER_MARGIN when rescoring
-
-    @property
-    def rescores(self) -> bool:
-        return self.list_k != self.k
+    verify: PreparedLaunch
+    verify_block: int
+    verify_shared: int
+    bounds: object          # DeviceBuffer of n_queries uint32: zero before a search, zeroed again by verify
+    list_k: int             # candidates per (query, slice): k + the verify step's margin
 
     def launch(self, stream) -> None:
         self.main.launch(self.main_grid, self.main_block, self.main_shared, stream)
-        self.merge.launch(self.n_queries, self.merge_block, self.merge_shared, stream)
+        self.verify.launch(self.n_queries, self.verify_block, self.verify_shared, stream)
 
-    def set_outputs(self, distances_ptr: int, ids_ptr: int, status_ptr: int = 0) -> None:
-        """Point the merge at other result arrays (device arrays of the caller's framework) and the
-        rescore at another status array."""
-        self.merge.set(4, distances_ptr)
-        self.merge.set(5, ids_ptr)
-        if self.rescores:
-            self.merge.set(RESCORE_STATUS_SLOT, status_ptr)
+    def set_outputs(self, distances_ptr: int, ids_ptr: int, status_ptr: int, threshold_ptr: int) -> None:
+        """Point verify at other result arrays (device arrays of the caller's framework) and at another
+        status and threshold array."""
+        self.verify.set(4, distances_ptr)
+        self.verify.set(5, ids_ptr)
+        self.verify.set(VERIFY_STATUS_SLOT, status_ptr)
+        self.verify.set(VERIFY_THRESHOLD_SLOT, threshold_ptr)
 
 
-def result_layout(n_queries: int, k: int, rescores: bool) -> tuple[int, int, int]:
+def result_layout(n_queries: int, k: int) -> tuple[int, int, int]:
     """(ids offset, status offset, total bytes) of one batch's results: float32 distances, int64 ids
-    and, after a rescore, int32 statuses, so that one copy brings all of them back."""
+    and int32 statuses, so that one copy brings all of them back."""
     ids_offset = (n_queries * k * 4 + 7) // 8 * 8
     status_offset = ids_offset + n_queries * k * 8
-    return ids_offset, status_offset, status_offset + (n_queries * 4 if rescores else 0)
+    return ids_offset, status_offset, status_offset + n_queries * 4
 
 
 class HostBatch:
@@ -171,12 +172,12 @@ class HostBatch:
         n, k = plan.n_queries, plan.k
         self.plan, self.queries, self.stage_buffer, self.query_bytes = plan, queries, stage, query_bytes
         self.results, self.results_stage = results, results_stage
-        ids_offset, status_offset, self.result_bytes = result_layout(n, k, plan.rescores)
+        ids_offset, status_offset, self.result_bytes = result_layout(n, k)
         self.stage = stage.array(np.float32, (n, row_stride))
         raw = results_stage.array(np.uint8, self.result_bytes)
         self.distances = raw[:n * k * 4].view(np.float32).reshape(n, k)
         self.ids = raw[ids_offset:status_offset].view(np.int64).reshape(n, k)
-        self.status = raw[status_offset:].view(np.int32) if plan.rescores else None
+        self.status = raw[status_offset:].view(np.int32)
         self.uses = 0
         self.graph: CapturedGraph | None = None
 
@@ -202,7 +203,7 @@ class HostBatch:
 
 def list_k(main: KernelSpec) -> int:
     """Candidates the selection kernel keeps per (query, slice)."""
-    return main.param("kl", main.k) if main.variant == "tiled" else main.k
+    return main.param("kl")
 
 
 def candidate_bytes(n_queries: int, slices: int, per_list: int) -> int:
@@ -210,22 +211,19 @@ def candidate_bytes(n_queries: int, slices: int, per_list: int) -> int:
     return n_queries * slices * per_list * 8
 
 
-def build_plan(main: LoadedKernel, merge: LoadedKernel, *, n_queries: int, k: int, n_data: int,
+def build_plan(main: LoadedKernel, verify: LoadedKernel, *, n_queries: int, k: int, n_data: int, dim: int,
                slices: int, rows_per_slice: int, row_stride: int, data_ptr: int, norms_ptr: int, queries_ptr: int,
                keys_ptr: int, positions_ptr: int, ids_ptr: int, distances_out: int, ids_out: int,
-               bounds, norm_max_ptr: int = 0, status_ptr: int = 0) -> SearchPlan:
-    """merge: merge_kernel, or rescore_kernel after a filtered tiled kernel (then norm_max_ptr and
-    status_ptr are used)."""
+               bounds, row_stats_ptr: int, status_ptr: int, threshold_ptr: int) -> SearchPlan:
+    """The selection kernel `main` and the verify step after it, parameters packed."""
     groups = math.ceil(n_queries / queries_per_block(main.spec))
     main_launch = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, n_queries, row_stride,
                                keys_ptr, positions_ptr, bounds.ptr)
-    merge_values = [keys_ptr, positions_ptr, slices, ids_ptr, distances_out, ids_out, bounds.ptr]
-    if merge.spec.variant == "rescore":
-        merge_values += [data_ptr, queries_ptr, row_stride, norm_max_ptr, status_ptr]
-    merge_launch = merge.prepare(*merge_values)
+    verify_launch = verify.prepare(keys_ptr, positions_ptr, slices, ids_ptr, distances_out, ids_out, bounds.ptr,
+                                   data_ptr, queries_ptr, row_stride, dim, row_stats_ptr, status_ptr, threshold_ptr)
     return SearchPlan(main.spec.variant, n_queries, k, slices, rows_per_slice, main_launch,
                       (slices, groups, 1), main.threads, main.shared_bytes,
-                      merge_launch, merge.threads, merge.shared_bytes, bounds, list_k(main.spec))
+                      verify_launch, verify.threads, verify.shared_bytes, bounds, list_k(main.spec))
 
 
 __all__ = [

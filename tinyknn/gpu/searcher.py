@@ -4,9 +4,13 @@ Layout: rows stored in the index's dtype, padded with zeros to a 16-byte multipl
 inverse norms for cosine, squared norms and their maximum for l2 (the filter key of large batches),
 the user's int64 ids. Queries are float32, padded the same way.
 
-Large l2 batches are filtered, then rescored (render.py): each query whose answer the rescore cannot
-prove (data far from the origin, exact ties at the k-th distance) is searched again with the exact
-kernel, so the answer is always the exact search's; `exact_reruns` counts those queries.
+Every search ends in the verify step (kernels/verify.cuh): the selection kernel's k + margin best
+candidates of each query get their float64 distances (kernels/exact.cuh), are sorted by (distance, id)
+and the k first returned; a query whose answer the selection kernel's rounding bound cannot prove (ties
+or near-ties beyond the margin, data far from the origin for l2's filter key, tiny vectors for cosine)
+goes to the band search: every row whose float64 distance is within its k-th candidate's, sorted on the
+host by (distance, id). So every answer is the exactness contract's, bit for bit the CPU's;
+`exact_reruns` counts the queries the band search answered.
 
 Host queries (NumPy): copied into pinned staging allocated once and grown (never per call), one async
 copy in, the selection kernel and the merge, one async copy of the (n_queries, k) results out, one
@@ -37,11 +41,12 @@ from ..config import get_config
 from ..jit import render
 from . import interop, plan as plans
 from .device import current_device, ensure_context
-from .memory import DeviceBuffer, Event, PinnedBuffer, Stream
+from .memory import DeviceBuffer, Event, PinnedBuffer, Stream, copy_host_to_address
 
 MAX_ROWS = 2**31 - 1            # positions are int32 in the kernels
 ADD_CHUNK_BYTES = 64 << 20      # host vectors are copied to the device in chunks of this size
 PLAN_CACHE = 32
+BAND_MIN_CAPACITY = 256         # band entries per query at first (grown to the largest count when exceeded)
 
 
 class GpuSearcher:
@@ -69,7 +74,7 @@ class GpuSearcher:
         self._capacity = 0
         self._status_host = PinnedBuffer(4)
         self._device("status", 4)
-        self._device("norm_max", 4)
+        self._device("row_stats", 16)   # verify.cuh's database facts, kept by the ingest kernel
         self.exact_reruns = 0
         self._closed = False
 
@@ -134,17 +139,18 @@ class GpuSearcher:
         return loaded
 
     def _ingest(self, source_ptr: int, itemsize: int, row_step: int, rows: int, storage: str,
-                dest_ptr: int, norms_ptr: int) -> None:
+                dest_ptr: int, norms_ptr: int, database: bool) -> None:
         """Enqueue the ingest kernel: rows of any float dtype -> padded `storage` rows, NaN flag set;
-        with norms_ptr, the rows' inverse norms (cosine) or squared norms and their maximum (l2)."""
+        with norms_ptr, the rows' inverse norms (cosine) or squared norms (l2); for the database, the
+        facts the verify step's bounds need (row_stats)."""
         squared = int(bool(norms_ptr) and self.metric == "l2")
-        norm_max = self._pointer("norm_max") if squared else 0
+        row_stats = self._pointer("row_stats") if database else 0
         loaded = self._kernel(render.norms_spec(storage, self.dim, self._arch))
         launch = self._ingest_launches.get(storage)
         if launch is None:     # packed once per index; the slots are rewritten in place
             launch = self._ingest_launches[storage] = loaded.prepare(*[0] * len(plans.ARGUMENTS["norms"]))
         launch.set_all(source_ptr, itemsize, row_step, rows, self.dim, dest_ptr, self._stride, norms_ptr, squared,
-                       norm_max, self._pointer("status"))
+                       row_stats, self._pointer("status"))
         blocks = max(1, min(math.ceil(rows / (loaded.threads // 32)), self._sm_count * 8))
         launch.launch(blocks, loaded.threads, 0, self._stream)
 
@@ -186,13 +192,13 @@ class GpuSearcher:
             part = vectors[start:start + chunk]
             source.copy_from_host(part, part.nbytes, self._stream)
             self._ingest(source.ptr, self._itemsize, self.dim, len(part), self.dtype,
-                         data_ptr + start * self._row_bytes, norms_ptr + start * 4 if norms_ptr else 0)
+                         data_ptr + start * self._row_bytes, norms_ptr + start * 4 if norms_ptr else 0, True)
 
     def _add_device(self, vectors: DeviceArray, data_ptr: int, norms_ptr: int) -> None:
         interop.check_device(vectors, self._ordinal, "vectors to add")
         step = interop.row_step(vectors, "vectors to add")
         self._wait_for_caller(interop.caller_stream(vectors))
-        self._ingest(vectors.ptr, vectors.dtype.itemsize, step, vectors.shape[0], self.dtype, data_ptr, norms_ptr)
+        self._ingest(vectors.ptr, vectors.dtype.itemsize, step, vectors.shape[0], self.dtype, data_ptr, norms_ptr, True)
 
     def search(self, queries, k: int):
         """(distances, ids) of the k nearest: NumPy for host queries, the caller's framework for CUDA ones."""
@@ -223,10 +229,52 @@ class GpuSearcher:
         finally:
             self._stream.synchronize()
         distances, ids = batch.distances.copy(), batch.ids.copy()
-        if batch.status is not None and batch.status.any():     # unproven filter answers: search exactly
-            again = np.flatnonzero(batch.status)
-            self.exact_reruns += len(again)
-            distances[again], ids[again] = self._search_host_batch(queries[again], k, exact=True)
+        unproven = np.flatnonzero(batch.status)
+        if len(unproven):
+            distances[unproven], ids[unproven] = self._band(unproven, k)
+        return distances, ids
+
+    def _band(self, which: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Answers of the batch's queries `which` that verify could not prove: every row whose float64 key
+        is within the query's threshold (its k-th candidate's key, an upper bound of the true k-th), found
+        by band_kernel over the queries still in the 'queries' buffer, then sorted here by (key, id).
+        Rare (near-ties beyond the margin), so its buffers are allocated per call."""
+        self.exact_reruns += len(which)
+        loaded = self._kernel(render.band_spec(self.metric, self.dtype, self._arch))
+        f = len(which)
+        blocks = max(1, min(math.ceil(self._n / plans.BAND_THREADS), self._sm_count * 8))
+        capacity = max(BAND_MIN_CAPACITY, 4 * k)
+        with DeviceBuffer(f * 4) as which_buffer, DeviceBuffer(f * 4) as counts:
+            which_buffer.copy_from_host(np.ascontiguousarray(which, dtype=np.int32), f * 4, self._stream)
+            while True:
+                keys, band_ids = DeviceBuffer(f * capacity * 8), DeviceBuffer(f * capacity * 8)
+                counts.fill_bytes(0, f * 4, self._stream)
+                launch = loaded.prepare(self._pointer("data"), self._pointer("ids"), self._n, self._stride, self.dim,
+                                        self._pointer("queries"), which_buffer.ptr, self._pointer("thresholds"),
+                                        capacity, keys.ptr, band_ids.ptr, counts.ptr)
+                launch.launch((blocks, f, 1), loaded.threads, 0, self._stream)
+                found = np.empty(f, dtype=np.uint32)
+                counts.copy_to_host(found, f * 4, self._stream)
+                self._stream.synchronize()
+                if int(found.max()) <= capacity:
+                    break
+                keys.close()
+                band_ids.close()
+                capacity = int(found.max())
+            host_keys, host_ids = np.empty((f, capacity)), np.empty((f, capacity), dtype=np.int64)
+            keys.copy_to_host(host_keys, host_keys.nbytes, self._stream)
+            band_ids.copy_to_host(host_ids, host_ids.nbytes, self._stream)
+            self._stream.synchronize()
+            keys.close()
+            band_ids.close()
+        larger = self.metric != "l2"
+        distances = np.full((f, k), -np.inf if larger else np.inf, dtype=np.float32)
+        ids = np.full((f, k), -1, dtype=np.int64)
+        for i, count in enumerate(found.tolist()):
+            order = np.lexsort((host_ids[i, :count], host_keys[i, :count]))[:k]
+            chosen = host_keys[i, order]
+            distances[i, :len(order)] = (-chosen if larger else chosen).astype(np.float32)
+            ids[i, :len(order)] = host_ids[i, order]
         return distances, ids
 
     def _search_device(self, queries: DeviceArray, k: int):
@@ -239,42 +287,30 @@ class GpuSearcher:
             self._check_open()
             self._wait_for_caller(caller)        # after the result arrays were allocated on it
             self._buffers["status"].fill_bytes(0, 4, self._stream)
-            rescored = self._enqueue_device_search(queries, step, k, distances_ptr, ids_ptr, exact=False)
-            settled = False                      # synchronised, flag read, and nothing enqueued since
-            if rescored:
-                statuses = np.empty(n_queries, dtype=np.int32)
-                self._buffers["rescore_status"].copy_to_host(statuses, statuses.nbytes, self._stream)
+            item = queries.dtype.itemsize
+            statuses = self._device("device_status", min(n_queries, plans.MAX_BATCH) * 4)  # before the plans
+            for start in range(0, n_queries, plans.MAX_BATCH):
+                count = min(plans.MAX_BATCH, n_queries - start)
+                search_plan = self._plan(count, k, "device")
+                self._ingest(queries.ptr + start * step * item, item, step, count, "float32",
+                             self._pointer("queries"), 0, False)
+                search_plan.set_outputs(distances_ptr + start * k * 4, ids_ptr + start * k * 8, statuses.ptr,
+                                        self._pointer("thresholds"))
+                search_plan.launch(self._stream)
+                found = np.empty(count, dtype=np.int32)
+                statuses.copy_to_host(found, count * 4, self._stream)
                 self._raise_if_bad("queries")    # one synchronisation for the flag and the statuses
-                settled = not statuses.any()
-                if not settled:                  # unproven filter answers: the whole batch again, exactly
-                    self.exact_reruns += int(np.count_nonzero(statuses))
-                    self._enqueue_device_search(queries, step, k, distances_ptr, ids_ptr, exact=True)
+                unproven = np.flatnonzero(found)
+                if len(unproven):               # their rows are rewritten with the band search's answers
+                    band_d, band_i = self._band(unproven, k)
+                    for row, d_row, i_row in zip(unproven.tolist(), band_d, band_i):
+                        at = start + row
+                        copy_host_to_address(distances_ptr + at * k * 4, d_row, self._stream)
+                        copy_host_to_address(ids_ptr + at * k * 8, i_row, self._stream)
             done = self._events[1]
             done.record(self._stream)
             Stream.from_handle(caller).wait(done)
-            if not settled:
-                self._raise_if_bad("queries")
         return distances, ids
-
-    def _enqueue_device_search(self, queries: DeviceArray, step: int, k: int, distances_ptr: int, ids_ptr: int,
-                               exact: bool) -> bool:
-        """Enqueue the search of CUDA queries, batch by batch; True if any batch was rescored."""
-        n_queries, item = queries.shape[0], queries.dtype.itemsize
-        statuses = self._device("rescore_status", n_queries * 4)     # before the plans: growth drops them
-        if n_queries:
-            statuses.fill_bytes(0, n_queries * 4, self._stream)         # scan batches leave theirs unwritten
-        statuses = statuses.ptr
-        rescored = False
-        for start in range(0, n_queries, plans.MAX_BATCH):
-            count = min(plans.MAX_BATCH, n_queries - start)
-            search_plan = self._plan(count, k, "device", exact)
-            status_ptr = statuses + start * 4 if search_plan.rescores else 0
-            rescored |= search_plan.rescores
-            self._ingest(queries.ptr + start * step * item, item, step, count, "float32",
-                         self._pointer("queries"), 0)
-            search_plan.set_outputs(distances_ptr + start * k * 4, ids_ptr + start * k * 8, status_ptr)
-            search_plan.launch(self._stream)
-        return rescored
 
     def _wait_for_caller(self, caller: int) -> None:
         ready = self._events[0]
@@ -287,7 +323,7 @@ class GpuSearcher:
         batch = self._plans.get(key)
         if batch is None:
             main = self._main_spec(n_queries, k, exact)
-            result_bytes = plans.result_layout(n_queries, k, plans.list_k(main) != k)[2]
+            result_bytes = plans.result_layout(n_queries, k)[2]
             stage = self._pinned("query_stage", n_queries * self._stride * 4)
             results_stage = self._pinned("result_stage", result_bytes)
             results = self._device("results", result_bytes)
@@ -312,22 +348,25 @@ class GpuSearcher:
             self._plans.move_to_end(key)
             return found
         main = self._kernel(self._main_spec(n_queries, k, exact))
-        merge = self._kernel(render.finisher_spec(main.spec))
+        verify = self._kernel(render.verify_spec(main.spec))
         per_list = plans.list_k(main.spec)
         groups = math.ceil(n_queries / plans.queries_per_block(main.spec))
         slices, rows = plans.split_rows(self._n, groups, main, self._sm_count, per_list, self.slices_override)
         self._device("queries", n_queries * self._stride * 4)
         self._device("candidates", plans.candidate_bytes(n_queries, slices, per_list))
         bounds = self._device("bounds", n_queries * 4)
-        ids_offset, status_offset, _ = plans.result_layout(n_queries, k, per_list != k)
+        self._device("thresholds", n_queries * 8)
+        ids_offset, status_offset, _ = plans.result_layout(n_queries, k)
         results = self._pointer("results")
         candidates = self._pointer("candidates")
         search_plan = plans.build_plan(
-            main, merge, n_queries=n_queries, k=k, n_data=self._n, slices=slices, rows_per_slice=rows, row_stride=self._stride,
-            data_ptr=self._pointer("data"), norms_ptr=self._pointer("norms"), queries_ptr=self._pointer("queries"),
-            keys_ptr=candidates, positions_ptr=candidates + n_queries * slices * per_list * 4,
-            ids_ptr=self._pointer("ids"), distances_out=results, ids_out=results + ids_offset, bounds=bounds,
-            norm_max_ptr=self._pointer("norm_max"), status_ptr=results + status_offset)
+            main, verify, n_queries=n_queries, k=k, n_data=self._n, dim=self.dim, slices=slices, rows_per_slice=rows,
+            row_stride=self._stride, data_ptr=self._pointer("data"), norms_ptr=self._pointer("norms"),
+            queries_ptr=self._pointer("queries"), keys_ptr=candidates,
+            positions_ptr=candidates + n_queries * slices * per_list * 4, ids_ptr=self._pointer("ids"),
+            distances_out=results, ids_out=results + ids_offset, bounds=bounds,
+            row_stats_ptr=self._pointer("row_stats"), status_ptr=results + status_offset,
+            threshold_ptr=self._pointer("thresholds"))
         self._plans[key] = search_plan
         while len(self._plans) > PLAN_CACHE:
             _, dropped = self._plans.popitem(last=False)
@@ -342,7 +381,7 @@ class GpuSearcher:
         with self._lock:
             self._check_open()
             self._n = 0
-            self._buffers["norm_max"].fill_bytes(0, 4, self._stream)
+            self._buffers["row_stats"].fill_bytes(0, 16, self._stream)
             self._forget_plans()
 
     def export(self) -> tuple[np.ndarray, np.ndarray]:

@@ -16,14 +16,13 @@ Variants (spec.variant):
             block streams its slice once for QB queries and keeps the k best per query.
 - "tiled":  tiled_kernel: large batches. Tiles of BQ queries x BN rows are computed from shared
             memory (register tiles, like a GEMM) and selected per tile into per-query lists.
-- "merge":  merge_kernel: merges the per-slice lists of one query, sorts them nearest first, maps
-            positions to user ids, converts keys to distances and pads where k > ntotal.
-- "rescore": rescore_kernel: the merge of l2's large batches. Their tiled kernel ranks rows by the
-            filter key |x|^2 - 2 q.x (L2Expanded: one FMA per element) and keeps k + FILTER_MARGIN per
-            slice; rescore recomputes the best k + FILTER_MARGIN as sums of squared differences,
-            returns the k nearest, and flags each query whose answer a rounding-error bound does not
-            prove (the searcher searches those again exactly: with the exact tiled kernel, or the
-            scan for a few).
+- "verify": verify_kernel: after either selection kernel (which keeps k + margin candidates per
+            slice): gathers each query's best candidates, computes their distances in float64 exactly
+            as kernels/exact.cuh defines them, sorts them by (float64 distance, id), writes the k first
+            as float32 distances and user ids, and flags each query whose answer the selection
+            kernel's rounding-error bound (verify.cuh) does not prove.
+- "band":   band_kernel: for the flagged queries, every row whose float64 distance is within the
+            verify step's k-th one (the searcher sorts those bands on the host).
 
 Only the scan kernel has the dimension as a template argument (its per-lane loads unroll over it).
 The tiled kernel stages a tile 16 dimensions at a time in a loop that does not unroll over the
@@ -47,6 +46,8 @@ ENTRY_HEADER = "search.cuh"
 OPTIONS = ("-std=c++17",)
 
 _METRIC_TYPES = {"l2": "tinyknn::L2", "ip": "tinyknn::InnerProduct", "cosine": "tinyknn::Cosine"}
+_BOUND_TYPES = {"l2": "tinyknn::KeyBound<tinyknn::L2>", "ip": "tinyknn::KeyBound<tinyknn::InnerProduct>",
+                "cosine": "tinyknn::KeyBound<tinyknn::Cosine>"}
 _STORAGE_TYPES = {"float32": "float", "float16": "tinyknn::half_bits"}
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
@@ -64,8 +65,9 @@ TILED_LIST_SMEM = 32 * 1024     # shared memory for a tiled block's per-query li
 TILED_SMALL_BQ = (16, 32)       # queries per tiled block for batches that fill less than the default
 MERGE_WARPS = 32                # warps per merge block: its passes are load-latency bound, more loads in flight
 MERGE_WARPS_BATCH = 8           # ... after the tiled kernel: many queries, so many blocks keep the loads in flight
-FILTER_MARGIN = 8               # l2 large batches: candidates kept beyond k for rescore to prove the answer
-FILTER_MAX_LIST = 128           # ... while k + FILTER_MARGIN fits the lists topk.cuh rebuilds in bulk
+VERIFY_MARGIN = 8               # candidates kept beyond k for the verify step to prove the answer
+FILTER_MAX_LIST = 128           # l2's filter key while k + VERIFY_MARGIN fits the lists topk.cuh rebuilds in bulk
+VERIFY_WARPS = 8                # warps per verify block
 
 
 @dataclass(frozen=True)
@@ -123,21 +125,22 @@ def name_expression(spec: KernelSpec) -> str:
     if spec.variant == "norms":
         args = [storage]
     elif spec.variant == "scan":
-        args = [metric, storage, spec.dim, spec.k, p("qb"), p("lanes"), p("warps"), p("smem")]
+        args = [metric, storage, spec.dim, p("kl", spec.k), p("qb"), p("lanes"), p("warps"), p("smem")]
     elif spec.variant == "tiled":
         if p("filter", 0):
             metric = "tinyknn::L2Expanded"
         args = [metric, storage, p("kl", spec.k), p("bq"), p("bn"), p("warps"), p("depth"),
                 "true" if p("reglists") else "false", p("smem")]
-    elif spec.variant == "rescore":
-        args = [storage, spec.k, p("kl"), p("warps"), p("smem")]
-    else:  # merge
-        args = [metric, spec.k, p("warps"), p("smem")]
+    elif spec.variant == "verify":
+        bound = "tinyknn::FilterKeyBound" if p("filter", 0) else _BOUND_TYPES[spec.metric]
+        args = [metric, bound, storage, spec.k, p("kl"), p("warps"), p("smem")]
+    else:  # band
+        args = [metric, storage]
     return f"tinyknn::{_KERNEL_NAMES[spec.variant]}<{', '.join(str(a) for a in args)}>"
 
 
-_KERNEL_NAMES = {"norms": "ingest_kernel", "scan": "scan_kernel", "tiled": "tiled_kernel", "merge": "merge_kernel",
-                 "rescore": "rescore_kernel"}
+_KERNEL_NAMES = {"norms": "ingest_kernel", "scan": "scan_kernel", "tiled": "tiled_kernel", "verify": "verify_kernel",
+                 "band": "band_kernel"}
 
 
 # -- the plans: which specs a search launches, with their parameters ------------------------------
@@ -160,9 +163,16 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
+def list_length(k: int) -> int:
+    """Candidates a selection kernel keeps per (query, slice): k plus the verify step's margin."""
+    return k + VERIFY_MARGIN
+
+
 def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: int | None = None,
                 warps: int = SCAN_WARPS) -> dict[str, int]:
-    """Parameters of the scan kernel (keyword overrides are for benchmarks)."""
+    """Parameters of the scan kernel (keyword overrides are for benchmarks); its lists hold
+    list_length(k) candidates."""
+    kl = list_length(k)
     chunks, stride = row_layout(dim, dtype)
     if lanes is None:
         lanes = 1
@@ -170,26 +180,25 @@ def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: i
             lanes *= 2
     per_lane = -(-chunks // lanes)
     query_floats = lanes * per_lane * (stride // chunks)       # a query row in shared memory, padded
-    kp = padded_k(k)
+    kp = padded_k(kl)
     if qb is None:
         qb = max(1, min(8, REGISTER_LIST_SLOTS // kp, _pow2_floor(SCAN_QUERY_SMEM // (4 * query_floats))))
     smem = _align16(qb * query_floats * 4) + _align16(qb * 4) + warps * qb * kp * 8
-    return {"qb": qb, "lanes": lanes, "warps": warps, "smem": smem}
+    return {"qb": qb, "lanes": lanes, "warps": warps, "smem": smem, "kl": kl}
 
 
-def filter_list_k(metric: str, k: int) -> int | None:
-    """Candidates per list when a large batch ranks by l2's filter key (then rescored), else None."""
-    kl = k + FILTER_MARGIN
-    return kl if metric == "l2" and kl <= FILTER_MAX_LIST else None
+def uses_filter_key(metric: str, k: int) -> bool:
+    """Whether a large batch ranks by l2's filter key |x|^2 - 2 q.x (one FMA per element)."""
+    return metric == "l2" and list_length(k) <= FILTER_MAX_LIST
 
 
-def tiled_params(dtype: str, dim: int, k: int, *, filter_k: int | None = None, bq: int | None = None,
+def tiled_params(dtype: str, dim: int, k: int, *, filter_key: bool = False, bq: int | None = None,
                  bn: int = TILED_BN, warps: int = TILED_WARPS, depth: int = TILED_DEPTH,
                  reglists: bool = False) -> dict[str, int]:
-    """Parameters of the tiled kernel (k <= TILED_MAX_K). Lists in shared memory by default: in
-    registers they push the k <= 32 kernels past 128 registers, to one block per SM. filter_k: the
-    list length of l2's filter key (filter_list_k), None for exact keys."""
-    kl = filter_k or k
+    """Parameters of the tiled kernel (k <= TILED_MAX_K); its lists hold list_length(k) candidates.
+    Lists in shared memory by default: in registers they push the k <= 32 kernels past 128
+    registers, to one block per SM. filter_key: rank by l2's filter key (uses_filter_key)."""
+    kl = list_length(k)
     kp = padded_k(kl)
     if bq is None:
         bq = max(warps, min(64, _pow2_floor(TILED_LIST_SMEM // (kp * 8))))
@@ -197,22 +206,20 @@ def tiled_params(dtype: str, dim: int, k: int, *, filter_k: int | None = None, b
     lists = 0 if reglists else bq * kp * 8
     staging = _align16(depth * (bq + 4 + bn + 4) * 4)
     smem = lists + staging + _align16(bq * 4)
-    params = {"bq": bq, "bn": bn, "warps": warps, "depth": depth, "reglists": int(reglists), "smem": smem}
-    if filter_k:
-        params.update(filter=1, kl=kl)
+    params = {"bq": bq, "bn": bn, "warps": warps, "depth": depth, "reglists": int(reglists), "smem": smem, "kl": kl}
+    if filter_key:
+        params["filter"] = 1
     return params
 
 
-def merge_params(k: int, warps: int = MERGE_WARPS) -> dict[str, int]:
-    """The radix-select merge: a block per query (fewer, wider blocks when there are few queries)."""
-    sort_slots = max(2, 1 << (k - 1).bit_length())
-    return {"warps": warps, "smem": sort_slots * 8 + (256 + 4) * 4}
-
-
-def rescore_params(kl: int, warps: int = MERGE_WARPS_BATCH) -> dict[str, int]:
-    """The merge's layout over kl candidates, plus 16 bytes for the query's squared norm."""
-    params = merge_params(kl, warps)
-    return {"kl": kl, "warps": warps, "smem": params["smem"] + 16}
+def verify_params(kl: int, filter_key: bool, warps: int = VERIFY_WARPS) -> dict[str, int]:
+    """verify_kernel's layout over kl candidates: float64 keys, ids, float32 keys, positions (each
+    next_pow2(kl) slots), the radix histogram and the query's float64 sum of squares."""
+    sort_slots = max(2, 1 << (kl - 1).bit_length())
+    params = {"kl": kl, "warps": warps, "smem": sort_slots * 24 + (256 + 4) * 4 + 16}
+    if filter_key:
+        params["filter"] = 1
+    return params
 
 
 def _align16(nbytes: int) -> int:
@@ -222,11 +229,6 @@ def _align16(nbytes: int) -> int:
 def norms_spec(dtype: str, dim: int, arch: str) -> KernelSpec:
     """The ingest kernel for rows stored as `dtype` (metric and k do not change it: canonical 'l2', 0)."""
     return KernelSpec("l2", dtype, dim, 0, "norms", arch)
-
-
-def merge_spec(metric: str, k: int, arch: str, warps: int = MERGE_WARPS) -> KernelSpec:
-    """The merge kernel (dtype and dim do not change it: canonical 'float32', 1)."""
-    return KernelSpec(metric, "float32", 1, k, "merge", arch, tuple(merge_params(k, warps).items()))
 
 
 def scan_spec(metric: str, dtype: str, dim: int, k: int, arch: str, *, n_queries: int | None = None,
@@ -240,15 +242,15 @@ def scan_spec(metric: str, dtype: str, dim: int, k: int, arch: str, *, n_queries
 
 def tiled_spec(metric: str, dtype: str, dim: int, k: int, arch: str, *, exact: bool = False,
                n_queries: int | None = None, **overrides) -> KernelSpec:
-    """The tiled kernel; for l2 it ranks by the filter key (and needs rescore_spec) unless `exact`.
+    """The tiled kernel; for l2 (k + margin <= FILTER_MAX_LIST) it ranks by the filter key unless `exact`.
     n_queries: a batch smaller than the default block of queries gets the smallest TILED_SMALL_BQ
     block that holds it (10 queries computed as 64 cost 2.9 ms on 1M x 768, as 16: 1.8 ms)."""
-    filter_k = None if exact else filter_list_k(parse_metric(metric), k)
-    params = tiled_params(dtype, dim, k, filter_k=filter_k, **overrides)
+    filter_key = not exact and uses_filter_key(parse_metric(metric), k)
+    params = tiled_params(dtype, dim, k, filter_key=filter_key, **overrides)
     if n_queries is not None and "bq" not in overrides:
         smaller = [bq for bq in TILED_SMALL_BQ if n_queries <= bq < params["bq"] and bq % params["warps"] == 0]
         if smaller:
-            params = tiled_params(dtype, dim, k, filter_k=filter_k, bq=smaller[0], **overrides)
+            params = tiled_params(dtype, dim, k, filter_key=filter_key, bq=smaller[0], **overrides)
     return KernelSpec(metric, dtype, dim, k, "tiled", arch, tuple(params.items()))
 
 
@@ -258,27 +260,25 @@ def tiled_specs(metric: str, dtype: str, dim: int, k: int, arch: str, *, exact: 
                               for n in (None, *TILED_SMALL_BQ)))
 
 
-def rescore_spec(dtype: str, k: int, kl: int, arch: str, warps: int = MERGE_WARPS_BATCH) -> KernelSpec:
-    """The merge of a filtered l2 batch (storage dtype matters: it reads rows; dim does not)."""
-    return KernelSpec("l2", dtype, 1, k, "rescore", arch, tuple(rescore_params(kl, warps).items()))
+def verify_spec(main: KernelSpec, warps: int = VERIFY_WARPS) -> KernelSpec:
+    """What runs after the selection kernel `main`: the verify step over its lists (the storage dtype
+    matters: it reads rows; the dim does not: canonical 1)."""
+    params = verify_params(main.param("kl"), bool(main.param("filter", 0)), warps)
+    return KernelSpec(main.metric, main.dtype, 1, main.k, "verify", main.arch, tuple(params.items()))
 
 
-def finisher_spec(main: KernelSpec) -> KernelSpec:
-    """What runs after `main`: rescore after a filtered tiled kernel, merge otherwise."""
-    warps = MERGE_WARPS_BATCH if main.variant == "tiled" else MERGE_WARPS
-    if main.variant == "tiled" and main.param("filter", 0):
-        return rescore_spec(main.dtype, main.k, main.param("kl"), main.arch, warps)
-    return merge_spec(main.metric, main.k, main.arch, warps)
+def band_spec(metric: str, dtype: str, arch: str) -> KernelSpec:
+    """The band search of the queries verify could not prove (k and dim do not change it)."""
+    return KernelSpec(metric, dtype, 1, 0, "band", arch)
 
 
 def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
     """Every KernelSpec a search of (metric, dtype, dim, k) may launch: what `tinyknn cache warm` builds.
 
     The database ingest (dtype), the query ingest (float32, for CUDA queries), the scan (small
-    batches, one query alone, and large ones when k > TILED_MAX_K), the tiled kernel (large batches, in each block size
-    TILED_SMALL_BQ adds) and the merge;
-    for l2 also the filtered tiled kernel and its rescore (the exact tiled kernel is then the
-    fallback for queries the rescore cannot prove).
+    batches, one query alone, and large ones when k > TILED_MAX_K), the tiled kernel (large batches, in each
+    block size TILED_SMALL_BQ adds; for l2 also with the filter key), the verify step after each, and the
+    band search.
     """
     metric, dtype, dim, k, arch = parse_metric(metric), parse_dtype(dtype), parse_dim(dim), parse_k(k), parse_arch(arch)
     specs = [norms_spec(dtype, dim, arch)]
@@ -288,12 +288,13 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
     if k <= TILED_MAX_K:
         mains += tiled_specs(metric, dtype, dim, k, arch, exact=True) + tiled_specs(metric, dtype, dim, k, arch)
     for main in dict.fromkeys(mains):
-        specs += [main, finisher_spec(main)]
+        specs += [main, verify_spec(main)]
+    specs.append(band_spec(metric, dtype, arch))
     return list(dict.fromkeys(specs))
 
 
 __all__ = [
-    "RenderedSource", "filter_list_k", "finisher_spec", "kernel_source", "merge_spec", "name_expression",
-    "norms_spec", "render_many", "render_source", "rescore_spec", "row_layout", "scan_spec", "specs_for_search",
-    "tiled_spec", "tiled_specs",
+    "RenderedSource", "band_spec", "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
+    "render_source", "row_layout", "scan_spec", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
+    "verify_spec",
 ]

@@ -1,0 +1,221 @@
+// tinyknn: the verify step that puts every GPU search under the exactness contract (kernels/exact.cuh),
+// and the band search that settles what the verify step cannot prove. Part of the GPU kernel templates;
+// see search.cuh for how a search uses them and tinyknn/jit/render.py for the template arguments.
+#pragma once
+#include "merge.cuh"
+#include "exact.cuh"
+
+namespace tinyknn {
+
+// ---- rigorous bounds: how far below a float32 key the contract's float64 key of the same row can be ----
+// u = 2^-24 (float32 rounding), eta = 2^-150 (the absolute error an operation can add when its result
+// underflows: NVRTC keeps subnormals), u64 = 2^-53; gamma(n) = n u / (1 - n u) bounds the relative error
+// of a float32 sum of n terms in ANY order (each lane's partial sums, the butterfly, an FMA or not).
+// Each kernel's key is a float32 evaluation of the metric over the padded row (n = row_stride terms; the
+// zero padding adds exact zeros); the float64 distance (exact.cuh) is within gamma64 of the true value.
+// `QueryStats` holds the float64 facts a bound needs about the query; `RowStats` those about the database
+// (from the ingest kernel: the largest |x|^2 and the smallest non-zero |x|^2, in float64, rounded outwards).
+struct Bounds {
+  static TINYKNN_D double gamma(int n) { return n * 5.9604644775390625e-08 / (1.0 - n * 5.9604644775390625e-08); }
+  static TINYKNN_D double gamma64(int n) { return n * 1.1102230246251565e-16 / (1.0 - n * 1.1102230246251565e-16); }
+  static constexpr double eta = 7.006492321624085e-46;   // 2^-150
+};
+
+// The lowest float64 key (nearer is smaller) any row can have whose float32 key is >= `key32`, for keys
+// computed by Metric's own kernel (scan / exact tiled). qq: the query's float64 sum of squares.
+// max_xx / min_xx: the largest / smallest non-zero float64 |x|^2 of the database.
+template <class Metric> struct KeyBound;
+
+template <> struct KeyBound<L2> {
+  // key = sum of (q - x)^2: each term within (1 + u)^3 of its true value (the subtraction and the
+  // square), the sum within gamma(n) of the sum of the rounded terms, plus 2n + 4 underflows.
+  static TINYKNN_D double lowest(float key32, int n, double, double, double) {
+    const double true_lowest = ((double)key32 - (2.0 * n + 4.0) * Bounds::eta) / (1.0 + Bounds::gamma(n + 3));
+    return true_lowest * (1.0 - Bounds::gamma64(n + 3));
+  }
+};
+
+template <> struct KeyBound<InnerProduct> {
+  // key = -sum of q x: |error| <= gamma(n) sum |q x| + 2 n eta <= gamma(n) |q| |x| + 2 n eta.
+  static TINYKNN_D double lowest(float key32, int n, double qq, double max_xx, double) {
+    const double scale = sqrt(qq) * sqrt(max_xx) * (1.0 + 1e-15);
+    return (double)key32 - Bounds::gamma(n) * scale - 2.0 * n * Bounds::eta - Bounds::gamma64(n + 1) * scale;
+  }
+};
+
+template <> struct KeyBound<Cosine> {
+  // key = -(dot * inv_q) * inv_x, inv_q = rsqrtf of the float32 sum of squares (within 2^-22 of its value),
+  // inv_x = the float32 rounding of 1 / sqrt(float64 |x|^2). The float32 sums of squares are within
+  // gamma(n) s + 2 n eta of s; the dot within gamma(n) |q||x| + 2 n eta. Every relative term is doubled to
+  // cover second-order products; a bound that comes out above 1 simply proves nothing.
+  static TINYKNN_D double lowest(float key32, int n, double qq, double, double min_xx) {
+    if (!(qq > 0.0) || !(min_xx > 0.0)) return -1e300;
+    const double g = Bounds::gamma(n), u = 5.9604644775390625e-08;
+    const double query_scale = g + 2.0 * n * Bounds::eta / qq + 2.4e-7;      // the float32 inverse norm
+    const double relative = 2.0 * (g + 0.5 * query_scale + 2.0 * u + 4.0 * u);
+    const double underflow = 4.0 * n * Bounds::eta / (sqrt(qq) * sqrt(min_xx));
+    return (double)key32 - relative - underflow - Bounds::gamma64(n + 8);
+  }
+};
+
+// l2's filter key of large batches (L2Expanded: |x|^2 - 2 q.x in float32, |x|^2 from the ingest's float32
+// sum): within E = 2.5 (n + 4) u (|q|^2 + max |x|^2) + (6n + 16) eta of |x - q|^2 - |q|^2 (merge.cuh's
+// derivation of the first wave, unchanged).
+struct FilterKeyBound {
+  static TINYKNN_D double lowest(float key32, int n, double qq, double max_xx, double) {
+    const double u = 5.9604644775390625e-08;
+    const double error = 2.5 * (n + 4) * u * (qq * (1.0 + 1e-15) + max_xx) + (6.0 * n + 16.0) * Bounds::eta;
+    return ((double)key32 + qq * (1.0 - 1e-15) - error) * (1.0 - Bounds::gamma64(n + 3));
+  }
+};
+
+// ---- double keys as ordered integers (a <= b exactly when the bits compare so; -0.0 never occurs) ----
+TINYKNN_D unsigned long long ordered_bits64(double key) {
+  const unsigned long long u = (unsigned long long)__double_as_longlong(key);
+  return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+TINYKNN_D double from_ordered_bits64(unsigned long long u) {
+  return __longlong_as_double((long long)((u >> 63) ? (u & 0x7fffffffffffffffull) : ~u));
+}
+constexpr unsigned long long EMPTY_KEY64 = 0xffffffffffffffffull;   // after every real key (+inf's bits are lower)
+constexpr long long EMPTY_ID = 0x7fffffffffffffffll;
+
+// Sorts n (a power of two) (key, id, position) triples in shared memory by (key, id), ascending, with all
+// the block's threads (bitonic network). Ends with a __syncthreads().
+TINYKNN_D void block_sort_exact(unsigned long long* keys, long long* ids, int* positions, int n) {
+  for (int size = 2; size <= n; size *= 2) {
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      for (int i = threadIdx.x; i < n / 2; i += blockDim.x) {
+        const int low = 2 * i - (i & (stride - 1));
+        const int high = low + stride;
+        const bool ascending = (low & size) == 0;
+        const unsigned long long a = keys[low], b = keys[high];
+        const long long ia = ids[low], ib = ids[high];
+        const bool out_of_order = a > b || (a == b && ia > ib);
+        if (out_of_order == ascending) {
+          keys[low] = b;
+          keys[high] = a;
+          ids[low] = ib;
+          ids[high] = ia;
+          const int p = positions[low];
+          positions[low] = positions[high];
+          positions[high] = p;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// The database's float64 facts for the bounds, kept by the ingest kernel in `row_stats` (4 uints):
+// [0] float bits of max |x|^2 rounded up, [1] ~(float bits of min non-zero |x|^2 rounded down) (0: none).
+TINYKNN_D double stats_max_xx(const unsigned* row_stats) { return (double)__uint_as_float(__ldg(row_stats)); }
+TINYKNN_D double stats_min_xx(const unsigned* row_stats) {
+  const unsigned stored = __ldg(row_stats + 1);
+  return stored ? (double)__uint_as_float(~stored) : 0.0;
+}
+
+// ---- verify: one block per query ---------------------------------------------------------------------
+// The selection kernel kept KL (> K) candidates per (query, slice) by its float32 key. The KL best of all
+// slices are gathered (gather_best), their contract distances computed in float64 (one thread a candidate,
+// exact.cuh's operation order), sorted by (float64 key, user id), and the K first written as float32
+// distances and ids (padding where there are fewer). status[q] = 0 when the answer is proven: every row
+// outside the KL has a float32 key >= the KL-th key A, so a float64 key >= Bound::lowest(A), and that is
+// strictly worse than the K-th float64 key (or there were fewer than KL rows: all were candidates).
+// Otherwise status[q] = 1 and threshold[q] = the K-th float64 key, which the band search uses (an upper
+// bound of the true K-th key: the candidates are real rows).
+template <class Metric, class Bound, class T, int K, int KL, int WARPS, int SMEM>
+__global__ void __launch_bounds__(WARPS * 32, 1)
+verify_kernel(const float* __restrict__ keys, const int* __restrict__ positions, int n_lists,
+              const long long* __restrict__ ids, float* __restrict__ out_distances, long long* __restrict__ out_ids,
+              unsigned* __restrict__ bounds, const T* __restrict__ data, const float* __restrict__ queries,
+              int row_stride, int dim, const unsigned* __restrict__ row_stats, int* __restrict__ status,
+              double* __restrict__ threshold) {
+  static_assert(K < KL, "verify_kernel: the selection must keep more candidates than it returns");
+  constexpr int SORT = next_pow2(KL);
+  constexpr int NEED = SORT * (4 + 4 + 8 + 8) + MERGE_SHARED_FIXED + 16;
+  static_assert(SMEM >= NEED, "verify_kernel: SMEM is smaller than its shared memory layout");
+  extern __shared__ float4 shared_space[];
+  unsigned long long* exact_keys = reinterpret_cast<unsigned long long*>(shared_space);
+  long long* exact_ids = reinterpret_cast<long long*>(exact_keys + SORT);
+  float* sort_keys = reinterpret_cast<float*>(exact_ids + SORT);
+  int* sort_positions = reinterpret_cast<int*>(sort_keys + SORT);
+  unsigned* histogram = reinterpret_cast<unsigned*>(sort_positions + SORT);
+  double* query_qq = reinterpret_cast<double*>(histogram + 260);
+  require_dynamic_smem(NEED);
+
+  const long long q = blockIdx.x;
+  const long long total = (long long)n_lists * KL;
+  const unsigned kl_bits = gather_best<KL, SORT>(keys + q * total, positions + q * total, total, sort_keys,
+                                                 sort_positions, histogram, histogram + 258);
+  const float* query = queries + q * row_stride;
+  if (threadIdx.x == 0) query_qq[0] = exact_squares(query, dim);
+  __syncthreads();
+  const double qq = query_qq[0];
+  for (int i = threadIdx.x; i < SORT; i += WARPS * 32) {   // one thread per candidate, operation order fixed
+    const int position = sort_positions[i];
+    unsigned long long key = EMPTY_KEY64;
+    long long id = EMPTY_ID;
+    if (position >= 0) {
+      key = ordered_bits64(exact_key<Metric>(
+          Exact<Metric>::distance(query, data + (long long)position * row_stride, dim, qq)));
+      id = __ldg(ids + position);
+    }
+    exact_keys[i] = key;
+    exact_ids[i] = id;
+  }
+  __syncthreads();
+  block_sort_exact(exact_keys, exact_ids, sort_positions, SORT);
+  for (int j = threadIdx.x; j < K; j += WARPS * 32) {
+    const bool real = exact_keys[j] != EMPTY_KEY64;
+    const double key = real ? from_ordered_bits64(exact_keys[j]) : 0.0;
+    out_distances[q * K + j] = real ? __double2float_rn(Metric::larger_is_better ? -key : key)
+                                    : from_key<Metric>(positive_infinity());
+    out_ids[q * K + j] = real ? exact_ids[j] : -1;
+  }
+  if (threadIdx.x == 0) {
+    const float kl_key = from_ordered_bits(kl_bits);
+    bool proven = !(kl_key < positive_infinity()) || exact_keys[K - 1] == EMPTY_KEY64;
+    double kth = 0.0;
+    if (!proven) {
+      kth = from_ordered_bits64(exact_keys[K - 1]);
+      proven = Bound::lowest(kl_key, row_stride, qq, stats_max_xx(row_stats), stats_min_xx(row_stats)) > kth;
+    }
+    status[q] = proven ? 0 : 1;
+    threshold[q] = kth;
+    bounds[q] = 0u;
+  }
+}
+
+// ---- band: every row whose float64 key is <= a query's threshold ------------------------------------
+// For the queries verify could not prove (a list of their indices in `which`): grid (row blocks, queries),
+// one thread per row computes the contract distance and, when its key is <= threshold[which[f]], appends
+// (key, user id) to the query's band (capacity `capacity`; the count keeps growing past it so the host
+// can tell and search again with more room). The host sorts each band by (key, id) and keeps the K first.
+template <class Metric, class T>
+__global__ void __launch_bounds__(256)
+band_kernel(const T* __restrict__ data, const long long* __restrict__ ids, long long n_data, int row_stride, int dim,
+            const float* __restrict__ queries, const int* __restrict__ which, const double* __restrict__ threshold,
+            int capacity, double* __restrict__ band_keys, long long* __restrict__ band_ids,
+            unsigned* __restrict__ counts) {
+  __shared__ double query_qq;
+  const int f = blockIdx.y;
+  const int q = which[f];
+  const float* query = queries + (long long)q * row_stride;
+  if (threadIdx.x == 0) query_qq = Metric::needs_norms ? exact_squares(query, dim) : 0.0;
+  __syncthreads();
+  const double limit = threshold[q];
+  for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < n_data;
+       row += (long long)gridDim.x * blockDim.x) {
+    const double key = exact_key<Metric>(Exact<Metric>::distance(query, data + row * row_stride, dim, query_qq));
+    if (key <= limit) {
+      const unsigned slot = atomicAdd(counts + f, 1u);
+      if (slot < (unsigned)capacity) {
+        band_keys[(long long)f * capacity + slot] = key;
+        band_ids[(long long)f * capacity + slot] = __ldg(ids + row);
+      }
+    }
+  }
+}
+
+}  // namespace tinyknn
