@@ -21,7 +21,7 @@ from .cache import CubinCache
 @dataclass(frozen=True)
 class WarmOutcome:
     spec: KernelSpec
-    status: str          # "compiled" | "cached" | "failed"
+    status: str          # "compiled" | "unsaved" (compiled, not written: full or read-only disk) | "cached" | "failed"
     seconds: float
     error: str = ""
 
@@ -46,8 +46,10 @@ def _warm_one(cache: CubinCache, spec: KernelSpec) -> WarmOutcome:
         return WarmOutcome(spec, "failed", time.perf_counter() - start, "\n".join(lines[:6]))
     except (TinyKnnError, ValueError, OSError) as exc:
         return WarmOutcome(spec, "failed", time.perf_counter() - start, str(exc))
-    status = "compiled" if origin == "compiled" else "cached"
-    return WarmOutcome(spec, status, time.perf_counter() - start)
+    if origin != "compiled":
+        return WarmOutcome(spec, "cached", time.perf_counter() - start)
+    problem = cache.unsaved(spec)
+    return WarmOutcome(spec, "compiled" if problem is None else "unsaved", time.perf_counter() - start, problem or "")
 
 
 def warm_specs(cache: CubinCache, specs, *, jobs: int, on_done=None) -> list[WarmOutcome]:
