@@ -69,35 +69,61 @@ TINYKNN_HD double exact_sqrt(double a) {
 TINYKNN_HD double widen(float x) { return (double)x; }
 TINYKNN_HD double widen(half_bits x) { return (double)half_to_float(x); }
 
-// The contract's three distances of one query (float32, `dim` elements) and one stored row.
-template <class T>
-TINYKNN_HD double exact_l2(const float* query, const T* row, int dim) {
-  double sum = 0.0;
-  for (int d = 0; d < dim; ++d) {
-    const double diff = (double)query[d] - widen(row[d]);
-    sum = exact_add(sum, exact_mul(diff, diff));
+// The contract's distances as a step per coordinate (in order d = 0, 1, ...) and a finish, so that a
+// kernel may load rows its own way (the GPU verify step reads 16-byte chunks) and still perform exactly
+// these operations in this order. `a`, `b`: the running sums (l2 and ip use `a`; cosine: a = dot, b = xx).
+template <class Metric> struct Exact;
+template <class Metric, class T>
+TINYKNN_HD double exact_distance(const float* query, const T* row, int dim, double qq);
+
+// Exact<Metric>::distance(query, row, dim, qq) is exact_distance<Metric> (below).
+template <class Metric> struct ExactDistance {
+  template <class T> static TINYKNN_HD double distance(const float* q, const T* x, int dim, double qq) {
+    return exact_distance<Metric>(q, x, dim, qq);
   }
-  return sum + 0.0;
+};
+template <> struct Exact<L2> : ExactDistance<L2> {
+  static TINYKNN_HD void step(double& a, double&, float q, double x) {
+    const double diff = (double)q - x;
+    a = exact_add(a, exact_mul(diff, diff));
+  }
+  static TINYKNN_HD double finish(double a, double, double) { return a + 0.0; }
+};
+template <> struct Exact<InnerProduct> : ExactDistance<InnerProduct> {
+  static TINYKNN_HD void step(double& a, double&, float q, double x) { a = exact_add(a, exact_mul((double)q, x)); }
+  static TINYKNN_HD double finish(double a, double, double) { return a + 0.0; }
+};
+template <> struct Exact<Cosine> : ExactDistance<Cosine> {
+  static TINYKNN_HD void step(double& dot, double& xx, float q, double x) {
+    dot = exact_add(dot, exact_mul((double)q, x));
+    xx = exact_add(xx, exact_mul(x, x));
+  }
+  // qq: the query's sum of squares (exact_squares), computed once per query by the caller.
+  static TINYKNN_HD double finish(double dot, double xx, double qq) {
+    if (qq == 0.0 || xx == 0.0) return 0.0;
+    return exact_div(dot, exact_mul(exact_sqrt(qq), exact_sqrt(xx))) + 0.0;
+  }
+};
+
+// The contract's distance of one float32 query (`dim` elements) and one stored row.
+template <class Metric, class T>
+TINYKNN_HD double exact_distance(const float* query, const T* row, int dim, double qq) {
+  double a = 0.0, b = 0.0;
+  for (int d = 0; d < dim; ++d) Exact<Metric>::step(a, b, query[d], widen(row[d]));
+  return Exact<Metric>::finish(a, b, qq);
 }
+
+template <class T>
+TINYKNN_HD double exact_l2(const float* query, const T* row, int dim) { return exact_distance<L2>(query, row, dim, 0.0); }
 
 template <class T>
 TINYKNN_HD double exact_ip(const float* query, const T* row, int dim) {
-  double sum = 0.0;
-  for (int d = 0; d < dim; ++d) sum = exact_add(sum, exact_mul((double)query[d], widen(row[d])));
-  return sum + 0.0;
+  return exact_distance<InnerProduct>(query, row, dim, 0.0);
 }
 
-// qq: the query's sum of squares (exact_squares of it), computed once per query by the caller.
 template <class T>
 TINYKNN_HD double exact_cosine(const float* query, const T* row, int dim, double qq) {
-  double dot = 0.0, xx = 0.0;
-  for (int d = 0; d < dim; ++d) {
-    const double x = widen(row[d]);
-    dot = exact_add(dot, exact_mul((double)query[d], x));
-    xx = exact_add(xx, exact_mul(x, x));
-  }
-  if (qq == 0.0 || xx == 0.0) return 0.0;
-  return exact_div(dot, exact_mul(exact_sqrt(qq), exact_sqrt(xx))) + 0.0;
+  return exact_distance<Cosine>(query, row, dim, qq);
 }
 
 TINYKNN_HD double exact_squares(const float* query, int dim) {
@@ -106,24 +132,7 @@ TINYKNN_HD double exact_squares(const float* query, int dim) {
   return sum;
 }
 
-// The contract's distance of a metric type (metrics.cuh), and its order key (smaller is nearer).
-template <class Metric> struct Exact;
-template <> struct Exact<L2> {
-  template <class T> TINYKNN_HD static double distance(const float* q, const T* x, int dim, double) {
-    return exact_l2(q, x, dim);
-  }
-};
-template <> struct Exact<InnerProduct> {
-  template <class T> TINYKNN_HD static double distance(const float* q, const T* x, int dim, double) {
-    return exact_ip(q, x, dim);
-  }
-};
-template <> struct Exact<Cosine> {
-  template <class T> TINYKNN_HD static double distance(const float* q, const T* x, int dim, double qq) {
-    return exact_cosine(q, x, dim, qq);
-  }
-};
-
+// The order key of a contract distance (smaller is nearer).
 template <class Metric> TINYKNN_HD double exact_key(double distance) {
   return Metric::larger_is_better ? -distance : distance;
 }

@@ -115,6 +115,60 @@ TINYKNN_D double stats_min_xx(const unsigned* row_stats) {
   return stored ? (double)__uint_as_float(~stored) : 0.0;
 }
 
+// The contract distance (exact.cuh: the same operations in the same order) of a padded stored row read
+// in 16-byte chunks, so that one thread keeps several loads in flight.
+template <class Metric, class T>
+TINYKNN_D double exact_distance_by_chunks(const float* query, const T* row, int dim, double qq) {
+  constexpr int N = Chunk<T>::N;
+  const uint4* chunks = reinterpret_cast<const uint4*>(row);
+  double a = 0.0, b = 0.0;
+  const int whole = dim / N;
+#pragma unroll 4
+  for (int c = 0; c < whole; ++c) {
+    float x[N];
+    Chunk<T>::unpack(__ldg(chunks + c), x);
+#pragma unroll
+    for (int e = 0; e < N; ++e) Exact<Metric>::step(a, b, __ldg(query + c * N + e), (double)x[e]);
+  }
+  if (whole * N < dim) {
+    float x[N];
+    Chunk<T>::unpack(__ldg(chunks + whole), x);
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      if (whole * N + e < dim) Exact<Metric>::step(a, b, __ldg(query + whole * N + e), (double)x[e]);
+    }
+  }
+  return Exact<Metric>::finish(a, b, qq);
+}
+
+// The same distance by a whole warp: each lane loads one 16-byte chunk of a 32-chunk segment of the row
+// (one coalesced load per segment), then every lane runs the sequential chain over the segment's elements,
+// taken from their lanes by shuffles in order. For few candidates (one query's answer): one load latency
+// per 32 chunks instead of one per chunk.
+template <class Metric, class T>
+TINYKNN_D double exact_distance_by_warp(const float* query, const T* row, int dim, double qq, int lane) {
+  constexpr int N = Chunk<T>::N;
+  const uint4* chunks = reinterpret_cast<const uint4*>(row);
+  const int n_chunks = (dim + N - 1) / N;
+  double a = 0.0, b = 0.0;
+  for (int base = 0; base < n_chunks; base += 32) {
+    const int mine = base + lane;
+    float x[N], qv[N];
+    Chunk<T>::unpack(mine < n_chunks ? __ldg(chunks + mine) : zero_chunk(), x);
+#pragma unroll
+    for (int e = 0; e < N; ++e) qv[e] = mine * N + e < dim ? __ldg(query + mine * N + e) : 0.0f;
+    const int count = min(32, n_chunks - base);
+    for (int c = 0; c < count; ++c) {
+#pragma unroll
+      for (int e = 0; e < N; ++e) {
+        const float xe = __shfl_sync(FULL_WARP, x[e], c), qe = __shfl_sync(FULL_WARP, qv[e], c);
+        if ((base + c) * N + e < dim) Exact<Metric>::step(a, b, qe, (double)xe);
+      }
+    }
+  }
+  return Exact<Metric>::finish(a, b, qq);
+}
+
 // ---- verify: one block per query ---------------------------------------------------------------------
 // The selection kernel kept KL (> K) candidates per (query, slice) by its float32 key. The KL best of all
 // slices are gathered (gather_best), their contract distances computed in float64 (one thread a candidate,
@@ -152,17 +206,35 @@ verify_kernel(const float* __restrict__ keys, const int* __restrict__ positions,
   if (threadIdx.x == 0) query_qq[0] = exact_squares(query, dim);
   __syncthreads();
   const double qq = query_qq[0];
-  for (int i = threadIdx.x; i < SORT; i += WARPS * 32) {   // one thread per candidate, operation order fixed
-    const int position = sort_positions[i];
-    unsigned long long key = EMPTY_KEY64;
-    long long id = EMPTY_ID;
-    if (position >= 0) {
-      key = ordered_bits64(exact_key<Metric>(
-          Exact<Metric>::distance(query, data + (long long)position * row_stride, dim, qq)));
-      id = __ldg(ids + position);
+  if constexpr (KL <= 2 * WARPS) {      // a warp per candidate: few of them, latency matters most
+    const int lane = threadIdx.x & 31;
+    for (int i = threadIdx.x >> 5; i < SORT; i += WARPS) {
+      const int position = sort_positions[i];
+      unsigned long long key = EMPTY_KEY64;
+      long long id = EMPTY_ID;
+      if (position >= 0) {
+        key = ordered_bits64(exact_key<Metric>(
+            exact_distance_by_warp<Metric>(query, data + (long long)position * row_stride, dim, qq, lane)));
+        id = __ldg(ids + position);
+      }
+      if (lane == 0) {
+        exact_keys[i] = key;
+        exact_ids[i] = id;
+      }
     }
-    exact_keys[i] = key;
-    exact_ids[i] = id;
+  } else {                               // a thread per candidate
+    for (int i = threadIdx.x; i < SORT; i += WARPS * 32) {
+      const int position = sort_positions[i];
+      unsigned long long key = EMPTY_KEY64;
+      long long id = EMPTY_ID;
+      if (position >= 0) {
+        key = ordered_bits64(exact_key<Metric>(
+            exact_distance_by_chunks<Metric>(query, data + (long long)position * row_stride, dim, qq)));
+        id = __ldg(ids + position);
+      }
+      exact_keys[i] = key;
+      exact_ids[i] = id;
+    }
   }
   __syncthreads();
   block_sort_exact(exact_keys, exact_ids, sort_positions, SORT);
@@ -207,7 +279,7 @@ band_kernel(const T* __restrict__ data, const long long* __restrict__ ids, long 
   const double limit = threshold[q];
   for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < n_data;
        row += (long long)gridDim.x * blockDim.x) {
-    const double key = exact_key<Metric>(Exact<Metric>::distance(query, data + row * row_stride, dim, query_qq));
+    const double key = exact_key<Metric>(exact_distance_by_chunks<Metric>(query, data + row * row_stride, dim, query_qq));
     if (key <= limit) {
       const unsigned slot = atomicAdd(counts + f, 1u);
       if (slot < (unsigned)capacity) {

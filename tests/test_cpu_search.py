@@ -1,4 +1,7 @@
-"""The CPU search against the float64 reference: every metric x dtype, dims, k, ties, ids, extremes."""
+"""The CPU search against the exactness contract's float64 oracle (reference.assert_exact: ids and distance
+bits): every metric x dtype, dims, k, ties, ids, extremes, and every path (full scan, float16 sketch, Winograd
+pass). Database sizes follow the build's panel width (AVX2 16 rows, AVX-512 32, portable 8: tk_build_param),
+never one machine's."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from hypothesis import strategies as st
 import tinyknn
 from tinyknn.config import reset_config
 from tinyknn.cpu import library
-from reference import check_search
+from reference import assert_exact
 
 METRICS = ("l2", "ip", "cosine")
 DTYPES = ("float32", "float16")
@@ -49,7 +52,7 @@ def test_matches_reference(rng, metric, dtype, dim):
     index = build(db, metric, dtype)
     for k in (1, 10, n + 7):
         distances, ids = index.search(q, k)
-        check_search(distances, ids, db, q, k, metric, dtype)
+        assert_exact(distances, ids, db, q, k, metric, dtype)
 
 
 @pytest.mark.parametrize("metric", METRICS)
@@ -60,7 +63,7 @@ def test_k_from_one_to_beyond_ntotal(rng, metric):
     index = build(db, metric, "float32")
     for k in (1, 2, 3, n - 1, n, n + 1, 3 * n, 2048):
         distances, ids = index.search(q, k)
-        check_search(distances, ids, db, q, k, metric)
+        assert_exact(distances, ids, db, q, k, metric)
 
 
 @pytest.mark.parametrize("n_queries", [1, 2, 7, 200])
@@ -72,11 +75,19 @@ def test_threads_and_database_slices(rng, threads, n_queries, n_threads):
     q = rng.standard_normal((n_queries, 24)).astype(np.float32)
     for metric in METRICS:
         distances, ids = build(db, metric, "float32").search(q, 17)
-        check_search(distances, ids, db, q, 17, metric)
+        assert_exact(distances, ids, db, q, 17, metric)
 
 
-def sketch_data(rng, kind, n=6000, dim=24):
+def first_pass_rows(extra_panels: int = 20) -> int:
+    """Rows enough for both first passes in the loaded build (their minimum panels, plus some), whatever its
+    panel width."""
+    panels = max(library.build_param("sketch_min_panels"), library.build_param("winograd_min_panels"))
+    return (panels + extra_panels) * library.build_param("panel_rows")
+
+
+def sketch_data(rng, kind, n=None, dim=24):
     """Databases for the float16 sketch (float32 l2, few queries): easy, shifted, tiny, huge, tied."""
+    n = n or first_pass_rows()
     if kind == "normal":
         return rng.standard_normal((n, dim)).astype(np.float32)
     if kind == "far":
@@ -122,13 +133,25 @@ def test_few_queries_through_the_sketch_match_the_full_scan(rng, threads, kind, 
     for k in (1, 10):
         for batch in (q[:1], q[1:3], q):
             distances, ids = search_matching_full_scan(index, batch, k)
-            check_search(distances, ids, db, batch, k, "l2")
+            assert_exact(distances, ids, db, batch, k, "l2")
     answered, declined = index._searcher.sketch_counts()
     assert answered + declined == 6
     if kind in ("normal", "far", "huge", "subnormal"):
         assert answered == 6, (answered, declined)
+    assert_fallbacks(index, kind, searched=2 * 2 * (1 + 2 + 8))
     if kind == "tiny":      # every exact distance underflows: the bound's absolute terms hand over to the scan
         assert declined == 6, (answered, declined)
+
+
+def assert_fallbacks(index, kind, searched):
+    """The exact-fallback counter on a first-pass data set: none where float32 separates the neighbours, every
+    query where every float32 distance underflows (all keys 0: nothing can be proven)."""
+    fallbacks = index._searcher.exact_fallbacks()
+    print(f"{kind}: {fallbacks} of {searched} queries searched exhaustively")
+    if kind in ("normal", "far", "huge", "cluster-in-spread"):
+        assert fallbacks == 0
+    if kind == "tiny":
+        assert fallbacks == searched
 
 
 def full_scan(index, queries, k):
@@ -160,9 +183,10 @@ def test_many_queries_through_the_winograd_pass_match_the_full_scan(rng, threads
     for k in (1, 10):
         for batch in (q[:16], q[:21], q):
             distances, ids = search_matching_full_scan(index, batch, k)
-            check_search(distances, ids, db, batch, k, "l2")
+            assert_exact(distances, ids, db, batch, k, "l2")
     answered, declined = index._searcher.winograd_counts()
     assert answered + declined == 6
+    assert_fallbacks(index, kind, searched=2 * 2 * (16 + 21 + 300))
     # (near-duplicates seen from afar: the exact scan's own rounding is wider than their spread, so
     # more rows stay candidates than the pass rescores; ties: as many candidates as tied rows)
     if kind in ("normal", "far", "huge", "subnormal", "cluster-in-spread"):
@@ -177,20 +201,22 @@ def test_winograd_pass_for_every_grouping_of_dims(rng, dim):
     none, one or two left over, in one block or several (the last one as short as one dim), give the
     full scan's answer bit for bit (a database of one panel more than the pass's minimum, whose last
     panel is padding). Below 32 dims the full scan answers."""
-    db = (rng.standard_normal((4097, dim)) * 3 + 5).astype(np.float32)
+    n = library.build_param("winograd_min_panels") * library.build_param("panel_rows") + 1
+    db = (rng.standard_normal((n, dim)) * 3 + 5).astype(np.float32)
     q = (rng.standard_normal((21, dim)) * 3 + 5).astype(np.float32)
     index = build(db, "l2", "float32")
-    for k in (1, 5, 16):   # the pass takes k <= panels / 16
+    for k in (1, 5, 11):   # the pass takes k + margin <= panels / 16
         distances, ids = search_matching_full_scan(index, q, k)
-        check_search(distances, ids, db, q, k, "l2")
-    assert index._searcher.winograd_counts() == ((3, 0) if dim >= 32 else (0, 0))
+        assert_exact(distances, ids, db, q, k, "l2")
+    assert index._searcher.winograd_counts() == ((3, 0) if dim >= library.build_param("winograd_min_dim") else (0, 0))
 
 
 @pytest.mark.parametrize("n_queries, counts", [(3, "sketch_counts"), (24, "winograd_counts")])
 def test_first_passes_break_ties_as_the_full_scan_does(rng, n_queries, counts):
     """Rows at exactly the same distance, scattered over the database: of those tied at the k-th
-    distance, the first passes return the same (first) rows as the full scan, not just equal distances."""
-    db = (rng.standard_normal((8192, 32)) * 10).astype(np.float32)
+    distance, every path returns the smallest ids (the contract), not just equal distances: 40 ties are
+    more than the screen's margin, so query 0 is searched exhaustively (counted) after each screen."""
+    db = (rng.standard_normal((first_pass_rows(300), 32)) * 10).astype(np.float32)
     q = rng.integers(-5, 6, size=(n_queries, 32)).astype(np.float32)
     tied = np.sort(rng.choice(len(db), 40, replace=False))
     for row in tied:     # one coordinate of query 0 moved by 1: distance exactly 1
@@ -200,34 +226,42 @@ def test_first_passes_break_ties_as_the_full_scan_does(rng, n_queries, counts):
     for k in (1, 2, 5):
         distances, ids = search_matching_full_scan(index, q, k)
         assert np.array_equal(ids[0], tied[:k]) and np.all(distances[0] == 1.0)
+        assert_exact(distances, ids, db, q, k, "l2")
     assert getattr(index._searcher, counts)() == (3, 0)
+    assert index._searcher.exact_fallbacks() >= 2 * 3   # query 0, first pass and full scan, each k
 
 
 def test_winograd_pass_over_several_blocks_of_queries(rng):
     """More queries than one block of the pass (4,096): every block's answer lands in its own rows."""
-    db = rng.standard_normal((4500, 32)).astype(np.float32)
+    db = rng.standard_normal((first_pass_rows(), 32)).astype(np.float32)
     q = rng.standard_normal((4096 + 21, 32)).astype(np.float32)
     index = build(db, "l2", "float32")
     distances, ids = search_matching_full_scan(index, q, 3)
-    check_search(distances[-50:], ids[-50:], db, q[-50:], 3, "l2")
+    assert_exact(distances[-50:], ids[-50:], db, q[-50:], 3, "l2")
     assert index._searcher.winograd_counts() == (1, 0)
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the baseline flags are x86-64's")
-def test_portable_build_first_passes_match_its_full_scan(rng, cache_dir, monkeypatch):
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the build flags are x86-64's")
+@pytest.mark.parametrize("flags, lanes", [(("-march=x86-64",), 4), ((library._NATIVE, "-DTINYKNN_FORCE_LANES=16"), 16)],
+                         ids=["portable", "forced-16-lanes"])
+def test_other_builds_first_passes_match_their_full_scan(rng, cache_dir, monkeypatch, flags, lanes):
     """The library built for a baseline x86-64 CPU (128-bit vectors: 4 lanes, no FMA, no F16C), as a CPU
-    without AVX gets it: the sketch and the Winograd pass still give its full scan's answer bit for bit."""
-    monkeypatch.setattr(library, "FLAGS", tuple("-march=x86-64" if f == library._NATIVE else f for f in library.FLAGS))
+    without AVX gets it, and one forced to an AVX-512 build's 16 lanes (32-row panels; runs on any x86-64
+    CPU, the compiler splits the vectors): the sketch and the Winograd pass still give the contract's
+    answer, bit for bit their own full scan's, on a database sized from the build's panel width."""
+    monkeypatch.setattr(library, "FLAGS", tuple(f for f in library.FLAGS if f != library._NATIVE) + flags)
     library.reset_library()
     try:
-        assert "4 lanes" in library.get_library().tk_build_info().decode()
-        db = (rng.standard_normal((6000, 40)) * 2 + 3).astype(np.float32)
+        assert f"{lanes} lanes" in library.get_library().tk_build_info().decode()
+        assert library.build_param("lanes") == lanes and library.build_param("panel_rows") == 2 * lanes
+        db = (rng.standard_normal((first_pass_rows(), 40)) * 2 + 3).astype(np.float32)
         q = (rng.standard_normal((37, 40)) * 2 + 3).astype(np.float32)
         index = build(db, "l2", "float32")
         for batch in (q[:3], q):
             distances, ids = search_matching_full_scan(index, batch, 10)
-            check_search(distances, ids, db, batch, 10, "l2")
+            assert_exact(distances, ids, db, batch, 10, "l2")
         assert index._searcher.sketch_counts() == (1, 0) and index._searcher.winograd_counts() == (1, 0)
+        assert index._searcher.exact_fallbacks() == 0
         index.close()
     finally:
         library.reset_library()
@@ -237,12 +271,12 @@ def test_portable_build_first_passes_match_its_full_scan(rng, cache_dir, monkeyp
 def test_first_passes_decline_data_they_describe_poorly(rng, n_queries, counts):
     """Far outliers in the first batch set a coarse float16 scale for the sketch, and make the Winograd
     keys' error bound (which grows with the largest row) useless: both hand over to the full scan."""
-    db = rng.standard_normal((6000, 32)).astype(np.float32)
+    db = rng.standard_normal((first_pass_rows(), 32)).astype(np.float32)
     db[::97] *= 1e5
     index = build(db, "l2", "float32")
     q = rng.standard_normal((n_queries, 32)).astype(np.float32)
     distances, ids = index.search(q, 5)
-    check_search(distances, ids, db, q, 5, "l2")
+    assert_exact(distances, ids, db, q, 5, "l2")
     assert getattr(index._searcher, counts)() == (0, 1)
 
 
@@ -264,7 +298,7 @@ def test_ties_and_exact_duplicates(rng, metric):
     index = build(db, metric, "float32")
     for k in (1, 3, 8, 30, len(db)):
         distances, ids = index.search(q, k)
-        check_search(distances, ids, db, q, k, metric)
+        assert_exact(distances, ids, db, q, k, metric)
     if metric == "l2":  # a query equal to a row with two copies: both copies at distance 0 come first
         distances, ids = index.search(base[:1], 3)
         assert distances[0, 0] == 0.0 and distances[0, 1] == 0.0
@@ -279,7 +313,7 @@ def test_custom_ids_over_several_adds(rng):
     for start, stop in ((0, 10), (10, 11), (11, 57), (57, 90)):
         index.add(db[start:stop], ids=user_ids[start:stop])
     distances, ids = index.search(q, 12)
-    check_search(distances, ids, db, q, 12, "l2", id_map=user_ids)
+    assert_exact(distances, ids, db, q, 12, "l2", id_map=user_ids)
     _, exported_ids = index._searcher.export()
     assert np.array_equal(exported_ids, user_ids)
 
@@ -300,7 +334,7 @@ def test_far_from_origin_is_exact(rng, metric):
     db = (1e6 + rng.standard_normal((400, 32))).astype(np.float32)
     q = (1e6 + rng.standard_normal((6, 32))).astype(np.float32)
     distances, ids = build(db, metric, "float32").search(q, 10)
-    check_search(distances, ids, db, q, 10, metric)
+    assert_exact(distances, ids, db, q, 10, metric)
     if metric == "l2":
         # float32 near 1e6 is a multiple of 1/16, so each squared difference and these small sums are
         # exact in float32: direct differences must reproduce the float64 distances bit for bit.
@@ -315,7 +349,7 @@ def test_float16_extremes(rng, metric):
     q = (rng.choice([-1.0, 1.0], size=(5, 16)) * 65504.0).astype(np.float32)
     distances, ids = build(db, metric, "float16").search(q, 7)
     assert np.all(np.isfinite(distances))
-    check_search(distances, ids, db, q, 7, metric, "float16")
+    assert_exact(distances, ids, db, q, 7, metric, "float16")
 
 
 def test_cosine_zero_vector_has_similarity_zero():
@@ -333,7 +367,7 @@ def test_reset_then_add_again(rng):
     assert index.ntotal == 0 and np.all(index.search(db[:1], 2)[1] == -1)
     index.add(db[:10])
     distances, ids = index.search(db[:2], 3)
-    check_search(distances, ids, db[:10], db[:2], 3, "l2")
+    assert_exact(distances, ids, db[:10], db[:2], 3, "l2")
 
 
 def test_eight_python_threads_search_one_index(rng, threads):
@@ -357,7 +391,7 @@ def test_eight_python_threads_search_one_index(rng, threads):
         worker.join()
     assert not errors
     for slot, (distances, ids) in enumerate(results):
-        check_search(distances, ids, db, queries[slot], 9, "l2")
+        assert_exact(distances, ids, db, queries[slot], 9, "l2")
 
 
 class _CallTimer:
@@ -411,4 +445,4 @@ def test_hypothesis_shapes_and_values(n, dim, n_queries, k, metric, dtype, scale
         db[n // 2:] = db[: n - n // 2]           # exact duplicates
     q = (rng.standard_normal((n_queries, dim)) * scale).astype(np.float32)
     distances, ids = build(db, metric, dtype).search(q, k)
-    check_search(distances, ids, db, q, k, metric, dtype)
+    assert_exact(distances, ids, db, q, k, metric, dtype)

@@ -28,7 +28,7 @@ def test_render_source_names_the_instantiation():
     assert rendered.source == render.kernel_source()        # only the name expression differs per spec
     (name,) = rendered.name_expressions
     p = dict(spec.params)
-    assert name == (f"tinyknn::scan_kernel<tinyknn::Cosine, tinyknn::half_bits, 130, {37 + render.VERIFY_MARGIN}, "
+    assert name == (f"tinyknn::scan_kernel<tinyknn::Cosine, tinyknn::half_bits, 130, {render.list_length(37)}, "
                     f"{p['qb']}, {p['lanes']}, "
                     f"{p['warps']}, {p['smem']}>")
     assert "-std=c++17" in rendered.options
@@ -43,7 +43,7 @@ def test_dim_independent_kernels_share_one_name():
     verify = render.verify_spec(render.scan_spec("ip", "float32", 64, 10, "sm_80"))
     assert verify == render.verify_spec(render.scan_spec("ip", "float32", 1536, 10, "sm_80"))
     assert render.name_expression(verify).startswith(
-        "tinyknn::verify_kernel<tinyknn::InnerProduct, tinyknn::KeyBound<tinyknn::InnerProduct>, float, 10, 18,")
+        "tinyknn::verify_kernel<tinyknn::InnerProduct, tinyknn::KeyBound<tinyknn::InnerProduct>, float, 10, 12,")
     filtered = render.verify_spec(render.tiled_spec("l2", "float16", 64, 10, "sm_80"))
     assert "tinyknn::FilterKeyBound, tinyknn::half_bits" in render.name_expression(filtered)
     assert render.name_expression(render.band_spec("cosine", "float16", "sm_80")) == \
@@ -117,14 +117,14 @@ def test_specs_for_search_refuse_bad_input(bad, match):
 @pytest.mark.parametrize("dim,dtype", [(1, "float32"), (130, "float16"), (1536, "float32")])
 def test_parameters_are_consistent(k, dim, dtype):
     scan = dict(render.scan_spec("l2", dtype, dim, k, "sm_90").params)
-    kp = render.padded_k(k + render.VERIFY_MARGIN)
-    assert scan["kl"] == k + render.VERIFY_MARGIN
+    kp = render.padded_k(render.list_length(k))
+    assert scan["kl"] == render.list_length(k) > k
     assert scan["lanes"] in (1, 2, 4, 8, 16, 32)
     assert scan["qb"] >= 1 and (scan["qb"] * kp <= render.REGISTER_LIST_SLOTS or scan["qb"] == 1)
     assert scan["smem"] >= scan["warps"] * scan["qb"] * kp * 8
     assert scan["smem"] <= 227 * 1024                        # what an H100/H200 block may opt in to
     verify = dict(render.verify_spec(render.scan_spec("l2", dtype, dim, k, "sm_90")).params)
-    assert verify["kl"] == k + render.VERIFY_MARGIN and verify["smem"] <= 227 * 1024
+    assert verify["kl"] == render.list_length(k) and verify["smem"] <= 227 * 1024
     if k <= render.TILED_MAX_K:
         tiled = dict(render.tiled_spec("l2", dtype, dim, k, "sm_90").params)
         assert tiled["bq"] % tiled["warps"] == 0 and tiled["bn"] % 128 == 0

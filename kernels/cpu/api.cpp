@@ -1,6 +1,7 @@
 // The extern "C" boundary: every entry point runs its body inside guarded(), which turns any C++
 // exception (including those rethrown from worker threads by ThreadPool) into a status code and a
 // thread-local message. Nothing throws across ctypes.
+#include <cstdlib>
 #include <memory>
 #include <new>
 #include <string>
@@ -60,6 +61,45 @@ __attribute__((visibility("default"))) const char* tk_build_info(void) {
   return info.c_str();
 }
 
+__attribute__((visibility("default"))) int tk_build_param(const char* name, int64_t* value) {
+  return guarded([&] {
+    require(name != nullptr && value != nullptr, "a pointer is null");
+    const std::string key(name);
+    if (key.rfind("margin:", 0) == 0) {
+      const int64_t k = std::strtoll(name + 7, nullptr, 10);
+      require(k >= 1, "margin:<k> needs k >= 1");
+      *value = screen_margin(k);
+      return;
+    }
+    const struct { const char* name; int64_t value; } params[] = {
+        {"lanes", kLanes},
+        {"panel_rows", kPanel},
+        {"tile_queries", kTileQueries},
+        {"sketch_max_queries", kSketchMaxQueries},
+        {"sketch_min_panels", kSketchMinPanels},
+        {"winograd_min_queries", kWinogradMinQueries},
+        {"winograd_min_panels", kWinogradMinPanels},
+        {"winograd_min_dim", kWinogradMinDim},
+    };
+    for (const auto& param : params) {
+      if (key == param.name) {
+        *value = param.value;
+        return;
+      }
+    }
+    throw InvalidArgument("unknown build parameter: " + key);
+  });
+}
+
+__attribute__((visibility("default"))) int tk_pool_selftest(int threads, int n_tasks, int failing_task) {
+  return guarded([&] {
+    require(n_tasks >= 0, "n_tasks must be >= 0");
+    ThreadPool::shared().run(n_tasks, threads, [&](int task) {
+      if (task == failing_task) throw std::bad_alloc();
+    });
+  });
+}
+
 __attribute__((visibility("default"))) int tk_index_new(int64_t dim, int metric, int dtype, tk_index** out) {
   return guarded([&] {
     require(out != nullptr, "output handle pointer is null");
@@ -84,6 +124,10 @@ __attribute__((visibility("default"))) int tk_index_add(tk_index* index, const v
 
 __attribute__((visibility("default"))) int tk_index_reset(tk_index* index) {
   return guarded([&] { open(index).reset(); });
+}
+
+__attribute__((visibility("default"))) int tk_index_truncate(tk_index* index, int64_t n_rows) {
+  return guarded([&] { open(index).truncate(n_rows); });
 }
 
 __attribute__((visibility("default"))) int tk_index_size(tk_index* index, int64_t* n) {
@@ -118,6 +162,13 @@ __attribute__((visibility("default"))) int tk_index_winograd_counts(tk_index* in
   });
 }
 
+__attribute__((visibility("default"))) int tk_index_exact_fallbacks(tk_index* index, int64_t* count) {
+  return guarded([&] {
+    require(count != nullptr, "output pointer is null");
+    *count = open(index).exact_fallbacks();
+  });
+}
+
 __attribute__((visibility("default"))) int tk_index_use_first_passes(tk_index* index, int on) {
   return guarded([&] { open(index).use_first_passes(on != 0); });
 }
@@ -128,6 +179,7 @@ __attribute__((visibility("default"))) int tk_index_search(tk_index* index, cons
   return guarded([&] {
     require(nq >= 0, "the number of queries must be >= 0");
     require(k >= 1, "k must be >= 1");
+    require(k <= ((int64_t)1 << 40), "k must be <= 2^40");
     require(nq == 0 || (queries != nullptr && distances != nullptr && ids != nullptr), "a pointer is null");
     open(index).search(queries, nq, k, threads < 1 ? 1 : threads, distances, ids);
   });

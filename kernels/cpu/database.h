@@ -3,15 +3,25 @@
 // Panels<Storage>: rows in panels of kPanel rows, each panel dimension-major (element d of its kPanel
 // rows side by side), so one SIMD load reads one dimension of many rows and the scan vectorises over
 // rows for any dim. Elements keep the storage type (float, or float16 bits); the last panel is
-// zero-padded and its padding rows are never reported.
+// zero-padded and its padding rows are never reported. Panels live in fixed blocks of kBlockPanels'
+// multiple (about 64 MiB each, from mmap: pages cost memory once written), allocated as the rows grow: growing never copies what is stored (a
+// std::vector doubling would hold the old and the new copy at once), and a group of kGroupPanels
+// consecutive panels never straddles two blocks (the kernels read such groups through one pointer).
 // Database<Storage>: the panels plus the caller's int64 id of every row and, for cosine, every row's
-// inverse norm (computed once, at add).
+// inverse norm (from a float64 sum, computed once, at add).
+//
+// An add is reserve() (every allocation; may throw std::bad_alloc, changes nothing) then commit()
+// (cannot throw): an add that fails leaves the database exactly as it was (the strong guarantee).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <new>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "../metrics.cuh"
 #include "errors.h"
@@ -36,41 +46,111 @@ struct CacheAligned {
 
 constexpr int kVectorsPerPanel = 2;
 constexpr int kPanel = kVectorsPerPanel * kLanes;  // rows per panel
+constexpr int64_t kGroupPanels = 4;                // the most panels one kernel call reads (kernel.h)
+constexpr int64_t kBlockBytes = 64 << 20;          // a block of panels holds about this much
+
+// Grows a std::vector's capacity geometrically before an append of `more`, so that the append itself
+// cannot throw (vectors of ids and norms are small next to the panels: their doubling copy is cheap).
+template <class Vector>
+void reserve_for(Vector& v, std::size_t more) {
+  if (v.size() + more > v.capacity()) v.reserve(std::max(v.size() + more, 2 * v.capacity()));
+}
 
 template <class Storage>
 class Panels {
  public:
-  explicit Panels(int64_t dim) : dim_(dim) {}
+  explicit Panels(int64_t dim)
+      : dim_(dim),
+        block_panels_(std::max<int64_t>(kGroupPanels, kBlockBytes / (dim * kPanel * (int64_t)sizeof(Storage))
+                                                          / kGroupPanels * kGroupPanels)) {}
 
   int64_t dim() const { return dim_; }
   int64_t rows() const { return rows_; }
   int64_t count() const { return (rows_ + kPanel - 1) / kPanel; }
-  const Storage* panel(int64_t p) const { return elements_.data() + p * dim_ * kPanel; }
+  // Panel p; panels p .. p + kGroupPanels - 1 of one group (p a multiple of kGroupPanels) are contiguous.
+  const Storage* panel(int64_t p) const {
+    return blocks_[p / block_panels_].get() + (p % block_panels_) * dim_ * kPanel;
+  }
+  // How many panels from p on are contiguous in memory (at least 1).
+  int64_t contiguous_from(int64_t p) const { return block_panels_ - p % block_panels_; }
 
-  // Appends n rows; row i's element d is element(i, d).
+  // Blocks for `n` more rows, allocated now (may throw std::bad_alloc); append() then cannot throw.
+  struct Growth;
+  Growth reserve(int64_t n) const {
+    Growth growth;
+    const int64_t panels_needed = (rows_ + n + kPanel - 1) / kPanel;
+    const int64_t blocks_needed = (panels_needed + block_panels_ - 1) / block_panels_;
+    for (int64_t b = (int64_t)blocks_.size(); b < blocks_needed; ++b) growth.blocks.push_back(new_block());
+    return growth;
+  }
+
+  // Appends n rows into the blocks of `growth` (from reserve(n)); row i's element d is element(i, d).
   template <class Element>
-  void append(int64_t n, Element element) {
-    const int64_t total_panels = (rows_ + n + kPanel - 1) / kPanel;
-    elements_.resize(total_panels * dim_ * kPanel, Storage(0));
+  void append(int64_t n, Element element, Growth& growth) noexcept {
+    for (auto& block : growth.blocks) blocks_.push_back(std::move(block));
     for (int64_t i = 0; i < n; ++i, ++rows_) {
-      Storage* slot = elements_.data() + (rows_ / kPanel) * dim_ * kPanel + rows_ % kPanel;
+      Storage* slot = slot_of(rows_);
       for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = element(i, d);
     }
   }
 
-  Storage at(int64_t row, int64_t d) const {
-    return elements_[(row / kPanel) * dim_ * kPanel + d * kPanel + row % kPanel];
+  Storage at(int64_t row, int64_t d) const { return slot_of(row)[d * kPanel]; }
+  void row_to(int64_t row, Storage* out) const {
+    const Storage* slot = slot_of(row);
+    for (int64_t d = 0; d < dim_; ++d) out[d] = slot[d * kPanel];
   }
 
-  void clear() {
-    elements_.clear();
-    rows_ = 0;
+  // Keeps rows [0, n): later rows' slots become zero padding, blocks past the last panel are freed.
+  void truncate(int64_t n) noexcept {
+    if (n >= rows_) return;
+    for (int64_t row = n; row < std::min<int64_t>(rows_, (n + kPanel - 1) / kPanel * kPanel); ++row) {
+      Storage* slot = slot_of(row);
+      for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = Storage(0);
+    }
+    rows_ = n;
+    const int64_t blocks_needed = (count() + block_panels_ - 1) / block_panels_;
+    while ((int64_t)blocks_.size() > blocks_needed) blocks_.pop_back();
   }
+
+  void clear() noexcept { truncate(0); }
 
  private:
-  int64_t dim_, rows_ = 0;
-  std::vector<Storage, CacheAligned<Storage>> elements_;
+  Storage* slot_of(int64_t row) const {
+    const int64_t p = row / kPanel;
+    return blocks_[p / block_panels_].get() + (p % block_panels_) * dim_ * kPanel + row % kPanel;
+  }
+
+  // A block straight from mmap: zero pages that cost memory only once written (a block of a small
+  // index stays mostly virtual), page aligned (so 64-byte aligned); std::bad_alloc when it fails.
+  struct BlockFree {
+    std::size_t bytes;
+    void operator()(Storage* p) const { munmap(p, bytes); }
+  };
+  typedef std::unique_ptr<Storage[], BlockFree> Block;
+
+  Block new_block() const {
+    const std::size_t bytes = (std::size_t)(block_panels_ * dim_ * kPanel) * sizeof(Storage);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return Block(static_cast<Storage*>(p), BlockFree{bytes});
+  }
+
+  int64_t dim_, block_panels_, rows_ = 0;
+  std::vector<Block> blocks_;
+
+ public:
+  struct Growth {
+    std::vector<Block> blocks;
+  };
 };
+
+// 1 / sqrt(x x) rounded to float32 from a float64 sum, 0 for a zero row, +inf where it does not fit a
+// normal float32 (a norm below ~2^-126: such rows make the cosine screen unprovable, see verify.h).
+inline float inverse_norm64(double squares) {
+  if (squares == 0.0) return 0.0f;
+  const double inverse = 1.0 / std::sqrt(squares);
+  return inverse < 1.0e38 ? (float)inverse : positive_infinity();
+}
 
 template <class Storage>
 class Database {
@@ -85,22 +165,58 @@ class Database {
   const int64_t* ids() const { return ids_.data(); }
   // kPanel entries per panel (0 for padding rows).
   const float* inverse_norms() const { return inverse_norms_.data(); }
+  // The largest float64 row norm, rounded up (the ip screen's error bound grows with it, verify.h).
+  double largest_norm() const { return largest_norm_; }
+  // Rows whose inverse norm does not fit a float32 (cosine then verifies every row, verify.h).
+  int64_t tiny_rows() const { return tiny_rows_; }
+  Storage at(int64_t row, int64_t d) const { return panels_.at(row, d); }
+  // Row `row`'s dim elements into out (contiguous), for the float64 verify (verify.h).
+  void row_to(int64_t row, Storage* out) const { panels_.row_to(row, out); }
 
-  void add(const Storage* vectors, int64_t n, const int64_t* ids, bool with_norms) {
+  // What an add of n rows needs, allocated (may throw std::bad_alloc; the database is unchanged).
+  struct Growth {
+    typename Panels<Storage>::Growth panels;
+  };
+  Growth reserve(int64_t n, bool with_norms) {
+    Growth growth{panels_.reserve(n)};
+    reserve_for(ids_, n);  // capacity only: what the database holds is unchanged
+    const std::size_t norms_needed = (std::size_t)((size() + n + kPanel - 1) / kPanel * kPanel);
+    if (with_norms && norms_needed > inverse_norms_.size()) reserve_for(inverse_norms_, norms_needed - inverse_norms_.size());
+    return growth;
+  }
+
+  // The add itself, into what reserve(n, with_norms) allocated: cannot throw.
+  void commit(const Storage* vectors, int64_t n, const int64_t* ids, bool with_norms, Growth& growth) noexcept {
     const int64_t dim = this->dim(), first = size();
-    panels_.append(n, [&](int64_t i, int64_t d) { return vectors[i * dim + d]; });
+    panels_.append(n, [&](int64_t i, int64_t d) { return vectors[i * dim + d]; }, growth.panels);
     ids_.insert(ids_.end(), ids, ids + n);
-    if (with_norms) {
-      inverse_norms_.resize(panels() * kPanel, 0.0f);
-      for (int64_t i = 0; i < n; ++i) inverse_norms_[first + i] = inverse_norm(squared_norm(vectors + i * dim));
+    const std::size_t norms_needed = (std::size_t)((first + n + kPanel - 1) / kPanel * kPanel);
+    if (with_norms && norms_needed > inverse_norms_.size()) inverse_norms_.resize(norms_needed, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      const double squares = squared_norm64(vectors + i * dim, dim);
+      // rounded up past the float64 sum's own rounding
+      largest_norm_ = std::max(largest_norm_, std::sqrt(squares) * (1.0 + 1e-12 + (double)dim * 1e-15));
+      if (with_norms) {
+        inverse_norms_[first + i] = inverse_norm64(squares);
+        tiny_rows_ += std::isinf(inverse_norms_[first + i]) ? 1 : 0;
+      }
     }
   }
 
-  void reset() {
-    panels_.clear();
-    ids_.clear();
-    inverse_norms_.clear();
+  // Keeps rows [0, n). The largest norm stays that of the rows once held (a bound, still honest).
+  void truncate(int64_t n) {
+    if (n >= size()) return;
+    panels_.truncate(n);
+    ids_.resize(n);
+    if (!inverse_norms_.empty()) {
+      std::fill(inverse_norms_.begin() + n, inverse_norms_.end(), 0.0f);
+      inverse_norms_.resize((n + kPanel - 1) / kPanel * kPanel);
+      tiny_rows_ = std::count_if(inverse_norms_.begin(), inverse_norms_.end(), [](float w) { return std::isinf(w); });
+    }
+    if (n == 0) largest_norm_ = 0.0;
   }
+
+  void reset() { truncate(0); }
 
   // The first n rows back in row order.
   void export_to(int64_t n, Storage* vectors, int64_t* ids) const {
@@ -111,15 +227,20 @@ class Database {
   }
 
  private:
-  float squared_norm(const Storage* x) const {
-    float sum = 0.0f;
-    for (int64_t d = 0; d < dim(); ++d) sum = InnerProduct::accumulate(sum, to_float(x[d]), to_float(x[d]));
+  static double squared_norm64(const Storage* x, int64_t dim) {
+    double sum = 0.0;
+    for (int64_t d = 0; d < dim; ++d) {
+      const double value = (double)to_float(x[d]);
+      sum += value * value;
+    }
     return sum;
   }
 
   Panels<Storage> panels_;
   std::vector<int64_t> ids_;
   std::vector<float> inverse_norms_;
+  double largest_norm_ = 0.0;
+  int64_t tiny_rows_ = 0;
 };
 
 }  // namespace tinyknn

@@ -64,8 +64,8 @@ void tile(const float* queries, int64_t dim, const Element* panels, const float*
     Vec bar = broadcast(best[i].threshold());
     for (int w = 0; w < P * V; ++w) {
       Vec distance = acc[i][w];
-      if (Metric::needs_norms) {
-        distance = Metric::finish(distance, broadcast(query_inverse_norms[i]), load(panel_inverse_norms + w * kLanes));
+      if (Metric::needs_norms) {  // cosine: the sum times one product of the inverse norms (verify.h's bound)
+        distance = distance * (broadcast(query_inverse_norms[i]) * load(panel_inverse_norms + w * kLanes));
       }
       const Vec key = key_of<Metric>(distance);
       if (any_less(key, bar)) {

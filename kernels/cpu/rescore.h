@@ -23,11 +23,12 @@
 namespace tinyknn {
 
 // kept[s * nq + i] for s < slices are query i's rows from slice s (keys of the first pass; the lists
-// are consumed). Writes k distances and ids per query; returns false, the outputs then meaning nothing,
-// when some query keeps more than `limit` candidates.
+// are consumed). Writes each query's k best (full scan keys, sorted, padded: TopK::extract) into
+// best[i * k ..]; returns false, the output then meaning nothing, when some query keeps more than
+// `limit` candidates.
 inline bool rescore_candidates(const Database<float>& db, const float* queries, int64_t nq, int64_t k,
                                const SketchBound* bounds, std::vector<Candidate>* kept, int64_t slices, int64_t limit,
-                               int threads, float* distances, int64_t* ids) {
+                               int threads, Candidate* out) {
   const int64_t dim = db.dim(), panels = db.panels(), n = db.size();
   ThreadPool& pool = ThreadPool::shared();
   // fn(i) for every query, on the pool's threads, eight queries per task
@@ -118,7 +119,7 @@ inline bool rescore_candidates(const Database<float>& db, const float* queries, 
     TopK best;
     best.start(k, storage.data());
     for (int64_t j = first[i]; j < first[i + 1]; ++j) best.push(pairs[j].exact, pairs[j].position);
-    best.finish<L2>(db.ids(), distances + i * k, ids + i * k);
+    best.extract(out + i * k);
   });
   return true;
 }

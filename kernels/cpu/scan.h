@@ -50,7 +50,7 @@ inline Plan make_plan(int64_t nq, int64_t dim, int64_t panels, int threads, int6
 
 // Per-thread buffers, grown on demand and reused by later searches (no allocation per call).
 struct Scratch {
-  std::vector<float> panel, query_norms;
+  std::vector<float> panel;
   std::vector<Candidate> candidates, merged;
   std::vector<TopK> best;
   // the caller thread's, for the first passes (sketch_search.h, winograd_search.h) and the merge of slices
@@ -92,26 +92,21 @@ inline const float* panels_as_float(const half_bits* panels, int64_t count, std:
   return scratch.data();
 }
 
-inline float squared_norm(const float* x, int64_t dim) {
-  float sum = 0.0f;
-  for (int64_t d = 0; d < dim; ++d) sum = InnerProduct::accumulate(sum, x[d], x[d]);
-  return sum;
-}
-
 // The panel loop of scan(): `view(panels, count)` gives the Element pointer the kernels read.
 template <class Metric, class Element, class Storage, class Selector, class View>
-void scan_panels(const Panels<Storage>& table, const float* inverse_norms, const float* queries, int64_t nq,
-                 int64_t panel_begin, int64_t panel_end, Selector* best, Scratch& scratch, View view) {
+void scan_panels(const Panels<Storage>& table, const float* inverse_norms, const float* queries,
+                 const float* query_norms, int64_t nq, int64_t panel_begin, int64_t panel_end, Selector* best,
+                 View view) {
   const int64_t dim = table.dim(), n = table.rows();
   const int group = panels_per_call(nq);
-  const float* const query_norms = scratch.query_norms.data();  // not re-read through the thread_local
   for (int64_t p = panel_begin; p < panel_end;) {
-    const int count = panel_end - p >= group ? group : 1;
+    const int count = panel_end - p >= group && table.contiguous_from(p) >= group ? group : 1;
     const Element* panels = view(table.panel(p), count);
     const float* panel_norms = Metric::needs_norms ? inverse_norms + p * kPanel : nullptr;
     for (int64_t first = 0; first < nq; first += kTileQueries) {
       const int q_count = (int)std::min<int64_t>(kTileQueries, nq - first);
-      Kernels<Metric, Element, Selector>::get(q_count, count)(queries + first * dim, dim, panels, query_norms + first,
+      Kernels<Metric, Element, Selector>::get(q_count, count)(queries + first * dim, dim, panels,
+                                                              query_norms ? query_norms + first : nullptr,
                                                               panel_norms, best + first, p * kPanel, n);
     }
     p += count;
@@ -119,20 +114,17 @@ void scan_panels(const Panels<Storage>& table, const float* inverse_norms, const
 }
 
 // Scores queries [0, nq) (row-major, dim floats each) against panels [panel_begin, panel_end) of
-// `table` into one selector per query. `inverse_norms` (kPanel per panel) is read only for Cosine.
+// `table` into one selector per query. `inverse_norms` (kPanel per panel) and `query_norms` (one per
+// query: verify.h's prepare_screen_query) are read only for Cosine.
 template <class Metric, class Storage, class Selector>
-void scan(const Panels<Storage>& table, const float* inverse_norms, const float* queries, int64_t nq,
-          int64_t panel_begin, int64_t panel_end, Selector* best, Scratch& scratch) {
+void scan(const Panels<Storage>& table, const float* inverse_norms, const float* queries, const float* query_norms,
+          int64_t nq, int64_t panel_begin, int64_t panel_end, Selector* best, Scratch& scratch) {
   const int64_t dim = table.dim();
-  scratch.query_norms.assign(nq, 0.0f);
-  if (Metric::needs_norms) {
-    for (int64_t i = 0; i < nq; ++i) scratch.query_norms[i] = inverse_norm(squared_norm(queries + i * dim, dim));
-  }
   if (reads_storage_directly<Storage>(nq)) {
-    scan_panels<Metric, Storage>(table, inverse_norms, queries, nq, panel_begin, panel_end, best, scratch,
+    scan_panels<Metric, Storage>(table, inverse_norms, queries, query_norms, nq, panel_begin, panel_end, best,
                                  [](const Storage* panels, int64_t) { return panels; });
   } else {
-    scan_panels<Metric, float>(table, inverse_norms, queries, nq, panel_begin, panel_end, best, scratch,
+    scan_panels<Metric, float>(table, inverse_norms, queries, query_norms, nq, panel_begin, panel_end, best,
                                [&](const Storage* panels, int64_t count) {
                                  return panels_as_float(panels, count, scratch.panel, dim);
                                });

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
+#include <shared_mutex>  // std::shared_lock
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -14,6 +14,7 @@
 #include "../metrics.cuh"
 #include "database.h"
 #include "errors.h"
+#include "gate.h"
 #include "pool.h"
 #include "scan.h"
 #include "select.h"
@@ -21,10 +22,11 @@
 #include "sketch_search.h"
 #include "winograd_search.h"
 #include "tinyknn_cpu.h"
+#include "verify.h"
 
 namespace tinyknn {
 
-// How many searches a first pass answered, and how many it handed back to the exact scan.
+// How many searches a first pass answered, and how many it handed back to the full scan.
 class PassCounts {
  public:
   // Counts one search; returns whether the pass answered it.
@@ -46,6 +48,7 @@ class AnyIndex {
  public:
   virtual ~AnyIndex() = default;
   virtual void add(const void* vectors, int64_t n, const int64_t* ids) = 0;
+  virtual void truncate(int64_t n) = 0;
   virtual void reset() = 0;
   virtual int64_t size() = 0;
   virtual void export_to(int64_t n, void* vectors, int64_t* ids) = 0;
@@ -53,13 +56,30 @@ class AnyIndex {
                       int64_t* ids) = 0;
   const PassCounts& sketch_counts() const { return sketch_counts_; }
   const PassCounts& winograd_counts() const { return winograd_counts_; }
-  // Off: every search is the full exact scan (the reference the first passes are tested against).
+  // Queries whose screened candidates could not be proven (verify.h) and were searched exhaustively.
+  int64_t exact_fallbacks() const { return exact_fallbacks_.load(); }
+  // Off: every search screens with the full scan (the reference the first passes are tested against).
   void use_first_passes(bool on) { first_passes_ = on; }
 
  protected:
   PassCounts sketch_counts_, winograd_counts_;
+  std::atomic<int64_t> exact_fallbacks_{0};
   std::atomic<bool> first_passes_{true};
 };
+
+// The caller thread's buffers of a search: the queries as the screen sees them, their bounds, and
+// the screen's candidates (kept between searches, grown on demand).
+struct SearchScratch {
+  std::vector<float> screen_queries, screen_norms;
+  std::vector<ScreenBound> bounds;
+  std::vector<Candidate> screened;
+  static SearchScratch& of_this_thread() {
+    static thread_local SearchScratch scratch;
+    return scratch;
+  }
+};
+
+constexpr int64_t kScreenedBytes = 64 << 20;  // a block of queries' candidates holds at most about this
 
 template <class Metric, class Storage>
 class Index final : public AnyIndex {
@@ -70,48 +90,114 @@ class Index final : public AnyIndex {
  public:
   explicit Index(int64_t dim) : db_(dim), sketch_(kSketched ? dim : 1) {}
 
+  // Strong guarantee: everything is allocated (may throw std::bad_alloc) before anything changes.
   void add(const void* vectors, int64_t n, const int64_t* ids) override {
-    std::unique_lock<std::shared_mutex> lock(mutex_);
-    db_.add(static_cast<const Storage*>(vectors), n, ids, Metric::needs_norms);
-    if constexpr (kSketched) sketch_.add(static_cast<const float*>(vectors), n);
+    std::unique_lock<WriterFirstGate> lock(gate_);
+    auto growth = db_.reserve(n, Metric::needs_norms);
+    auto sketch_growth = sketch_.reserve(kSketched ? n : 0);
+    db_.commit(static_cast<const Storage*>(vectors), n, ids, Metric::needs_norms, growth);
+    if constexpr (kSketched) sketch_.commit(static_cast<const float*>(vectors), n, sketch_growth);
   }
 
-  void reset() override {
-    std::unique_lock<std::shared_mutex> lock(mutex_);
-    db_.reset();
-    sketch_.clear();
+  void truncate(int64_t n) override {
+    std::unique_lock<WriterFirstGate> lock(gate_);
+    require(n >= 0 && n <= db_.size(), "truncate: n_rows must be in [0, size]");
+    db_.truncate(n);
+    sketch_.truncate(kSketched ? n : 0);
   }
+
+  void reset() override { truncate(0); }
 
   int64_t size() override {
-    std::shared_lock<std::shared_mutex> lock(mutex_);
+    std::shared_lock<WriterFirstGate> lock(gate_);
     return db_.size();
   }
 
   void export_to(int64_t n, void* vectors, int64_t* ids) override {
-    std::shared_lock<std::shared_mutex> lock(mutex_);
+    std::shared_lock<WriterFirstGate> lock(gate_);
     require(n <= db_.size(), "cannot export more rows than the index holds");
     db_.export_to(n, static_cast<Storage*>(vectors), ids);
   }
 
-  // All cores (pool.h): tasks are (query chunk, database slice) pairs, see make_plan. Float32 l2
-  // searches of a few queries go through the float16 sketch first (sketch_search.h), of more queries
-  // through the Winograd pass (winograd_search.h).
+  // Screens (first passes or the full scan) and verifies (verify.h) blocks of queries whose candidates
+  // fit kScreenedBytes.
   void search(const float* queries, int64_t nq, int64_t k, int threads, float* distances,
               int64_t* ids) override {
     if (nq == 0) return;
-    std::shared_lock<std::shared_mutex> lock(mutex_);
+    std::shared_lock<WriterFirstGate> lock(gate_);
+    const int64_t n = db_.size(), dim = db_.dim();
+    if (n == 0) {
+      const std::vector<ExactEntry> none;
+      for (int64_t i = 0; i < nq; ++i) write_answer<Metric>(none, k, distances + i * k, ids + i * k);
+      return;
+    }
+    const int64_t kk = std::min(n, k + screen_margin(k));
+    const int64_t block = std::max<int64_t>(64, kScreenedBytes / (kk * (int64_t)sizeof(Candidate)));
+    for (int64_t first = 0; first < nq; first += block) {
+      const int64_t count = std::min(block, nq - first);
+      search_block(queries + first * dim, count, k, kk, threads, distances + first * k, ids + first * k);
+    }
+  }
+
+ private:
+  void search_block(const float* queries, int64_t nq, int64_t k, int64_t kk, int threads, float* distances,
+                    int64_t* ids) {
+    const int64_t n = db_.size(), dim = db_.dim();
+    SearchScratch& caller = SearchScratch::of_this_thread();
+    caller.screened.resize(nq * kk);
+    Candidate* const screened = caller.screened.data();
+    // every row is a candidate, or (cosine over rows of norm below ~2^-126) no screen can be proven
+    const bool all_rows = kk == n, exhaustive = !all_rows && Metric::needs_norms && db_.tiny_rows() > 0;
+    if (all_rows) {
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int64_t j = 0; j < kk; ++j) screened[i * kk + j] = Candidate{0.0f, j};
+      }
+    } else if (!exhaustive) {
+      caller.screen_queries.resize(nq * dim);
+      caller.screen_norms.resize(nq);
+      caller.bounds.resize(nq);
+      for (int64_t i = 0; i < nq; ++i) {
+        prepare_screen_query<Metric>(queries + i * dim, dim, db_.largest_norm(), caller.screen_queries.data() + i * dim,
+                                     &caller.screen_norms[i], &caller.bounds[i]);
+      }
+      screen(caller.screen_queries.data(), caller.screen_norms.data(), nq, kk, threads, screened);
+    }
+    // per query: the candidates in float64, proven or searched exhaustively (eight queries per task)
+    constexpr int64_t kPerTask = 8;
+    const ScreenBound* const bounds = caller.bounds.data();
+    ThreadPool::shared().run((int)((nq + kPerTask - 1) / kPerTask), threads, [&](int task) {
+      for (int64_t i = task * kPerTask; i < std::min(nq, (task + 1) * kPerTask); ++i) {
+        const float* q = queries + i * dim;
+        const double qq = Metric::needs_norms ? exact_squares(q, (int)dim) : 0.0;
+        if (!exhaustive && verify_query<Metric>(db_, q, qq, k, kk, screened + i * kk, all_rows ? ScreenBound{} : bounds[i],
+                                                distances + i * k, ids + i * k)) {
+          continue;
+        }
+        exhaustive_query<Metric>(db_, q, qq, k, distances + i * k, ids + i * k);
+        ++exact_fallbacks_;
+      }
+    });
+  }
+
+  // Each query's kk best rows by the full scan kernel's float32 key, sorted (TopK::extract), into out.
+  void screen(const float* queries, const float* query_norms, int64_t nq, int64_t kk, int threads, Candidate* out) {
     if constexpr (kSketched) {
       if (first_passes_) {
-        if (sketch_pays(nq, k, db_.panels()) &&
-            sketch_counts_.record(sketch_search(db_, sketch_, queries, nq, k, threads, distances, ids))) {
+        if (sketch_pays(nq, kk, db_.panels()) &&
+            sketch_counts_.record(sketch_search(db_, sketch_, queries, nq, kk, threads, out))) {
           return;
         }
-        if (winograd_pays(nq, k, db_.dim(), db_.panels()) &&
-            winograd_counts_.record(winograd_search(db_, sketch_, queries, nq, k, threads, distances, ids))) {
+        if (winograd_pays(nq, kk, db_.dim(), db_.panels()) &&
+            winograd_counts_.record(winograd_search(db_, sketch_, queries, nq, kk, threads, out))) {
           return;
         }
       }
     }
+    full_scan(queries, query_norms, nq, kk, threads, out);
+  }
+
+  // All cores (pool.h): tasks are (query chunk, database slice) pairs, see make_plan.
+  void full_scan(const float* queries, const float* query_norms, int64_t nq, int64_t k, int threads, Candidate* out) {
     const Plan plan = make_plan(nq, db_.dim(), db_.panels(), threads, kTileQueries);
     Scratch& caller = Scratch::of_this_thread();
     if (plan.slices > 1) caller.merged.resize(plan.slices * nq * k);
@@ -123,22 +209,17 @@ class Index final : public AnyIndex {
       const int64_t panel_end = db_.panels() * (slice + 1) / plan.slices;
       Scratch& scratch = Scratch::of_this_thread();
       TopK* best = scratch.start(count, k);
-      scan<Metric>(db_.table(), db_.inverse_norms(), queries + first * db_.dim(), count, panel_begin, panel_end,
-                   best, scratch);
+      scan<Metric>(db_.table(), db_.inverse_norms(), queries + first * db_.dim(), query_norms + first, count,
+                   panel_begin, panel_end, best, scratch);
       for (int64_t i = 0; i < count; ++i) {
-        if (plan.slices == 1) {
-          best[i].finish<Metric>(db_.ids(), distances + (first + i) * k, ids + (first + i) * k);
-        } else {
-          best[i].extract(merged + (slice * nq + first + i) * k);
-        }
+        best[i].extract(plan.slices == 1 ? out + (first + i) * k : merged + (slice * nq + first + i) * k);
       }
     });
-    if (plan.slices > 1) merge(nq, k, plan.slices, merged, distances, ids);
+    if (plan.slices > 1) merge(nq, k, plan.slices, merged, out);
   }
 
- private:
   // Each query's k best over all slices.
-  void merge(int64_t nq, int64_t k, int64_t slices, Candidate* merged, float* distances, int64_t* ids) {
+  void merge(int64_t nq, int64_t k, int64_t slices, const Candidate* merged, Candidate* out) {
     std::vector<Candidate>& storage = Scratch::of_this_thread().final_entries;
     storage.resize(TopK::capacity(k));
     TopK best;
@@ -148,11 +229,11 @@ class Index final : public AnyIndex {
         const Candidate* part = merged + (s * nq + i) * k;
         for (int64_t j = 0; j < k && part[j].position >= 0; ++j) best.push(part[j].key, part[j].position);
       }
-      best.finish<Metric>(db_.ids(), distances + i * k, ids + i * k);
+      best.extract(out + i * k);
     }
   }
 
-  std::shared_mutex mutex_;  // searches share it; add and reset take it alone
+  WriterFirstGate gate_;  // searches share it; add, truncate and reset take it alone, ahead of later searches
   Database<Storage> db_;
   Sketch sketch_;
 };
@@ -178,7 +259,7 @@ inline std::unique_ptr<AnyIndex> make_index(int64_t dim, int metric, int dtype) 
 
 inline std::string build_features() {
   return std::string(simd_description()) + ", " + f16_description() + "; panels, register-blocked tiles, cache-blocked query chunks, bounded selection, threads; float32 l2 "
-         "first passes: a float16 sketch (few queries), Winograd pairs (many queries)";
+         "first passes: a float16 sketch (few queries), Winograd pairs (many queries); float64 verify";
 }
 
 }  // namespace tinyknn

@@ -1,5 +1,8 @@
 // SIMD vectors through GCC/Clang vector extensions: the width follows what -march=native enables
 // (16 lanes with AVX-512, 8 with AVX, 4 otherwise), so one source serves every CPU.
+// -DTINYKNN_FORCE_LANES=4|8|16 forces a width: GCC and Clang lower wider vectors to two or four native
+// operations, so a 16-lane (AVX-512-shaped) build runs on any x86-64 CPU; tests use it to check the
+// panel width of an AVX-512 build on a machine without AVX-512.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -13,11 +16,20 @@
 namespace tinyknn {
 
 #if defined(__AVX512F__)
-#define TK_LANES 16
+#define TK_NATIVE_LANES 16
 #elif defined(__AVX__)
-#define TK_LANES 8
+#define TK_NATIVE_LANES 8
 #else
-#define TK_LANES 4
+#define TK_NATIVE_LANES 4
+#endif
+
+#if defined(TINYKNN_FORCE_LANES)
+#if TINYKNN_FORCE_LANES != 4 && TINYKNN_FORCE_LANES != 8 && TINYKNN_FORCE_LANES != 16
+#error "TINYKNN_FORCE_LANES must be 4, 8 or 16"
+#endif
+#define TK_LANES TINYKNN_FORCE_LANES
+#else
+#define TK_LANES TK_NATIVE_LANES
 #endif
 
 constexpr int kLanes = TK_LANES;
@@ -31,7 +43,7 @@ inline Vec load(const float* p) {
 
 // kLanes float16 values widened to float32 (F16C where the CPU has it).
 inline Vec load(const half_bits* p) {
-#if defined(__F16C__) && TK_LANES == 8
+#if defined(__F16C__) && TK_LANES == 8 && TK_NATIVE_LANES >= 8
   return (Vec)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 #elif defined(__AVX512F__) && TK_LANES == 16
   return (Vec)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -48,7 +60,7 @@ inline Vec broadcast(float x) { return x - Vec{}; }
 
 // Whether any lane of a < b holds.
 inline bool any_less(Vec a, Vec b) {
-#if TK_LANES == 8 && defined(__AVX__)
+#if TK_LANES == 8 && TK_NATIVE_LANES >= 8 && defined(__AVX__)
   return _mm256_movemask_ps(_mm256_cmp_ps((__m256)a, (__m256)b, _CMP_LT_OQ)) != 0;
 #elif TK_LANES == 16 && defined(__AVX512F__)
   return _mm512_cmp_ps_mask((__m512)a, (__m512)b, _CMP_LT_OQ) != 0;
@@ -80,7 +92,15 @@ inline void convert(const half_bits* source, float* target, int64_t n) {
 inline void convert(const float* source, float* target, int64_t n) { std::memcpy(target, source, n * sizeof(float)); }
 
 inline const char* simd_description() {
-#if defined(__AVX512F__)
+#if TK_LANES != TK_NATIVE_LANES
+#if TK_LANES == 16
+  return "forced 16 lanes (TINYKNN_FORCE_LANES, on native vectors of fewer)";
+#elif TK_LANES == 8
+  return "forced 8 lanes (TINYKNN_FORCE_LANES)";
+#else
+  return "forced 4 lanes (TINYKNN_FORCE_LANES)";
+#endif
+#elif defined(__AVX512F__)
   return "AVX-512 (16 lanes)";
 #elif defined(__AVX2__) && defined(__FMA__)
   return "AVX2+FMA (8 lanes)";

@@ -48,7 +48,7 @@ inline half_bits float_to_half(float f) {
   return (half_bits)(sign | half);
 }
 
-inline float widen(half_bits h) {
+inline float half_value(half_bits h) {
 #if defined(__F16C__)
   return _cvtsh_ss(h);
 #else
@@ -89,18 +89,39 @@ class Sketch {
   const Panels<half_bits>& residuals() const { return residuals_; }
   int64_t dim() const { return residuals_.dim(); }
 
-  void add(const float* vectors, int64_t n) {
+  // What an add of n rows needs, allocated (may throw; the sketch is unchanged), then the add itself
+  // (cannot throw): with Database's reserve/commit, an add that fails changes nothing.
+  struct Growth {
+    Panels<half_bits>::Growth residuals;
+    std::vector<half_bits> row;
+    std::vector<float> centre;
+    std::vector<double> sums;  // the first batch's per-dimension sums
+  };
+  Growth reserve(int64_t n) const {
+    Growth growth{residuals_.reserve(n), std::vector<half_bits>(dim()), std::vector<float>(), std::vector<double>()};
+    if (residuals_.rows() == 0) {
+      growth.centre.resize(dim());
+      growth.sums.resize(dim());
+    }
+    return growth;
+  }
+
+  void commit(const float* vectors, int64_t n, Growth& growth) noexcept {
     if (n == 0) return;
-    if (residuals_.rows() == 0) choose_frame(vectors, n);
+    if (residuals_.rows() == 0) {
+      error_max_ = centred_error_max_ = centred_norm_max_ = 0.0;
+      choose_frame(vectors, n, growth.centre.data(), growth.sums.data());
+      center_.swap(growth.centre);
+    }
     const int64_t dim = this->dim();
     const double scale = std::ldexp(1.0, -exponent_);  // a power of two: multiplying by it is exact
-    std::vector<half_bits> row(dim);
+    std::vector<half_bits>& row = growth.row;
     for (int64_t i = 0; i < n; ++i) {
       double error = 0.0, centred_error = 0.0, centred_norm = 0.0;
       for (int64_t d = 0; d < dim; ++d) {
         const double exact = ((double)vectors[i * dim + d] - (double)center_[d]) * scale;
         row[d] = float_to_half((float)std::max(-65504.0, std::min(65504.0, exact)));
-        const double gap = exact - (double)widen(row[d]);
+        const double gap = exact - (double)half_value(row[d]);
         error += gap * gap;
         const float centred = vectors[i * dim + d] - center_[d];  // what winograd.h's centre_panel computes
         const double centred_gap = (double)vectors[i * dim + d] - (double)center_[d] - (double)centred;
@@ -110,14 +131,14 @@ class Sketch {
       error_max_ = std::max(error_max_, std::sqrt(error) * (1.0 + 1e-9) + 1e-300);
       centred_error_max_ = std::max(centred_error_max_, std::sqrt(centred_error) * (1.0 + 1e-9) + 1e-300);
       centred_norm_max_ = std::max(centred_norm_max_, std::sqrt(centred_norm) * (1.0 + 1e-9));
-      residuals_.append(1, [&](int64_t, int64_t d) { return row[d]; });
+      residuals_.append(1, [&](int64_t, int64_t d) { return row[d]; }, growth.residuals);
     }
   }
 
-  void clear() {
-    residuals_.clear();
-    error_max_ = centred_error_max_ = centred_norm_max_ = 0.0;
-  }
+  // Keeps rows [0, n); the error maxima stay those of the rows once held (bounds, still honest).
+  void truncate(int64_t n) noexcept { residuals_.truncate(n); }
+
+  void clear() noexcept { residuals_.clear(); }
 
   const float* centre() const { return center_.data(); }
 
@@ -149,16 +170,16 @@ class Sketch {
 
  private:
   // The centre (the batch's mean) and the power of two that puts its largest |x - c| near 2^14.
-  void choose_frame(const float* vectors, int64_t n) {
+  void choose_frame(const float* vectors, int64_t n, float* center, double* sums) noexcept {
     const int64_t dim = this->dim();
-    std::vector<double> sums(dim, 0.0);
+    std::fill(sums, sums + dim, 0.0);
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t d = 0; d < dim; ++d) sums[d] += vectors[i * dim + d];
     }
-    for (int64_t d = 0; d < dim; ++d) center_[d] = (float)(sums[d] / (double)n);
+    for (int64_t d = 0; d < dim; ++d) center[d] = (float)(sums[d] / (double)n);
     double largest = 0.0;
     for (int64_t i = 0; i < n; ++i) {
-      for (int64_t d = 0; d < dim; ++d) largest = std::max(largest, std::fabs((double)vectors[i * dim + d] - center_[d]));
+      for (int64_t d = 0; d < dim; ++d) largest = std::max(largest, std::fabs((double)vectors[i * dim + d] - center[d]));
     }
     exponent_ = largest > 0.0 ? std::max(-100, std::min(100, std::ilogb(largest) + 1 - 14)) : 0;
   }

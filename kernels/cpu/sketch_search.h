@@ -39,11 +39,12 @@ inline bool sketch_pays(int64_t nq, int64_t k, int64_t panels) {
   return nq <= kSketchMaxQueries && panels >= kSketchMinPanels && k * 16 <= panels;
 }
 
-// Returns false, having written nothing that the caller keeps, when the sketch cannot answer: a query
+// Writes each query's k best rows by the full scan's float32 key (k candidates each, sorted, as TopK::extract
+// writes them) into best. Returns false, having written nothing that the caller keeps, when the sketch cannot answer: a query
 // far outside the sketch's scale, or more candidates than it pays to rescore (data the sketch
 // describes poorly). The caller then scans exactly.
 inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const float* queries, int64_t nq,
-                          int64_t k, int threads, float* distances, int64_t* ids) {
+                          int64_t k, int threads, Candidate* best) {
   const int64_t dim = db.dim(), panels = db.panels();
   const int64_t limit = std::max<int64_t>(2 * k, panels / 8);
   Scratch& caller = Scratch::of_this_thread();
@@ -60,7 +61,7 @@ inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const
     Scratch& scratch = Scratch::of_this_thread();
     if ((int64_t)scratch.slack.size() < nq) scratch.slack.resize(nq);
     for (int64_t i = 0; i < nq; ++i) scratch.slack[i].start(k, limit, &caller.bounds[i], &caller.kept[slice * nq + i]);
-    scan<L2>(sketch.residuals(), nullptr, caller.prepared.data(), nq, panels * slice / slices,
+    scan<L2>(sketch.residuals(), nullptr, caller.prepared.data(), nullptr, nq, panels * slice / slices,
              panels * (slice + 1) / slices, scratch.slack.data(), scratch);
     for (int64_t i = 0; i < nq; ++i) {
       scratch.slack[i].compact();
@@ -69,8 +70,7 @@ inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const
   });
   if (gave_up) return false;
 
-  return rescore_candidates(db, queries, nq, k, caller.bounds.data(), caller.kept.data(), slices, limit, threads,
-                            distances, ids);
+  return rescore_candidates(db, queries, nq, k, caller.bounds.data(), caller.kept.data(), slices, limit, threads, best);
 }
 
 }  // namespace tinyknn

@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define TK_ABI_VERSION 3
+#define TK_ABI_VERSION 4
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,26 +23,40 @@ int tk_abi_version(void);
 const char* tk_last_error(void);
 // What this build uses: compiler, vector width, F16C (a short human-readable line).
 const char* tk_build_info(void);
+// One number of this build's shape, by name (TK_INVALID_ARGUMENT for an unknown name): "lanes",
+// "panel_rows", "tile_queries", "sketch_max_queries", "sketch_min_panels", "winograd_min_queries",
+// "winograd_min_panels", "winograd_min_dim"; tests size their databases from them. "margin:<k>": the
+// rows the screen keeps beyond k (verify.h).
+int tk_build_param(const char* name, int64_t* value);
+// Runs n_tasks empty tasks on `threads` of the library's pool, task `failing_task` throwing std::bad_alloc
+// (TK_OUT_OF_MEMORY, whichever thread ran it): tests check that worker failures come back as statuses.
+int tk_pool_selftest(int threads, int n_tasks, int failing_task);
 
 int tk_index_new(int64_t dim, int metric, int dtype, tk_index** out);
 int tk_index_free(tk_index* index);
 // vectors: n rows of dim elements in the index's dtype (float32, or float16 bits), C order; ids: n int64.
 int tk_index_add(tk_index* index, const void* vectors, int64_t n, const int64_t* ids);
 int tk_index_reset(tk_index* index);
+// Drops rows n_rows and later (0 <= n_rows <= size): what an add that failed part way had added.
+int tk_index_truncate(tk_index* index, int64_t n_rows);
 int tk_index_size(tk_index* index, int64_t* n);
 // Copies the first n rows (n <= size; rows only ever append, so they are a stable snapshot):
 // vectors gets n * dim elements of the index's dtype, ids n int64.
 int tk_index_export(tk_index* index, int64_t n, void* vectors, int64_t* ids);
-// queries: nq float32 rows of dim; distances (float32) and ids (int64): nq * k each, nearest first,
-// padded with id -1 and +inf (-inf for ip and cosine) beyond the index's size.
 // How many searches of this index the float16 sketch answered, and how many it handed back to the
 // exact scan (see sketch_search.h); for tests and diagnostics.
 int tk_index_sketch_counts(tk_index* index, int64_t* answered, int64_t* declined);
 // The same for the Winograd pass of many-query float32 l2 searches (see winograd_search.h).
 int tk_index_winograd_counts(tk_index* index, int64_t* answered, int64_t* declined);
+// Queries whose screened candidates could not be proven and were answered by an exhaustive float64
+// pass (verify.h); for tests and diagnostics.
+int tk_index_exact_fallbacks(tk_index* index, int64_t* count);
 // on = 0: every later search of this index is the full exact scan (no sketch, no Winograd pass), the
 // reference those passes are tested and measured against; on = 1 (the default): they are used.
 int tk_index_use_first_passes(tk_index* index, int on);
+// queries: nq float32 rows of dim; distances (float32) and ids (int64): nq * k each, nearest first,
+// padded with id -1 and +inf (-inf for ip and cosine) beyond the index's size. The answer is the
+// exactness contract's (kernels/exact.cuh): float64 distances, equal ones by the smaller id.
 int tk_index_search(tk_index* index, const float* queries, int64_t nq, int64_t k, int threads,
                     float* distances, int64_t* ids);
 

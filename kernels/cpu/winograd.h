@@ -37,7 +37,9 @@ constexpr int kGroup = 3;  // coordinates per group: one Winograd pair and one p
 // Keeps a vector in a register at this point: GCC otherwise re-reads panel values from memory inside
 // the query loop (measured: half the speed, the loads then outnumber the arithmetic).
 inline void keep_in_register(Vec& v) {
-#if defined(__AVX512F__)
+#if TK_LANES != TK_NATIVE_LANES
+  (void)v;  // a forced width is no one register
+#elif defined(__AVX512F__)
   asm("" : "+v"(v));
 #elif defined(__x86_64__) || defined(__i386__)
   asm("" : "+x"(v));

@@ -28,7 +28,7 @@ from .._paths import kernels_dir
 from ..config import get_config
 from ..errors import CpuLibraryError
 
-ABI_VERSION = 3          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
+ABI_VERSION = 4          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
 COMPILERS = ("g++", "c++", "clang++")
 # -march=native: exactly the running CPU's instructions (arm64 compilers spell it -mcpu=native)
 _NATIVE = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
@@ -43,10 +43,14 @@ _SIGNATURES = {
     "tk_abi_version": ([], _int),
     "tk_last_error": ([], ctypes.c_char_p),
     "tk_build_info": ([], ctypes.c_char_p),
+    "tk_pool_selftest": ([_int, _int, _int], _int),
     "tk_index_new": ([_i64, _int, _int, ctypes.POINTER(_ptr)], _int),
     "tk_index_free": ([_ptr], _int),
     "tk_index_add": ([_ptr, _ptr, _i64, _ptr], _int),
+    "tk_build_param": ([ctypes.c_char_p, ctypes.POINTER(_i64)], _int),
     "tk_index_reset": ([_ptr], _int),
+    "tk_index_truncate": ([_ptr, _i64], _int),
+    "tk_index_exact_fallbacks": ([_ptr, ctypes.POINTER(_i64)], _int),
     "tk_index_size": ([_ptr, ctypes.POINTER(_i64)], _int),
     "tk_index_export": ([_ptr, _i64, _ptr, _ptr], _int),
     "tk_index_sketch_counts": ([_ptr, ctypes.POINTER(_i64), ctypes.POINTER(_i64)], _int),
@@ -196,6 +200,14 @@ def get_library() -> ctypes.CDLL:
 def reset_library() -> None:
     """Forget the loaded library (tests use it after changing the cache directory or compiler)."""
     get_library.cache_clear()
+
+
+def build_param(name: str, library: ctypes.CDLL | None = None) -> int:
+    """One number of the loaded build's shape (tk_build_param): "lanes", "panel_rows", "sketch_min_panels", ..."""
+    library = library or get_library()
+    value = ctypes.c_int64()
+    check(library, library.tk_build_param(name.encode(), ctypes.byref(value)), f"reading build parameter {name!r}")
+    return value.value
 
 
 def check(library: ctypes.CDLL, status: int, what: str) -> None:

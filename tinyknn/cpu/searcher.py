@@ -82,6 +82,17 @@ class CpuSearcher:
         """(searches the Winograd pass answered, searches it handed to the exact scan): diagnostics."""
         return self._pass_counts("Winograd", self._library.tk_index_winograd_counts)
 
+    def exact_fallbacks(self) -> int:
+        """Queries whose screened candidates could not be proven to hold the float64 answer (ties or near-ties
+        beyond the margin, data whose float32 error bound is too loose) and were searched exhaustively."""
+        count = ctypes.c_int64()
+        self._call("reading the exact-fallback counter", self._library.tk_index_exact_fallbacks, ctypes.byref(count))
+        return count.value
+
+    def truncate(self, n_rows: int) -> None:
+        """Drop rows n_rows and later (0 <= n_rows <= size): Index.add undoes a chunked add that failed part way."""
+        self._call("truncating the index", self._library.tk_index_truncate, int(n_rows))
+
     def use_first_passes(self, on: bool) -> None:
         """False: every later search is the full exact scan, the reference that the float16 sketch and the
         Winograd pass are tested and measured against (both give its answer bit for bit). True: the default."""

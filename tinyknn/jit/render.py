@@ -65,9 +65,11 @@ TILED_LIST_SMEM = 32 * 1024     # shared memory for a tiled block's per-query li
 TILED_SMALL_BQ = (16, 32)       # queries per tiled block for batches that fill less than the default
 MERGE_WARPS = 32                # warps per merge block: its passes are load-latency bound, more loads in flight
 MERGE_WARPS_BATCH = 8           # ... after the tiled kernel: many queries, so many blocks keep the loads in flight
-VERIFY_MARGIN = 8               # candidates kept beyond k for the verify step to prove the answer
+VERIFY_MARGIN = 8               # candidates kept beyond k (>= 32) for the verify step to prove the answer
+VERIFY_MARGIN_SMALL_K = 2       # ... beyond k < 32 (each one costs insertions; near-ties go to the band search)
 FILTER_MAX_LIST = 128           # l2's filter key while k + VERIFY_MARGIN fits the lists topk.cuh rebuilds in bulk
-VERIFY_WARPS = 8                # warps per verify block
+VERIFY_WARPS = 24               # warps per verify block after the scan: few queries, many candidates each (32: spills)
+VERIFY_WARPS_BATCH = 8          # ... after the tiled kernel: many queries, so many blocks keep the loads in flight
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ def _pow2_floor(n: int) -> int:
 
 def list_length(k: int) -> int:
     """Candidates a selection kernel keeps per (query, slice): k plus the verify step's margin."""
-    return k + VERIFY_MARGIN
+    return k + (VERIFY_MARGIN_SMALL_K if k < 32 else VERIFY_MARGIN)
 
 
 def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: int | None = None,
@@ -260,9 +262,12 @@ def tiled_specs(metric: str, dtype: str, dim: int, k: int, arch: str, *, exact: 
                               for n in (None, *TILED_SMALL_BQ)))
 
 
-def verify_spec(main: KernelSpec, warps: int = VERIFY_WARPS) -> KernelSpec:
+def verify_spec(main: KernelSpec, warps: int | None = None) -> KernelSpec:
     """What runs after the selection kernel `main`: the verify step over its lists (the storage dtype
-    matters: it reads rows; the dim does not: canonical 1)."""
+    matters: it reads rows; the dim does not: canonical 1). Its gather is load-latency bound: 32 warps
+    after the scan (a single query's thousands of candidates), 8 after the tiled kernel."""
+    if warps is None:
+        warps = VERIFY_WARPS_BATCH if main.variant == "tiled" else VERIFY_WARPS
     params = verify_params(main.param("kl"), bool(main.param("filter", 0)), warps)
     return KernelSpec(main.metric, main.dtype, 1, main.k, "verify", main.arch, tuple(params.items()))
 
