@@ -1,15 +1,13 @@
-"""tinyknn.Index on device="cpu": the API, input validation and conversion, save/load."""
+"""tinyknn.Index on device="cpu": the API, input validation and conversion (save/load: test_persistence.py)."""
 
 from __future__ import annotations
-
-import json
-import zipfile
 
 import numpy as np
 import pytest
 
 import tinyknn
 from reference import check_search
+from tinyknn import _validate
 
 METRICS = ("l2", "ip", "cosine")
 DTYPES = ("float32", "float16")
@@ -113,11 +111,17 @@ def test_k_as_numpy_integer_is_fine(index):
     (np.arange(3), ValueError, "ids must have shape \\(4,\\)"),
     (np.arange(5), ValueError, "got shape \\(5,\\)"),
     (np.arange(4).reshape(2, 2), ValueError, "got shape \\(2, 2\\)"),
-    (np.array([100, 200, 200, 300]), ValueError, "duplicated: \\[200\\]"),
-    (np.array([100, 101, 102, 7]), ValueError, "duplicated: \\[7\\]"),   # 7 is already in the index
+    (np.array([100, 200, 200, 300]), ValueError, "the ids passed repeat \\[200\\]"),
+    (np.array([100, 101, 102, 7]), ValueError, "the ids passed include ids already in it: \\[7\\]"),
     (np.array([5, -1, 1000, 1001]), ValueError, "ids must be >= 0"),
-    (np.arange(4, dtype=np.float64), TypeError, "ids must be integers"),
-    (np.arange(4, dtype=np.uint64), TypeError, "ids must be integers that fit int64"),
+    ([5, -1, 1000, 1001], ValueError, "ids must be >= 0"),
+    (np.arange(4, dtype=np.float64), TypeError, "ids must be integers .*got dtype float64"),
+    ([1.0, 2.0, 3.0, 4.0], TypeError, "ids must be integers; got 1.0"),
+    ([1, 2, True, 4], TypeError, "ids must be integers; got True"),
+    ([2**63, 1, 2, 3], ValueError, "ids must lie in 0 .. 9223372036854775807 \\(int64\\); got 9223372036854775808"),
+    (np.array([2**63, 1, 2, 3], np.uint64), ValueError, "ids must lie in 0 .. 9223372036854775807"),
+    ([2**70, 1, 2, 3], ValueError, "int64"),
+    (np.ma.masked_array(np.arange(4), [0, 1, 0, 0]), TypeError, "masked array"),
     (FakeCudaArray((4,), "<i8"), TypeError, "ids must be a host"),
 ])
 def test_bad_ids(index, ids, error, text):
@@ -169,83 +173,128 @@ def test_results_are_fresh_writable_arrays(index):
     assert first[0].dtype == np.float32 and first[1].dtype == np.int64
 
 
-# -- save / load ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("metric", METRICS)
-def test_save_load_round_trip(tmp_path, rng, metric, dtype):
-    db = rng.standard_normal((70, 5)).astype(np.float32)
-    user_ids = rng.choice(10**9, size=70, replace=False)
-    built = tinyknn.Index(5, metric=metric, dtype=dtype)
-    built.add(db[:30], ids=user_ids[:30])
-    built.add(db[30:], ids=user_ids[30:])
-    path = tmp_path / "index.tknn"
-    built.save(path)
-    again = tinyknn.Index.load(path)
-    assert (again.dim, again.metric, again.dtype, again.ntotal) == (5, metric, dtype, 70)
-    q = rng.standard_normal((4, 5)).astype(np.float32)
-    before, after = built.search(q, 9), again.search(q, 9)
-    assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1])
-    check_search(*after, db, q, 9, metric, dtype, id_map=user_ids)
-    with pytest.raises(ValueError, match="duplicated"):
-        again.add(db[:1], ids=user_ids[:1])            # loaded ids are known to the index
-    assert not list(tmp_path.glob("*.tmp*"))
+# -- array-likes that would lose information, and DLPack ------------------------------------------
+def test_masked_arrays_are_refused(index):
+    masked = np.ma.masked_array(np.ones((2, 8), np.float32), mask=np.zeros((2, 8), bool))
+    masked.mask[0, 3] = True
+    for call in (lambda: index.add(masked), lambda: index.search(masked, 2)):
+        with pytest.raises(TypeError, match="masked array; masks are not supported: fill the masked values"):
+            call()
+    assert index.ntotal == 50
 
 
-def test_save_load_empty_index(tmp_path):
-    tinyknn.Index(4, metric="cosine").save(tmp_path / "empty")
-    again = tinyknn.Index.load(tmp_path / "empty")
-    assert again.ntotal == 0 and again.metric == "cosine"
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_sparse_matrices_are_refused_and_matrices_accepted(index):
+    sparse = pytest.importorskip("scipy.sparse")
+    with pytest.raises(TypeError, match="sparse matrix .*pass x.toarray\\(\\)"):
+        index.add(sparse.csr_matrix(np.ones((2, 8), np.float32)))
+    index.add(np.matrix(np.ones((2, 8), np.float32)))            # a 2-D np.matrix loses nothing
+    assert index.ntotal == 52
 
 
-def _rewrite(path, **changes):
-    with np.load(path) as archive:
-        header = json.loads(bytes(archive["header"]).decode())
-        arrays = {"vectors": archive["vectors"], "ids": archive["ids"]}
-    header.update(changes.pop("header", {}))
-    arrays.update(changes)
-    with open(path, "wb") as handle:
-        np.savez(handle, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
+class DLPackOnly:
+    """Exposes only __dlpack__ and __dlpack_device__ (like a JAX array), delegating to a NumPy array;
+    `device` is what __dlpack_device__ claims (1 = CPU, 2 = CUDA)."""
+
+    def __init__(self, array, device=(1, 0)):
+        self._array, self._device = array, device
+
+    def __dlpack__(self, stream=None, **kwargs):
+        return self._array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._device
 
 
-@pytest.fixture
-def saved(tmp_path, index):
-    path = tmp_path / "saved.tknn"
-    index.save(path)
-    return path
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_cpu_dlpack_arrays_are_read_in_place(rng, dtype):
+    db = rng.standard_normal((30, 8)).astype(dtype)
+    q = rng.standard_normal((4, 8)).astype(dtype)
+    seen = _validate.to_host_array(DLPackOnly(db), "vectors to add")
+    assert np.shares_memory(seen, db) and seen.dtype == dtype
+    index = tinyknn.Index(8, metric="ip")
+    index.add(DLPackOnly(db))
+    got = index.search(DLPackOnly(q), 5)
+    expected = index.search(q, 5)
+    assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+    check_search(*got, db, q, 5, "ip")
 
 
-def test_load_refuses_another_version(saved):
-    _rewrite(saved, header={"version": 99})
-    with pytest.raises(ValueError, match="format version 99; this tinyknn reads version 1"):
-        tinyknn.Index.load(saved)
+def test_dlpack_arrays_of_other_kinds_are_refused(index):
+    with pytest.raises(TypeError, match="got dtype int32"):
+        index.add(DLPackOnly(np.ones((2, 8), np.int32)))
+    with pytest.raises(TypeError, match="lives on a device tinyknn cannot read"):
+        index.add(DLPackOnly(np.ones((2, 8), np.float32), device=(10, 0)))   # e.g. ROCm
+    with pytest.raises(TypeError, match="CUDA array .*lives on the CPU"):
+        index.search(DLPackOnly(np.ones((2, 8), np.float32), device=(2, 0)), 3)
+    with pytest.raises(TypeError, match="ids must be a host"):
+        index.add(np.ones((2, 8)), ids=DLPackOnly(np.arange(2), device=(2, 0)))
+    assert index.ntotal == 50
 
 
-def test_load_refuses_another_format(saved):
-    _rewrite(saved, header={"format": "something.else"})
-    with pytest.raises(ValueError, match="not a tinyknn index file"):
-        tinyknn.Index.load(saved)
+def test_a_cuda_dlpack_array_is_described_from_its_capsule(rng):
+    """A DLPack-only object on a CUDA device counts as a device array, described from the capsule's
+    DLTensor (here a NumPy array's capsule posing as CUDA memory: nothing is dereferenced)."""
+    base = rng.standard_normal((6, 10)).astype(np.float32)
+    for array, strides in ((base, None), (base[1:, ::2], (40, 8))):
+        fake = DLPackOnly(array, device=(2, 0))
+        assert _validate.is_device_array(fake)
+        described = _validate.device_matrix(fake, array.shape[1], "queries")
+        assert described.ptr == array.ctypes.data and described.shape == array.shape
+        assert described.dtype == np.float32 and described.strides in (strides, array.strides)
+        assert described.c_contiguous == (strides is None) and described.stream == 1
+    with pytest.raises(TypeError, match="got dtype int64"):
+        _validate.device_matrix(DLPackOnly(np.ones((2, 2), np.int64), device=(2, 0)), 2, "queries")
+    with pytest.raises(ValueError, match="must have 3 columns"):
+        _validate.device_matrix(DLPackOnly(base, device=(2, 0)), 3, "queries")
 
 
-def test_load_refuses_inconsistent_contents(saved):
-    _rewrite(saved, vectors=np.zeros((3, 8), np.float32))
-    with pytest.raises(ValueError, match="is damaged"):
-        tinyknn.Index.load(saved)
+def test_dlpack_dtypes_without_a_numpy_equivalent():
+    from tinyknn import _dlpack
+
+    assert _dlpack._dtype(2, 16, 1) == np.float16 and _dlpack._dtype(0, 64, 1) == np.int64
+    with pytest.raises(TypeError, match="code 4, 16 bits.*no NumPy equivalent"):
+        _dlpack._dtype(4, 16, 1)                                  # bfloat16
+    with pytest.raises(TypeError, match="4 lanes"):
+        _dlpack._dtype(2, 32, 4)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "missing-member"])
-def test_load_refuses_damaged_files(saved, damage):
-    data = saved.read_bytes()
-    if damage == "truncate":
-        saved.write_bytes(data[: len(data) // 2])
-    elif damage == "garbage":
-        saved.write_bytes(bytes(range(256)) * 10)
-    else:
-        with zipfile.ZipFile(saved, "w") as archive:
-            archive.writestr("vectors.npy", b"nothing")
-    with pytest.raises(ValueError, match="not a readable tinyknn index file"):
-        tinyknn.Index.load(saved)
+class CudaDLPackOnly:
+    """A CuPy array seen only through DLPack (as JAX arrays are): no __cuda_array_interface__."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, stream=None, **kwargs):
+        return self._array.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
 
 
-def test_load_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        tinyknn.Index.load(tmp_path / "nothing-here")
+@pytest.mark.gpu
+def test_dlpack_only_cuda_arrays_on_a_cuda_index(rng):
+    cupy = pytest.importorskip("cupy")
+    db = rng.standard_normal((300, 16)).astype(np.float32)
+    q = rng.standard_normal((7, 16)).astype(np.float32)
+    index = tinyknn.Index(16, metric="cosine", device="cuda")
+    index.add(CudaDLPackOnly(cupy.asarray(db)))
+    distances, ids = index.search(CudaDLPackOnly(cupy.asarray(q)), 5)
+    expected = index.search(q, 5)
+    assert np.array_equal(cupy.asnumpy(distances), expected[0]) and np.array_equal(cupy.asnumpy(ids), expected[1])
+    check_search(*expected, db, q, 5, "cosine")
+
+
+@pytest.mark.gpu
+def test_jax_arrays_on_a_cuda_index(rng):
+    jax = pytest.importorskip("jax")
+    if not any(device.platform == "gpu" for device in jax.devices()):
+        pytest.skip("JAX has no GPU here")
+    db = rng.standard_normal((300, 16)).astype(np.float32)
+    q = rng.standard_normal((7, 16)).astype(np.float32)
+    index = tinyknn.Index(16, device="cuda")
+    index.add(jax.numpy.asarray(db))
+    distances, ids = index.search(jax.numpy.asarray(q), 5)
+    expected = index.search(q, 5)
+    assert np.array_equal(np.asarray(distances.get() if hasattr(distances, "get") else distances), expected[0])
+    assert np.array_equal(np.asarray(ids.get() if hasattr(ids, "get") else ids), expected[1])

@@ -64,10 +64,3 @@ def test_non_contiguous_input_is_checked_too():
     values[::2, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         _validate.check_values(values[::2], "queries", "float32")
-
-
-def test_default_ids_continue_the_count_and_never_collide():
-    assert _validate.new_ids(None, 3, np.array([2, 0, 1])).tolist() == [3, 4, 5]   # a permutation of 0..2
-    assert _validate.new_ids(None, 2, np.array([0, 1, 2, 3])).tolist() == [4, 5]
-    with pytest.raises(ValueError, match=r"duplicated: \[3\]"):
-        _validate.new_ids(None, 2, np.array([0, 3, 9]))                             # user ids took 3

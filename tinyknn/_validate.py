@@ -11,22 +11,31 @@ Conversion policy (also in README and the Index docstrings):
   counts is more often a bug than an intent.
 - NaN or infinity anywhere is refused (ValueError), as is a float32 magnitude above MAX_ABS_VALUE
   (squared distances would overflow float32) and, for a float16 index, a value float16 cannot hold.
-- CUDA arrays (CuPy, torch CUDA; anything with __cuda_array_interface__) are described here, never
-  copied to the host; a CPU index refuses them with a TypeError that says how to move them.
+- DLPack: a CPU object with __dlpack__ (NumPy >= 1.22, torch, JAX on the CPU) is read in place with
+  np.from_dlpack; one on a CUDA device counts as a CUDA array (described from its DLPack capsule).
+- Masked arrays and sparse matrices are refused (TypeError): dropping the mask or densifying silently
+  would change what is searched.
+- CUDA arrays (CuPy, torch CUDA; anything with __cuda_array_interface__ or a CUDA DLPack device) are
+  described here, never copied to the host; a CPU index refuses them with a TypeError that says how
+  to move them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import _dlpack
 from .spec import MAX_K, parse_k
 
 # Largest |value| accepted in float32 data or queries: with dim up to 65536 the squared L2 distance
 # (2 * 2**50)**2 * 2**16 = 2**118 and the inner product stay far inside float32's 2**128.
 MAX_ABS_VALUE = float(2**50)
 FLOAT16_MAX = float(np.finfo(np.float16).max)
+INT64_MAX = int(np.iinfo(np.int64).max)
+# Host vectors are converted to the storage dtype and handed to the searcher this many bytes at a time.
+CHUNK_BYTES = 64 << 20
 
 _ACCEPTED_FLOATS = (np.float16, np.float32, np.float64)
 
@@ -41,8 +50,9 @@ class DeviceArray:
     shape: tuple[int, ...]
     dtype: np.dtype
     strides: tuple[int, ...] | None   # None means C-contiguous
-    stream: int | None        # the producer's stream handle, if it named one (v3)
+    stream: int | None        # the producer's stream handle, if it named one (v3; 1 for DLPack)
     readonly: bool
+    keepalive: object = field(default=None, compare=False, repr=False)   # a DLPack capsule, held while used
 
     @property
     def c_contiguous(self) -> bool:
@@ -56,15 +66,21 @@ class DeviceArray:
 
 
 def is_device_array(x) -> bool:
-    """True for CuPy arrays, torch CUDA tensors and anything else that exports __cuda_array_interface__."""
+    """True for CuPy arrays, torch CUDA tensors, anything that exports __cuda_array_interface__, and
+    DLPack exporters whose __dlpack_device__ is a CUDA device (e.g. JAX arrays on a GPU)."""
     if x.__class__ is np.ndarray:   # the common case, decided in one comparison
         return False
     if type(x).__module__.startswith("torch"):
         return bool(getattr(x, "is_cuda", False))
-    return hasattr(type(x), "__cuda_array_interface__") or hasattr(x, "__cuda_array_interface__")
+    if hasattr(type(x), "__cuda_array_interface__") or hasattr(x, "__cuda_array_interface__"):
+        return True
+    return _dlpack_device_kind(x) == "cuda"
 
 
 def describe_device_array(x) -> DeviceArray:
+    """Where a CUDA array's data lives and how it is laid out, from __cuda_array_interface__ or DLPack."""
+    if not (hasattr(type(x), "__cuda_array_interface__") or hasattr(x, "__cuda_array_interface__")):
+        return _dlpack.describe(x)
     interface = x.__cuda_array_interface__
     shape = tuple(int(n) for n in interface["shape"])
     dtype = np.dtype(interface["typestr"])
@@ -83,23 +99,58 @@ def describe_device_array(x) -> DeviceArray:
     )
 
 
+def _dlpack_device_kind(x) -> str | None:
+    """'cpu' or 'cuda' for a DLPack exporter (by its __dlpack_device__), 'other' for another device,
+    None when x exports no DLPack at all."""
+    if x.__class__ is np.ndarray or not hasattr(x, "__dlpack__") or not hasattr(x, "__dlpack_device__"):
+        return None
+    try:
+        device_type = int(x.__dlpack_device__()[0])
+    except Exception:  # noqa: BLE001 - a broken exporter is simply not a DLPack array
+        return None
+    return _dlpack.DEVICE_KINDS.get(device_type, "other")
+
+
 def _name_of(x) -> str:
     return f"{type(x).__module__}.{type(x).__name__}"
 
 
 def to_host_array(x, what: str) -> np.ndarray:
-    """Turn a host input into an ndarray without copying when possible; refuse CUDA arrays and non-floats."""
+    """Turn a host input into an ndarray without copying when possible; refuse CUDA arrays, non-floats
+    and inputs that would silently lose information (masked arrays, sparse matrices)."""
     if is_device_array(x):
         raise TypeError(
             f"{what} is a CUDA array ({_name_of(x)}) but this index lives on the CPU; "
-            "move it with .get() (CuPy) or .cpu() (torch), or create the index with device='cuda'"
+            "move it with .get() (CuPy), .cpu() (torch) or jax.device_put (JAX), or create the index with device='cuda'"
         )
-    try:
-        array = np.asarray(x)
-    except Exception as exc:  # noqa: BLE001 - anything that is not array-like
-        raise TypeError(f"{what} must be an array of floats; got {_name_of(x)} ({exc})") from None
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{what} is a masked array; masks are not supported: fill the masked values first "
+                        "(x.filled(value)) or drop the rows that hold them")
+    if hasattr(x, "toarray") and hasattr(x, "nnz"):
+        raise TypeError(f"{what} is a sparse matrix ({_name_of(x)}); tinyknn needs dense rows: pass x.toarray()")
+    kind = _dlpack_device_kind(x)
+    if kind == "other":
+        raise TypeError(f"{what} ({_name_of(x)}) lives on a device tinyknn cannot read (DLPack device "
+                        f"{x.__dlpack_device__()}); move it to the CPU or a CUDA GPU")
+    array = _from_dlpack(x, what) if kind == "cpu" else None
+    if array is None:
+        try:
+            array = np.asarray(x)
+        except Exception as exc:  # noqa: BLE001 - anything that is not array-like
+            raise TypeError(f"{what} must be an array of floats; got {_name_of(x)} ({exc})") from None
     check_float_dtype(array.dtype, what)
     return array
+
+
+def _from_dlpack(x, what: str) -> np.ndarray | None:
+    """A CPU DLPack array read in place; None when NumPy cannot read it that way (np.asarray then tries)."""
+    try:
+        return np.from_dlpack(x)
+    except (BufferError, TypeError, ValueError, RuntimeError, AttributeError):
+        if hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
+            return None
+        raise TypeError(f"{what} ({_name_of(x)}) exports DLPack but NumPy cannot read it "
+                        "(its dtype or layout); pass a NumPy array") from None
 
 
 def check_float_dtype(dtype: np.dtype, what: str) -> None:
@@ -142,12 +193,13 @@ def check_values(array: np.ndarray, what: str, storage_dtype: str) -> None:
         )
 
 
-def host_database(x, dim: int, storage_dtype: str) -> np.ndarray:
-    """Vectors to add: (n, dim), finite, C-contiguous, in the storage dtype (a copy when needed)."""
+def host_rows(x, dim: int, storage_dtype: str) -> np.ndarray:
+    """Vectors to add: (n, dim), every value checked, NOT yet converted: the index converts and hands
+    them over CHUNK_BYTES at a time, so an add never holds a second full copy of the input."""
     array = to_host_array(x, "vectors to add")
     check_matrix_shape(array.shape, dim, "vectors to add")
     check_values(array, "vectors to add", storage_dtype)
-    return np.ascontiguousarray(array, dtype=storage_dtype)
+    return array
 
 
 def host_queries(q, dim: int, check: bool = True) -> np.ndarray:
@@ -177,39 +229,46 @@ def check_k(k) -> int:
     return parse_k(k)
 
 
-def new_ids(ids, n: int, existing: np.ndarray | None) -> np.ndarray:
-    """The int64 ids of n new vectors: the caller's, or the next n after `existing`'s count.
+def user_ids(ids, n: int) -> np.ndarray:
+    """The caller's ids of n new vectors as a fresh int64 array: integers in 0 .. 2**63 - 1.
 
-    Ids must be unique across the whole index, and -1 is reserved for padding.
-    """
-    n_existing = 0 if existing is None else len(existing)
-    if ids is None:
-        created = np.arange(n_existing, n_existing + n, dtype=np.int64)
-        # The existing ids are n_existing distinct values >= 0; if all lie below n_existing they are
-        # exactly 0..n_existing-1 and the next ones cannot collide: one pass instead of a sort of the
-        # whole index on every add.
-        if n_existing == 0 or int(existing.max()) < n_existing:
-            return created
-    else:
-        if is_device_array(ids):
-            raise TypeError("ids must be a host (NumPy) array of integers; got a CUDA array")
-        given = np.asarray(ids)
-        if given.dtype.kind not in "iu" or given.dtype == np.uint64:
-            raise TypeError(f"ids must be integers that fit int64; got dtype {given.dtype}")
-        if given.shape != (n,):
-            raise ValueError(f"ids must have shape ({n},), one per added vector; got shape {given.shape}")
-        created = given.astype(np.int64, copy=True)
-        if n and created.min() < 0:
-            raise ValueError(f"ids must be >= 0 (-1 marks padding); got {int(created.min())}")
-    combined = created if existing is None else np.concatenate([existing, created])
-    if len(np.unique(combined)) != len(combined):
-        values, counts = np.unique(combined, return_counts=True)
-        duplicated = values[counts > 1][:5].tolist()
-        raise ValueError(f"ids must be unique in the index; duplicated: {duplicated}")
+    -1 stays free (FAISS's "no result" marker, tinyknn's padding). Uniqueness is the index's check
+    (tinyknn._ids), which knows the ids already held."""
+    if is_device_array(ids) or _dlpack_device_kind(ids) == "cuda":
+        raise TypeError("ids must be a host (NumPy) array of integers; got a CUDA array")
+    if isinstance(ids, np.ma.MaskedArray):
+        raise TypeError("ids must not be a masked array (masks are not supported); pass ids.compressed() "
+                        "together with the matching rows")
+    given = np.asarray(ids) if isinstance(ids, np.ndarray) or not isinstance(ids, (list, tuple)) \
+        else _python_ids(ids)
+    if given.shape != (n,):
+        raise ValueError(f"ids must have shape ({n},), one per added vector; got shape {given.shape}")
+    if given.size == 0:
+        return np.empty(0, dtype=np.int64)          # ids=[] with no rows: whatever dtype [] became
+    if given.dtype.kind == "u" and given.dtype.itemsize == 8 and int(given.max()) > INT64_MAX:
+        raise ValueError(f"ids must lie in 0 .. {INT64_MAX} (int64); got {int(given.max())}")
+    if given.dtype.kind not in "iu":
+        raise TypeError(f"ids must be integers (int64 or smaller); got dtype {given.dtype}")
+    created = given.astype(np.int64, copy=True)
+    if created.min() < 0:
+        raise ValueError(f"ids must be >= 0 (-1 marks a missing result); got {int(created.min())}")
     return created
+
+
+def _python_ids(ids) -> np.ndarray:
+    """A list or tuple of ids: Python ints beyond int64 get a ValueError naming the range, not the
+    float64 or object dtype that NumPy would silently pick for them."""
+    for value in ids:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            if isinstance(value, (list, tuple, np.ndarray)):
+                break                                   # nested: the shape check below explains it
+            raise TypeError(f"ids must be integers; got {value!r} ({type(value).__name__})")
+        if not -INT64_MAX - 1 <= int(value) <= INT64_MAX:
+            raise ValueError(f"ids must lie in 0 .. {INT64_MAX} (int64); got {int(value)}")
+    return np.asarray(ids) if len(ids) else np.empty(0, dtype=np.int64)
 
 
 __all__ = [
     "MAX_ABS_VALUE", "MAX_K", "DeviceArray", "check_k", "device_matrix", "describe_device_array",
-    "host_database", "host_queries", "is_device_array", "new_ids",
+    "CHUNK_BYTES", "host_queries", "host_rows", "is_device_array", "user_ids",
 ]

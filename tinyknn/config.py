@@ -19,6 +19,7 @@ class Config:
     cxx: str | None          # TINYKNN_CXX (else $CXX, else g++/c++/clang++): compiler for the CPU library
     cpu_threads: int         # TINYKNN_CPU_THREADS, else the number of usable cores
     arch: str | None         # TINYKNN_ARCH: force a target arch (e.g. "sm_90") instead of the device's
+    device_memory_limit: int | None = None   # TINYKNN_DEVICE_MEMORY_LIMIT: bytes a GPU index may allocate
 
 
 def _default_cache_dir() -> Path:
@@ -32,6 +33,25 @@ def _usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+_SIZE_SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(name: str) -> int | None:
+    """A byte count such as 1048576, 512M or 2G (binary units), or None when unset."""
+    text = os.environ.get(name, "").strip().lower().removesuffix("b").removesuffix("i")
+    if not text:
+        return None
+    number, suffix = (text[:-1], text[-1]) if text[-1] in _SIZE_SUFFIXES else (text, "")
+    try:
+        value = int(float(number) * _SIZE_SUFFIXES[suffix])
+    except ValueError:
+        value = -1
+    if value < 1:
+        raise ValueError(f"{name} must be a positive byte count such as 1073741824, 512M or 2G; "
+                         f"got {os.environ[name]!r}")
+    return value
 
 
 def _flag(name: str) -> bool:
@@ -59,6 +79,7 @@ def get_config() -> Config:
         cxx=env.get("TINYKNN_CXX") or env.get("CXX") or None,
         cpu_threads=threads,
         arch=env.get("TINYKNN_ARCH") or None,
+        device_memory_limit=_size("TINYKNN_DEVICE_MEMORY_LIMIT"),
     )
 
 

@@ -6,27 +6,29 @@ imported lazily, so `import tinyknn` works on a machine with no GPU, driver or c
 
 from __future__ import annotations
 
-import json
-import os
+import io
 import threading
-import zipfile
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from . import _validate
+from . import _persist, _validate
+from ._ids import IdMap
+from ._persist import FILE_FORMAT, FILE_VERSION  # noqa: F401 - re-exported for callers and tests
 from .spec import parse_dim, parse_dtype, parse_metric
 
-FILE_FORMAT = "tinyknn.index"
-FILE_VERSION = 1
 DEVICES = ("cpu", "cuda")
 
 
 class Searcher(Protocol):
-    """What a backend provides. Inputs arrive validated (host ndarrays or _validate.DeviceArray)."""
+    """What a backend provides. Inputs arrive validated (host ndarrays or _validate.DeviceArray).
+
+    Rows are numbered in the order they were added. `add` copies its rows before it returns (the
+    caller reuses the array), and either takes all of them or raises with the searcher unchanged; `truncate(n_rows)` drops every row from n_rows on (the newest), so that
+    an add handed over in several pieces can be undone when a later piece fails."""
 
     def add(self, vectors, ids: np.ndarray) -> None: ...
+    def truncate(self, n_rows: int) -> None: ...
     def search(self, queries, k: int): ...
     def reset(self) -> None: ...
     def export(self) -> tuple[np.ndarray, np.ndarray]: ...
@@ -61,8 +63,13 @@ class Index:
       `cosine` the cosine similarity (largest first); a zero vector has similarity 0 with everything.
     - The database is stored in `dtype`; distances are accumulated in float32. Queries are searched
       in float32 whatever the index's dtype.
-    - Input conversion: see `tinyknn._validate` (float16/32/64 accepted, copied only when the dtype or
-      layout differs; NaN, infinity, |x| > 2**50 and non-float arrays refused).
+    - Input conversion: see `tinyknn._validate` (float16/32/64 NumPy arrays and DLPack/CUDA arrays
+      accepted, copied only when the dtype or layout differs; NaN, infinity, |x| > 2**50, masked
+      arrays and non-float arrays refused).
+    - Ids: int64 in 0 .. 2**63 - 1, unique in the index. Without ids, an add numbers its rows on from
+      the largest id the index has held since it was created, loaded or reset (0, 1, 2, ... for an
+      index of automatic ids), so automatic ids never collide with given ones.
+    - An Index pickles and deep-copies (through the save format, in memory) onto the same device kind.
     """
 
     def __init__(self, dim: int, metric: str = "l2", dtype: str = "float32", device: str = "cpu"):
@@ -70,7 +77,7 @@ class Index:
         self.metric = parse_metric(metric)
         self.dtype = parse_dtype(dtype)
         self.device = parse_device(device)
-        self._ids = np.empty(0, dtype=np.int64)
+        self._ids = IdMap()
         self._add_lock = threading.Lock()
         self._searcher: Searcher | None = _make_searcher(self.device, self.dim, self.metric, self.dtype)
 
@@ -78,7 +85,7 @@ class Index:
     @property
     def ntotal(self) -> int:
         """How many vectors the index holds."""
-        return len(self._ids)
+        return self._ids.count
 
     def __len__(self) -> int:
         return self.ntotal
@@ -88,20 +95,53 @@ class Index:
                 f"device={self.device!r}, ntotal={self.ntotal})")
 
     def add(self, x, ids=None) -> None:
-        """Add vectors x of shape (n, dim); `ids` are optional int64 ids (default: 0, 1, ... in order).
+        """Add vectors x of shape (n, dim); `ids` are optional int64 ids (default: see the class doc).
 
-        Host input is copied into the index in its dtype; CUDA input (device='cuda' only) is copied
-        device to device without visiting the host.
+        Host input is checked whole, then converted to the index's dtype and handed over in pieces
+        of _validate.CHUNK_BYTES (no second full copy); CUDA input (device='cuda' only) is copied
+        device to device without visiting the host. A failed add leaves the index as it was.
         """
         searcher = self._open_searcher()
-        vectors = self._checked(x, "vectors to add", lambda a: _validate.host_database(a, self.dim, self.dtype))
+        if self.device == "cuda" and _validate.is_device_array(x):
+            vectors = _validate.device_matrix(x, self.dim, "vectors to add")
+        else:
+            vectors = _validate.host_rows(x, self.dim, self.dtype)
         n = vectors.shape[0]
+        given = None if ids is None else _validate.user_ids(ids, n)
         with self._add_lock:
-            new = _validate.new_ids(ids, n, self._ids)
+            new = self._ids.auto_ids(n) if given is None else given
+            self._ids.check_new(new, given=given is not None)
             if n == 0:
                 return
-            searcher.add(vectors, new)
-            self._ids = np.concatenate([self._ids, new])
+            self._hand_over(searcher, vectors, new)
+            self._ids.commit(new)
+
+    def _hand_over(self, searcher: Searcher, vectors, ids: np.ndarray) -> None:
+        """Give the rows to the searcher, in pieces for host input; undo the pieces taken if one fails.
+
+        A searcher without truncate (an older backend) gets the whole input in one piece."""
+        n_before, n = self._ids.count, len(ids)
+        truncate = getattr(searcher, "truncate", None)
+        on_device = isinstance(vectors, _validate.DeviceArray)
+        step = n if on_device or truncate is None else \
+            max(1, _validate.CHUNK_BYTES // (self.dim * np.dtype(self.dtype).itemsize))
+        # Input in another dtype or layout is converted piece by piece into one reused buffer (a fresh
+        # allocation per piece would page-fault its memory in again every time).
+        convert = not on_device and (vectors.dtype != self.dtype or not vectors.flags.c_contiguous)
+        buffer = np.empty((min(step, n), self.dim), dtype=self.dtype) if convert and n > step else None
+        try:
+            for start in range(0, n, step):
+                piece = vectors if on_device else vectors[start:start + step]
+                if buffer is not None:
+                    np.copyto(buffer[:len(piece)], piece, casting="same_kind")
+                    piece = buffer[:len(piece)]
+                elif convert:
+                    piece = np.ascontiguousarray(piece, dtype=self.dtype)
+                searcher.add(piece, ids[start:start + step])
+        except BaseException:
+            if truncate is not None:
+                truncate(n_before)
+            raise
 
     def search(self, q, k: int):
         """The k nearest database vectors of each query: (distances float32 (nq, k), ids int64 (nq, k)).
@@ -112,22 +152,18 @@ class Index:
         """
         searcher = self._open_searcher()
         k = _validate.check_k(k)
-        # The GPU searcher checks host float32 values itself, on the host while the device works.
-        queries = self._checked(q, "queries", lambda a: _validate.host_queries(a, self.dim, self.device == "cpu"))
+        if self.device == "cuda" and _validate.is_device_array(q):
+            queries = _validate.device_matrix(q, self.dim, "queries")
+        else:
+            # The GPU searcher checks host float32 values itself, on the host while the device works.
+            queries = _validate.host_queries(q, self.dim, self.device == "cpu")
         return searcher.search(queries, k)
-
-    def _checked(self, x, what: str, check_host):
-        """CUDA input on a CUDA index is described in place; everything else goes through `check_host`,
-        whose to_host_array refuses CUDA arrays on a CPU index with a TypeError that says how to move them."""
-        if self.device == "cuda" and _validate.is_device_array(x):
-            return _validate.device_matrix(x, self.dim, what)
-        return check_host(x)
 
     def reset(self) -> None:
         """Remove every vector (the index keeps its dim, metric, dtype and device)."""
         with self._add_lock:
             self._open_searcher().reset()
-            self._ids = np.empty(0, dtype=np.int64)
+            self._ids.reset()
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -149,44 +185,34 @@ class Index:
 
     # -- persistence --------------------------------------------------------------------------
     def save(self, path) -> None:
-        """Write the index to `path` (format: README 'File format'; a NumPy .npz, version 1)."""
-        vectors, ids = self._open_searcher().export()
-        header = {
-            "format": FILE_FORMAT, "version": FILE_VERSION, "dim": self.dim, "metric": self.metric,
-            "dtype": self.dtype, "ntotal": int(len(ids)),
-        }
-        header_bytes = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
-        path = Path(path)
-        temporary = path.with_name(path.name + f".tmp{os.getpid()}")
-        with open(temporary, "wb") as handle:
-            np.savez(handle, header=header_bytes, vectors=vectors, ids=ids)
-        os.replace(temporary, path)
+        """Write the index to `path` (format: README 'File format'; an uncompressed NumPy .npz, version 1).
+
+        Written to a temporary file beside `path` and renamed over it: a failed save leaves no
+        temporary file behind and any previous file at `path` intact."""
+        _persist.save(path, self._write)
+
+    def _write(self, handle) -> None:
+        with self._add_lock:
+            vectors, ids = self._open_searcher().export()
+        _persist.write(handle, self.dim, self.metric, self.dtype, vectors, ids)
 
     @classmethod
     def load(cls, path, device: str = "cpu") -> "Index":
-        """Read an index written by save(); a damaged file or another format version is a ValueError."""
-        path = Path(path)
-        try:
-            with np.load(path, allow_pickle=False) as archive:
-                header = json.loads(bytes(archive["header"]).decode())
-                vectors, ids = archive["vectors"], archive["ids"]
-        except FileNotFoundError:
-            raise
-        except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path} is not a readable tinyknn index file ({type(exc).__name__}: {exc})") from None
-        if not isinstance(header, dict) or header.get("format") != FILE_FORMAT:
-            raise ValueError(f"{path} is not a tinyknn index file (format {header.get('format')!r})")
-        if header.get("version") != FILE_VERSION:
-            raise ValueError(
-                f"{path} is tinyknn index format version {header.get('version')!r}; "
-                f"this tinyknn reads version {FILE_VERSION}"
-            )
-        index = cls(header["dim"], metric=header["metric"], dtype=header["dtype"], device=device)
-        expected = (header["ntotal"], header["dim"])
-        if vectors.shape != expected or ids.shape != (header["ntotal"],) or vectors.dtype != np.dtype(header["dtype"]):
-            raise ValueError(
-                f"{path} is damaged: header says {expected} {header['dtype']} vectors, "
-                f"file holds {vectors.shape} {vectors.dtype} vectors and {ids.shape} ids"
-            )
-        index.add(vectors, ids=ids)
-        return index
+        """Read an index written by save() from a path or a binary file object.
+
+        A damaged file, a file of another format version or one whose sizes disagree with its
+        header is a ValueError (nothing larger than the file is allocated to find out)."""
+        device = parse_device(device)
+        return _persist.load(path, lambda dim, metric, dtype: cls(dim, metric=metric, dtype=dtype, device=device))
+
+    def __reduce__(self):
+        """Pickling and copy.deepcopy go through the save format in memory, onto the same device kind."""
+        if self._searcher is None:
+            raise ValueError("cannot pickle or copy a closed tinyknn Index")
+        buffer = io.BytesIO()
+        self._write(buffer)
+        return _restore, (buffer.getvalue(), self.device)
+
+
+def _restore(data: bytes, device: str) -> Index:
+    return Index.load(io.BytesIO(data), device=device)

@@ -38,6 +38,7 @@ import numpy as np
 
 from .._validate import DeviceArray, check_values
 from ..config import get_config
+from ..errors import CudaError
 from ..jit import render
 from . import interop, plan as plans
 from .device import current_device, ensure_context
@@ -85,15 +86,46 @@ class GpuSearcher:
     def _pinned(self, name: str, nbytes: int) -> PinnedBuffer:
         return self._buffer(name, nbytes, PinnedBuffer)
 
+    def _allocate(self, kind, size: int, what: str):
+        """A new buffer of `size` bytes; device memory beyond the configured cap
+        (TINYKNN_DEVICE_MEMORY_LIMIT) or beyond what the GPU has free is a MemoryError that says how much
+        was asked for, what is in use and what is free (nothing is changed)."""
+        if kind is DeviceBuffer:
+            limit = get_config().device_memory_limit
+            in_use = sum(b.nbytes for b in self._buffers.values() if isinstance(b, DeviceBuffer))
+            if limit is not None and in_use + size > limit:
+                raise MemoryError(
+                    f"this GPU index needs {size:,} more bytes of device memory for {what} ({in_use:,} in use); "
+                    f"TINYKNN_DEVICE_MEMORY_LIMIT allows {limit:,} bytes")
+        try:
+            return kind(size)
+        except CudaError as exc:
+            if exc.error_name != "CUDA_ERROR_OUT_OF_MEMORY":
+                raise
+            from cuda.bindings import driver
+
+            _, free, total = driver.cuMemGetInfo()
+            place = "device" if kind is DeviceBuffer else "pinned host"
+            raise MemoryError(f"this GPU index needs {size:,} more bytes of {place} memory for {what}; the GPU has "
+                              f"{int(free):,} of {int(total):,} bytes free") from None
+
     def _buffer(self, name, nbytes, kind):
-        """The named buffer, grown (doubling) when too small; growth invalidates the plans."""
+        """The named buffer, grown (doubling, or exactly when doubling does not fit) when too small;
+        growth invalidates the plans. A failed allocation leaves the old buffer in place."""
         buffer = self._buffers.get(name)
         if buffer is None or buffer.nbytes < nbytes:
             size = max(nbytes, 2 * buffer.nbytes if buffer is not None else 0, 64)
+            try:
+                grown = self._allocate(kind, size, f"{name!r} ({size:,} bytes)")
+            except MemoryError:
+                if size == max(nbytes, 64):
+                    raise
+                grown = self._allocate(kind, max(nbytes, 64), f"{name!r} ({nbytes:,} bytes)")
+            size = grown.nbytes
             if buffer is not None:
                 self._stream.synchronize()     # nothing enqueued may still use the old one
                 buffer.close()
-            buffer = kind(size)
+            buffer = grown
             if kind is PinnedBuffer:
                 buffer.array(np.uint8, size)[:] = 0   # the query padding columns stay zero forever
             else:
@@ -103,23 +135,42 @@ class GpuSearcher:
         return buffer
 
     def _reserve(self, rows: int) -> None:
-        """Room for `rows` database rows; existing rows move to the new buffers on the stream."""
+        """Room for `rows` database rows; existing rows move to the new buffers on the stream. Every new
+        buffer is allocated before any old one is released, so a MemoryError leaves the index as it was."""
         if rows <= self._capacity:
             return
-        capacity = max(rows, 2 * self._capacity, 1024)
         sizes = {"data": self._row_bytes, "ids": 8, "norms": 4 if self.metric in ("cosine", "l2") else 0}
-        old = {name: self._buffers.pop(name, None) for name in sizes}
-        for name, per_row in sizes.items():
-            if per_row:
-                new = self._device(name, capacity * per_row)
-                if old[name] is not None and self._n:
-                    new.copy_from_device(old[name].ptr, self._n * per_row, self._stream)
+        try:
+            capacity = max(rows, 2 * self._capacity, 1024)
+            new = self._allocate_rows(sizes, capacity)
+        except MemoryError:
+            capacity = rows                     # doubling does not fit: exactly what is needed
+            new = self._allocate_rows(sizes, capacity)
+        for name, buffer in new.items():
+            old = self._buffers.get(name)
+            if old is not None and self._n:
+                buffer.copy_from_device(old.ptr, self._n * sizes[name], self._stream)
         self._stream.synchronize()
-        for buffer in old.values():
-            if buffer is not None:
-                buffer.close()
+        for name, buffer in new.items():
+            old = self._buffers.get(name)
+            self._buffers[name] = buffer
+            if old is not None:
+                old.close()
         self._capacity = capacity
         self._forget_plans()
+
+    def _allocate_rows(self, sizes: dict[str, int], capacity: int) -> dict[str, DeviceBuffer]:
+        new: dict[str, DeviceBuffer] = {}
+        try:
+            for name, per_row in sizes.items():
+                if per_row:
+                    new[name] = self._allocate(DeviceBuffer, capacity * per_row,
+                                               f"{capacity:,} rows of {name} ({capacity * per_row:,} bytes)")
+        except MemoryError:
+            for buffer in new.values():
+                buffer.close()
+            raise
+        return new
 
     def _forget_plans(self) -> None:
         for batch in self._plans.values():
@@ -377,6 +428,16 @@ class GpuSearcher:
     slices_override: int | None = None   # benchmarks only: force the number of database slices
 
     # -- the rest of the protocol ---------------------------------------------------------------------
+    def truncate(self, n_rows: int) -> None:
+        """Drop every row from n_rows on (Index.add undoes a failed piece of a chunked add with it). The
+        row statistics stay as they were: a larger maximum or smaller minimum only loosens the bounds."""
+        with self._lock:
+            self._check_open()
+            if not 0 <= n_rows <= self._n:
+                raise ValueError(f"truncate: n_rows must be between 0 and {self._n}; got {n_rows}")
+            self._n = n_rows
+            self._forget_plans()
+
     def reset(self) -> None:
         with self._lock:
             self._check_open()

@@ -1,0 +1,113 @@
+"""Fuzzing with hypothesis, each case in its own process (tests/fuzz_worker.py), so that a crash is a
+failed case: API sequences against a float64 model, adversarial values on every metric and dtype, and
+bad inputs that must be refused without changing the index. Bounded: the file runs in well under 90 s."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fuzz_worker import BAD_KINDS, PALETTE
+
+WORKER = Path(__file__).with_name("fuzz_worker.py")
+METRICS = ("l2", "ip", "cosine")
+DTYPES = ("float32", "float16")
+FUZZ = settings(deadline=None, max_examples=int(os.environ.get("TINYKNN_FUZZ_EXAMPLES", "30")), database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def run_case(program: dict) -> None:
+    """One case in a fresh interpreter; a non-zero exit (an assertion, an exception, a signal) fails it."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(WORKER.parent.parent), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, str(WORKER)], input=json.dumps(program), capture_output=True, text=True,
+                          timeout=120, env=env)
+    if done.returncode != 0:
+        how = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
+               else f"exit status {done.returncode}")
+        pytest.fail(f"fuzz case {how}\nprogram: {json.dumps(program)}\n{done.stdout[-2000:]}{done.stderr[-4000:]}",
+                    pytrace=False)
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_cosine_fixed() -> bool:
+    """Issue 11 rows 3-4: the CPU library's cosine treats vectors below ~1e-19 as zero or misjudges them
+    (the CPU side's fix, not this file's). True once the issue's own case comes out right."""
+    code = ("import numpy as np, tinyknn; i = tinyknn.Index(4, metric='cosine'); "
+            "i.add(np.array([[-1, -2, -3, -4], [1, 2, 3, 4]]) * 1e-25); "
+            "d, n = i.search(np.array([[1, 2, 3, 4]]) * 1e-25, 1); print(int(n[0, 0]), float(d[0, 0]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return done.returncode == 0 and done.stdout.split() == ["1", "1.0"]
+
+
+# Palette entries below ~1e-19 that float32 still holds (1e-40 ... 3e-23): cosine of them is issue 11's rows 3-4.
+TINY = tuple(i for i, value in enumerate(PALETTE) if 1e-45 < abs(value) < 1e-18)
+seeds = st.integers(0, 2**31 - 1)
+palette = st.lists(st.integers(0, len(PALETTE) - 1), min_size=1, max_size=12)
+adds = st.fixed_dictionaries({"op": st.just("add"), "n": st.integers(0, 40), "seed": seeds,
+                              "ids": st.sampled_from(["auto", "auto", "fresh", "taken"])})
+searches = st.fixed_dictionaries({"op": st.just("search"), "nq": st.integers(0, 5), "k": st.integers(1, 60),
+                                  "seed": seeds})
+operations = st.one_of(
+    adds, adds, searches,
+    st.just({"op": "reset"}),
+    st.fixed_dictionaries({"op": st.just("round_trip"), "how": st.sampled_from(["file", "pickle"])}),
+    st.fixed_dictionaries({"op": st.sampled_from(["remove", "get"]), "count": st.integers(1, 5), "seed": seeds}),
+)
+
+
+@FUZZ
+@given(dim=st.integers(1, 40), metric=st.sampled_from(METRICS), dtype=st.sampled_from(DTYPES),
+       ops=st.lists(operations, min_size=1, max_size=12))
+def test_api_sequences_match_the_model(dim, metric, dtype, ops):
+    run_case({"dim": dim, "metric": metric, "dtype": dtype, "ops": ops})
+
+
+@FUZZ
+@given(dim=st.integers(1, 12), metric=st.sampled_from(METRICS), dtype=st.sampled_from(DTYPES),
+       n=st.integers(1, 30), rows=palette, queries=palette, duplicate=st.booleans(), k=st.integers(1, 35),
+       nq=st.integers(1, 4))
+def test_adversarial_values(dim, metric, dtype, n, rows, queries, duplicate, k, nq):
+    """Denormals, 1e-30 and 1e15 magnitudes, zeros, exact ties and duplicate rows, on every metric and dtype
+    (values a float16 index cannot hold must be refused; the model knows which). Cosine of magnitudes below
+    1e-18 joins in once tiny_cosine_fixed() says the CPU library handles them."""
+    if metric == "cosine" and not tiny_cosine_fixed():
+        rows, queries = [v for v in rows if v not in TINY] or [0], [v for v in queries if v not in TINY] or [0]
+    ops = [{"op": "add", "n": n, "ids": "auto", "seed": 0, "values": rows, "duplicate": duplicate},
+           {"op": "search", "nq": nq, "k": k, "seed": 0, "values": queries},
+           {"op": "search", "nq": nq, "k": k, "seed": 0, "values": rows}]
+    run_case({"dim": dim, "metric": metric, "dtype": dtype, "ops": ops})
+
+
+@FUZZ
+@given(dim=st.integers(1, 16), metric=st.sampled_from(METRICS), dtype=st.sampled_from(DTYPES),
+       n=st.integers(0, 20), kinds=st.lists(st.sampled_from(BAD_KINDS), min_size=1, max_size=8))
+def test_bad_inputs_are_refused_and_change_nothing(dim, metric, dtype, n, kinds):
+    ops = [{"op": "add", "n": n, "ids": "fresh", "seed": 3}] + [{"op": "bad", "kind": kind} for kind in kinds]
+    run_case({"dim": dim, "metric": metric, "dtype": dtype, "ops": ops})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [1e-25, 3e-23, 1e-30, 1e-40])
+def test_cosine_of_tiny_vectors(dtype, scale):
+    """Issue 11's rows 3-4 as a fixed case (float16 stores these magnitudes as zero: then similarity 0)."""
+    if not tiny_cosine_fixed():
+        pytest.xfail("issue 11 rows 3-4: the CPU library's cosine below ~1e-19 (CPU side's fix)")
+    plus, minus = PALETTE.index(scale), PALETTE.index(-scale)
+    ops = [{"op": "add", "n": 3, "ids": "auto", "seed": 0, "values": [plus, plus, minus, plus, minus]},
+           {"op": "search", "nq": 2, "k": 3, "seed": 0, "values": [minus, plus, plus]}]
+    run_case({"dim": 4, "metric": "cosine", "dtype": dtype, "ops": ops})
+
+
+def test_a_crashing_case_is_reported_as_a_failure():
+    """The harness itself: a worker killed by a signal fails the case with the signal's name."""
+    with pytest.raises(pytest.fail.Exception, match="killed by SIGSEGV|exit status"):
+        run_case({"dim": 2, "metric": "l2", "dtype": "float32", "ops": [{"op": "segfault"}]})

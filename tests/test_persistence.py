@@ -1,0 +1,410 @@
+"""save / load / pickle: round trips, every kind of damaged file a clear ValueError (never another
+exception, never an allocation beyond the file), and failed saves that leave nothing behind."""
+
+from __future__ import annotations
+
+import copy
+import errno
+import io
+import json
+import os
+import pickle
+import threading
+import tracemalloc
+import zipfile
+
+import numpy as np
+import pytest
+
+import tinyknn
+from reference import check_search
+from test_index_api import DTYPES, METRICS, index  # noqa: F401 - index is a fixture (8 dims, 50 rows, l2)
+
+
+def contents(index):
+    """Everything a saved file records, for equality checks."""
+    vectors, ids = index._searcher.export()
+    return (index.dim, index.metric, index.dtype, index.ntotal), vectors, ids
+
+
+def assert_same(first, second):
+    (meta_a, vectors_a, ids_a), (meta_b, vectors_b, ids_b) = contents(first), contents(second)
+    assert meta_a == meta_b
+    assert np.array_equal(vectors_a, vectors_b) and np.array_equal(ids_a, ids_b)
+
+
+def leftovers(directory):
+    return [path.name for path in directory.iterdir() if ".tmp" in path.name]
+
+
+# -- round trips -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("metric", METRICS)
+def test_save_load_round_trip(tmp_path, rng, metric, dtype):
+    db = rng.standard_normal((70, 5)).astype(np.float32)
+    user_ids = rng.choice(10**9, size=70, replace=False)
+    built = tinyknn.Index(5, metric=metric, dtype=dtype)
+    built.add(db[:30], ids=user_ids[:30])
+    built.add(db[30:], ids=user_ids[30:])
+    path = tmp_path / "index.tknn"
+    built.save(path)
+    again = tinyknn.Index.load(path)
+    assert (again.dim, again.metric, again.dtype, again.ntotal) == (5, metric, dtype, 70)
+    q = rng.standard_normal((4, 5)).astype(np.float32)
+    before, after = built.search(q, 9), again.search(q, 9)
+    assert np.array_equal(before[0], after[0]) and np.array_equal(before[1], after[1])
+    check_search(*after, db, q, 9, metric, dtype, id_map=user_ids)
+    with pytest.raises(ValueError, match="already in it"):
+        again.add(db[:1], ids=user_ids[:1])            # loaded ids are known to the index
+    again.add(db[:1])                                  # automatic ids continue after the largest loaded one
+    assert again._searcher.export()[1][-1] == user_ids.max() + 1
+    assert not leftovers(tmp_path)
+
+
+def test_save_load_empty_index(tmp_path):
+    tinyknn.Index(4, metric="cosine").save(tmp_path / "empty")
+    again = tinyknn.Index.load(tmp_path / "empty")
+    assert again.ntotal == 0 and again.metric == "cosine"
+
+
+def test_the_file_is_a_plain_npz(tmp_path, index):
+    """README promises np.load reads the file: the format is the .npz np.savez writes."""
+    index.save(tmp_path / "saved")
+    with np.load(tmp_path / "saved", allow_pickle=False) as archive:
+        header = json.loads(bytes(archive["header"]).decode())
+        assert header == {"format": "tinyknn.index", "version": 1, "dim": 8, "metric": "l2", "dtype": "float32",
+                          "ntotal": 50}
+        assert np.array_equal(archive["ids"], np.arange(50)) and archive["vectors"].shape == (50, 8)
+
+
+def test_load_streams_large_files_in_chunks(tmp_path, rng, monkeypatch):
+    """Loading hands the vectors over a chunk at a time (here 1 KiB), and the result is the same index."""
+    built = tinyknn.Index(16, metric="ip")
+    built.add(rng.standard_normal((300, 16)), ids=rng.choice(10**6, 300, replace=False))
+    built.save(tmp_path / "big")
+    monkeypatch.setattr(tinyknn._persist, "CHUNK_BYTES", 1024)
+    assert_same(built, tinyknn.Index.load(tmp_path / "big"))
+
+
+def test_load_from_a_file_object(index):
+    buffer = io.BytesIO()
+    index._write(buffer)
+    buffer.seek(0)
+    assert_same(index, tinyknn.Index.load(buffer))
+    with pytest.raises(ValueError, match="the data is not a readable tinyknn index file"):
+        tinyknn.Index.load(io.BytesIO(b"not a zip file at all"))
+
+
+# -- damaged files ---------------------------------------------------------------------------------
+def _rewrite(path, header_bytes=None, **changes):
+    """Rewrite a saved file with header fields or members changed (np.savez, as the format is)."""
+    with np.load(path) as archive:
+        header = json.loads(bytes(archive["header"]).decode())
+        arrays = {"vectors": archive["vectors"], "ids": archive["ids"]}
+    header.update(changes.pop("header", {}))
+    for key in changes.pop("drop", ()):
+        header.pop(key)
+    arrays.update(changes)
+    raw = json.dumps(header).encode() if header_bytes is None else header_bytes
+    with open(path, "wb") as handle:
+        np.savez(handle, header=np.frombuffer(raw, np.uint8), **arrays)
+
+
+@pytest.fixture
+def saved(tmp_path, index):
+    path = tmp_path / "saved.tknn"
+    index.save(path)
+    return path
+
+
+def test_load_refuses_another_version(saved):
+    _rewrite(saved, header={"version": 99})
+    with pytest.raises(ValueError, match="format version 99; this tinyknn reads version 1"):
+        tinyknn.Index.load(saved)
+
+
+def test_load_refuses_another_format(saved):
+    _rewrite(saved, header={"format": "something.else"})
+    with pytest.raises(ValueError, match="not a valid tinyknn index file: its header names format 'something.else'"):
+        tinyknn.Index.load(saved)
+
+
+@pytest.mark.parametrize("change, text", [
+    ({"drop": ["dim"]}, "its header lacks dim"),
+    ({"drop": ["metric", "ntotal"]}, "its header lacks metric, ntotal"),
+    ({"header": {"dim": 0}}, "dim is 0; expected an integer in 1 .. 65536"),
+    ({"header": {"dim": "8"}}, "dim is '8'"),
+    ({"header": {"dim": True}}, "dim is True"),
+    ({"header": {"dim": 8.0}}, "dim is 8.0"),
+    ({"header": {"metric": "L1"}}, "metric is 'L1'; expected one of l2, ip, cosine"),
+    ({"header": {"metric": None}}, "metric is None"),
+    ({"header": {"dtype": "float64"}}, "dtype is 'float64'; expected one of float32, float16"),
+    ({"header": {"dtype": ["float32"]}}, "dtype is \\['float32'\\]"),
+    ({"header": {"ntotal": -1}}, "ntotal is -1; expected an integer >= 0"),
+    ({"header": {"ntotal": 49}}, "ids.npy holds .* shape \\(50,\\); expected int64 of shape \\(49,\\)"),
+    ({"vectors": np.zeros((50, 7), np.float32)}, "vectors.npy holds .* shape \\(50, 7\\); expected float32 of shape \\(50, 8\\)"),
+    ({"header": {"ntotal": 10**15}}, "expected int64 of shape \\(1000000000000000,\\)"),
+    ({"header": {"version": True}}, "format version True"),
+    ({"header_bytes": b"[1, 2, 3]"}, "its header is a JSON list, not an object"),
+    ({"header_bytes": b'"text"'}, "its header is a JSON str"),
+    ({"header_bytes": b"{not json"}, "JSONDecodeError"),
+    ({"header_bytes": b"\xff\xfe"}, "UnicodeDecodeError"),
+    ({"vectors": np.zeros((50, 8), np.float16)}, "vectors.npy holds a float16 array"),
+    ({"vectors": np.zeros((50, 8), ">f4")}, "vectors.npy holds a >f4 array"),
+    ({"vectors": np.zeros((50, 8), object)}, "vectors.npy holds a object array"),
+    ({"vectors": np.full((50, 8), np.nan, np.float32)}, "contains NaN"),
+    ({"ids": np.zeros(50, np.int64)}, "ids passed repeat \\[0\\]"),
+    ({"ids": np.full(50, -4, np.int64) - np.arange(50)}, "ids must be >= 0"),
+    ({"ids": np.arange(50, dtype=np.int32)}, "ids.npy holds a int32 array"),
+])
+def test_load_refuses_bad_headers_and_members(saved, change, text):
+    _rewrite(saved, **change)
+    with pytest.raises(ValueError, match=text):
+        tinyknn.Index.load(saved)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "missing-member", "empty"])
+def test_load_refuses_damaged_files(saved, damage):
+    data = saved.read_bytes()
+    if damage == "truncate":
+        saved.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        saved.write_bytes(bytes(range(256)) * 10)
+    elif damage == "empty":
+        saved.write_bytes(b"")
+    else:
+        with zipfile.ZipFile(saved, "w") as archive:
+            archive.writestr("vectors.npy", b"nothing")
+    with pytest.raises(ValueError, match=f"{saved.name} is not a (readable|valid) tinyknn index file"):
+        tinyknn.Index.load(saved)
+
+
+def _patch_central_directory(data: bytes, offset: int, value: int) -> bytes:
+    """Set a 16-bit field of every member's central directory entry (8: flags, 10: compression method)."""
+    patched, start = bytearray(data), data.find(b"PK\x01\x02")
+    while start >= 0:
+        patched[start + offset:start + offset + 2] = value.to_bytes(2, "little")
+        start = data.find(b"PK\x01\x02", start + 4)
+    return bytes(patched)
+
+
+@pytest.mark.parametrize("offset, value, text", [
+    (10, 99, "zip method 99"),            # zipfile: NotImplementedError "That compression method is not supported"
+    (10, 12, "zip method 12"),            # bzip2: zipfile would decompress whatever follows
+    (8, 1, "flags 0x1"),                  # encrypted: zipfile would ask for a password (RuntimeError)
+])
+def test_load_refuses_compressed_and_encrypted_members(saved, offset, value, text):
+    saved.write_bytes(_patch_central_directory(saved.read_bytes(), offset, value))
+    with pytest.raises(ValueError, match=f"compressed or encrypted .*{text}"):
+        tinyknn.Index.load(saved)
+
+
+def test_load_missing_file_or_directory(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        tinyknn.Index.load(tmp_path / "nothing-here")
+    with pytest.raises(IsADirectoryError):
+        tinyknn.Index.load(tmp_path)
+
+
+def _load_or_refuse(data: bytes, original) -> str:
+    """'same' when the bytes load as the original index, 'refused' for a ValueError; anything else fails."""
+    try:
+        loaded = tinyknn.Index.load(io.BytesIO(data))
+    except ValueError:
+        return "refused"
+    try:
+        assert_same(original, loaded)
+    finally:
+        loaded.close()
+    return "same"
+
+
+def test_every_single_byte_flip_loads_the_same_index_or_is_a_value_error(rng):
+    """The audit's corruption sweep: every offset of a small file, each flipped two ways."""
+    original = tinyknn.Index(3, metric="cosine", dtype="float16")
+    original.add(rng.standard_normal((4, 3)), ids=[7, 3, 10**12, 0])
+    buffer = io.BytesIO()
+    original._write(buffer)
+    data = buffer.getvalue()
+    outcomes = {"same": 0, "refused": 0}
+    for offset in range(len(data)):
+        for mask in (0xFF, 1 << int(rng.integers(8))):
+            damaged = bytearray(data)
+            damaged[offset] ^= mask
+            outcomes[_load_or_refuse(bytes(damaged), original)] += 1
+    assert outcomes["refused"] > len(data)          # most flips are caught (CRC, sizes, headers) ...
+    assert outcomes["same"] > 0                      # ... and some hit bytes nobody reads (timestamps)
+
+
+def test_files_that_disagree_with_their_header_are_refused_before_reading(tmp_path):
+    """Row 6: vectors of 40 MB under a header that says 3 rows: refused without allocating them,
+    whether the member is stored (physically there) or deflated (a few KB on disk)."""
+    big = np.zeros((10_000, 1000), np.float32)
+    header = {"format": "tinyknn.index", "version": 1, "dim": 1000, "metric": "l2", "dtype": "float32", "ntotal": 3}
+    raw = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    stored, deflated = tmp_path / "stored", tmp_path / "deflated"
+    with open(stored, "wb") as handle:
+        np.savez(handle, header=raw, vectors=big, ids=np.arange(3))
+    with open(deflated, "wb") as handle:
+        np.savez_compressed(handle, header=raw, vectors=big, ids=np.arange(3))
+    del big
+    assert deflated.stat().st_size < 1 << 20
+    for path, text in ((stored, "vectors.npy holds a float32 array of shape \\(10000, 1000\\)"),
+                       (deflated, "compressed or encrypted")):
+        tracemalloc.start()
+        try:
+            with pytest.raises(ValueError, match=text):
+                tinyknn.Index.load(path)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 << 20, f"{path.name}: {peak} bytes allocated to refuse it"
+
+
+def test_an_npy_header_claiming_more_rows_than_the_file_holds_allocates_nothing(saved):
+    with np.load(saved) as archive:
+        members = {name: archive[name] for name in ("header", "vectors", "ids")}
+    header = json.loads(bytes(members["header"]).decode())
+    header["ntotal"] = 2**40
+    members["header"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    lying = io.BytesIO()          # ids.npy: a .npy header for 2**40 ids, followed by 400 bytes
+    np.lib.format.write_array_header_1_0(lying, {"descr": "<i8", "fortran_order": False, "shape": (2**40,)})
+    lying.write(members["ids"].tobytes())
+    with zipfile.ZipFile(saved, "w") as archive:
+        for name in ("header", "vectors"):
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, members[name])
+            archive.writestr(f"{name}.npy", buffer.getvalue())
+        archive.writestr("ids.npy", lying.getvalue())
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="ids.npy holds 528 bytes; a int64 array of shape \\(1099511627776,\\)"):
+            tinyknn.Index.load(saved)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+
+
+# -- saves that fail ---------------------------------------------------------------------------------
+def test_a_save_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path, index, monkeypatch):
+    path = tmp_path / "kept.tknn"
+    index.save(path)
+    before = path.read_bytes()
+    real_write_array = np.lib.format.write_array
+    calls = []
+
+    def full_disk(handle, array, **kwargs):
+        calls.append(array.shape)
+        if len(calls) == 2:                                      # the vectors: half of them, then ENOSPC
+            handle.write(array.tobytes()[: array.nbytes // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write_array(handle, array, **kwargs)
+
+    monkeypatch.setattr(np.lib.format, "write_array", full_disk)
+    index.add(np.ones((5, 8), np.float32))
+    with pytest.raises(OSError, match="No space left"):
+        index.save(path)
+    assert len(calls) == 2 and path.read_bytes() == before and not leftovers(tmp_path)
+    monkeypatch.setattr(np.lib.format, "write_array", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        index.save(path)
+    assert path.read_bytes() == before and not leftovers(tmp_path)
+
+
+def test_save_onto_a_directory_or_an_unwritable_place(tmp_path, index, monkeypatch):
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        index.save(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        index.save(tmp_path / "no-such-dir" / "file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+    def refused(source, target):
+        raise PermissionError(errno.EACCES, "Permission denied", str(target))
+
+    monkeypatch.setattr(os, "replace", refused)                  # e.g. a read-only target directory
+    with pytest.raises(PermissionError):
+        index.save(tmp_path / "file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only directories")
+def test_save_into_a_read_only_directory(tmp_path, index):
+    index.save(tmp_path / "file")
+    before = (tmp_path / "file").read_bytes()
+    tmp_path.chmod(0o555)
+    try:
+        with pytest.raises(PermissionError):
+            index.save(tmp_path / "file")
+    finally:
+        tmp_path.chmod(0o755)
+    assert (tmp_path / "file").read_bytes() == before and not leftovers(tmp_path)
+
+
+def test_the_saved_file_has_ordinary_permissions(tmp_path, index):
+    old = os.umask(0o022)
+    try:
+        index.save(tmp_path / "file")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "file").stat().st_mode & 0o777 == 0o644
+
+
+def test_concurrent_saves_to_one_path_never_collide(tmp_path, rng):
+    indexes = []
+    for i in range(4):
+        built = tinyknn.Index(8)
+        built.add(rng.standard_normal((20 + i, 8)))
+        indexes.append(built)
+    path, errors = tmp_path / "shared", []
+
+    def save_many(built):
+        try:
+            for _ in range(5):
+                built.save(path)
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=save_many, args=(built,)) for built in indexes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and not leftovers(tmp_path)
+    assert tinyknn.Index.load(path).ntotal in (20, 21, 22, 23)
+
+
+# -- pickling and copies -----------------------------------------------------------------------------
+@pytest.mark.parametrize("metric", METRICS)
+def test_pickle_and_copies_restore_the_same_index(rng, metric):
+    built = tinyknn.Index(6, metric=metric, dtype="float16")
+    built.add(rng.standard_normal((40, 6)), ids=rng.choice(10**9, 40, replace=False))
+    q = rng.standard_normal((3, 6)).astype(np.float32)
+    for clone in (pickle.loads(pickle.dumps(built)), copy.deepcopy(built), copy.copy(built)):
+        assert clone is not built and clone._searcher is not built._searcher
+        assert_same(built, clone)
+        for got, expected in zip(clone.search(q, 5), built.search(q, 5)):
+            assert np.array_equal(got, expected)
+        clone.add(np.zeros((1, 6)))                                # independent of the original
+        assert clone.ntotal == 41 and built.ntotal == 40
+
+
+def test_a_closed_index_refuses_to_pickle(index):
+    index.close()
+    with pytest.raises(ValueError, match="cannot pickle or copy a closed tinyknn Index"):
+        pickle.dumps(index)
+    with pytest.raises(ValueError, match="closed"):
+        copy.deepcopy(index)
+
+
+@pytest.mark.gpu
+def test_pickle_restores_a_cuda_index_on_cuda(rng):
+    built = tinyknn.Index(8, metric="l2", device="cuda")
+    db = rng.standard_normal((100, 8)).astype(np.float32)
+    built.add(db)
+    clone = pickle.loads(pickle.dumps(built))
+    assert clone.device == "cuda" and clone.ntotal == 100
+    q = rng.standard_normal((4, 8)).astype(np.float32)
+    for got, expected in zip(clone.search(q, 7), built.search(q, 7)):
+        assert np.array_equal(got, expected)
+    assert copy.deepcopy(built).device == "cuda"

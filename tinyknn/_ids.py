@@ -1,0 +1,155 @@
+"""IdMap: which user id lives in which searcher row, without sorting every id on every add.
+
+Ids are the user's currency, rows are the searcher's (row r is the r-th vector added). Three stores:
+- runs: (first id, first row, length) of consecutive ids in consecutive rows. Auto ids always form one
+  (they continue after the largest id the index has held), so an index of auto ids costs ~0 bytes per id;
+- a sorted base: two int64 arrays (ids, rows), 16 bytes per id, searched with np.searchsorted;
+- a recent dict for the latest small batches (~100 bytes per entry), merged into the base once it
+  exceeds an eighth of it, so an add of one id costs O(log n) and the merges amortise to O(1) per id.
+A batch is checked against all three before anything is committed (`check_new`), then committed
+after the searcher has taken the rows (`commit`), so a failed add leaves the map as it was.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+INT64_MAX = int(np.iinfo(np.int64).max)
+MIN_RUN = 64                  # shorter runs of explicit ids go to the base or the dict
+SMALL_BATCH = 1024            # batches up to this size go to the dict, larger ones straight to the base
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+class IdMap:
+    """id -> row for the rows of one index (see the module docstring)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.count = 0                 # rows held (== the searcher's rows)
+        self.next_auto = 0             # the first auto id: 1 + the largest id held since creation/reset
+        self._run_start: list[int] = []   # sorted by first id; runs never overlap
+        self._run_row: list[int] = []
+        self._run_len: list[int] = []
+        self._runs_cache = None
+        self._base_ids, self._base_rows = _EMPTY, _EMPTY
+        self._recent: dict[int, int] = {}
+
+    # -- questions --------------------------------------------------------------------------------
+    def auto_ids(self, n: int) -> np.ndarray:
+        """The ids an add of n rows without ids gets: next_auto, next_auto + 1, ... (never in use)."""
+        if self.next_auto + n - 1 > INT64_MAX:
+            raise ValueError(f"automatic ids would pass int64's largest value {INT64_MAX} (the largest id in "
+                             f"use is {self.next_auto - 1}); pass ids explicitly")
+        return np.arange(self.next_auto, self.next_auto + n, dtype=np.int64)
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """The row of each id, -1 where the id is not in the index."""
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = np.full(ids.shape, -1, dtype=np.int64)
+        if self._run_start and ids.size:
+            starts, first_rows, lengths = self._runs()
+            which = np.maximum(np.searchsorted(starts, ids, side="right") - 1, 0)
+            offset = ids - starts[which]
+            inside = (offset >= 0) & (offset < lengths[which])
+            rows[inside] = first_rows[which[inside]] + offset[inside]
+        if len(self._base_ids) and ids.size:
+            where = np.minimum(np.searchsorted(self._base_ids, ids), len(self._base_ids) - 1)
+            found = self._base_ids[where] == ids
+            rows[found] = self._base_rows[where[found]]
+        if self._recent and ids.size:
+            recent = self._recent
+            if ids.size <= len(recent):
+                for position, user_id in enumerate(ids.tolist()):
+                    row = recent.get(user_id)
+                    if row is not None:
+                        rows[position] = row
+            else:
+                keys = np.fromiter(recent.keys(), dtype=np.int64, count=len(recent))
+                values = np.fromiter(recent.values(), dtype=np.int64, count=len(recent))
+                order = np.argsort(keys)
+                keys, values = keys[order], values[order]
+                where = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
+                found = keys[where] == ids
+                rows[found] = values[where[found]]
+        return rows
+
+    def check_new(self, ids: np.ndarray, given: bool) -> None:
+        """Refuse ids that repeat within the batch or are already in the index (nothing is changed).
+
+        `given` says whether the caller passed the ids, so the message never blames them for ours."""
+        if len(ids) > 1:
+            ordered = np.sort(ids)
+            repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+            if len(repeated):
+                raise ValueError(f"ids must be unique; the ids passed repeat {np.unique(repeated)[:5].tolist()}")
+        taken = ids[self.rows_of(ids) >= 0] if self.count else _EMPTY
+        if len(taken):
+            whose = "the ids passed include" if given else "automatic ids collided with"
+            raise ValueError(f"ids must be unique in the index; {whose} ids already in it: "
+                             f"{np.unique(taken)[:5].tolist()}")
+
+    # -- changes ----------------------------------------------------------------------------------
+    def commit(self, ids: np.ndarray) -> None:
+        """Record that rows count, count + 1, ... now hold `ids` (already checked by check_new)."""
+        n = len(ids)
+        if n == 0:
+            return
+        first_row = self.count
+        first, last = int(ids[0]), int(ids[-1])
+        consecutive = last - first == n - 1 and (n <= 2 or bool(np.all(np.diff(ids) == 1)))
+        if consecutive and (n >= MIN_RUN or self._extends_last_run(first, first_row)):
+            self._add_run(first, first_row, n)
+        elif n <= SMALL_BATCH:
+            self._recent.update(zip(ids.tolist(), range(first_row, first_row + n)))
+            if len(self._recent) > max(SMALL_BATCH * 4, len(self._base_ids) // 8):
+                self._merge_recent()
+        else:
+            self._merge(ids, np.arange(first_row, first_row + n, dtype=np.int64))
+        self.count += n
+        self.next_auto = max(self.next_auto, int(ids.max()) + 1)
+
+    def _extends_last_run(self, first_id: int, first_row: int) -> bool:
+        return bool(self._run_start) and (self._run_start[-1] + self._run_len[-1] == first_id
+                                          and self._run_row[-1] + self._run_len[-1] == first_row)
+
+    def _runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first ids, first rows, lengths) of the runs as arrays, rebuilt only after a change."""
+        if self._runs_cache is None:
+            self._runs_cache = tuple(np.asarray(values, dtype=np.int64)
+                                     for values in (self._run_start, self._run_row, self._run_len))
+        return self._runs_cache
+
+    def _add_run(self, first_id: int, first_row: int, length: int) -> None:
+        self._runs_cache = None
+        position = bisect.bisect(self._run_start, first_id)
+        before = position - 1
+        if (before >= 0 and self._run_start[before] + self._run_len[before] == first_id
+                and self._run_row[before] + self._run_len[before] == first_row):
+            self._run_len[before] += length      # consecutive auto adds extend one run
+            return
+        self._run_start.insert(position, first_id)
+        self._run_row.insert(position, first_row)
+        self._run_len.insert(position, length)
+
+    def _merge_recent(self) -> None:
+        keys = np.fromiter(self._recent.keys(), dtype=np.int64, count=len(self._recent))
+        values = np.fromiter(self._recent.values(), dtype=np.int64, count=len(self._recent))
+        self._recent = {}
+        self._merge(keys, values)
+
+    def _merge(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        if self._recent:
+            self._merge_recent()
+        all_ids = np.concatenate([self._base_ids, ids])
+        order = np.argsort(all_ids, kind="stable")   # two sorted runs at most: a merge, not a full sort
+        self._base_ids = all_ids[order]
+        self._base_rows = np.concatenate([self._base_rows, rows])[order]
+
+    def nbytes(self) -> int:
+        """Approximate memory the map holds (for the README's footprint table and tests)."""
+        return (self._base_ids.nbytes + self._base_rows.nbytes + 100 * len(self._recent)
+                + 3 * 36 * len(self._run_start))
