@@ -38,12 +38,6 @@ SELECTED = [
         "test_Flat", "test_Flat_IP", "test_Flat_id_range", "test_Flat_IP_id_range", "test_Flat_id_array",
         "test_Flat_IP_id_array", "test_Flat_id_bitmap", "test_Flat_id_not")),
 ]
-# Failures of tinyknn itself, not of the adapter, with what settles them (an expected failure until then).
-KNOWN = {
-    "test_index.py::TestIndexFlat::test_with_blas_reservoir":
-        "tinyknn's CPU search sums in float32 until it meets the exactness contract: 4 of its 30,000 ids sit "
-        "at float32 near-ties in the other order (FAISS's test allows 3; the float64 oracle has 0)",
-}
 MISSING_OPERATION = "this operation is not implemented yet: it needs tinyknn.Index."
 
 
@@ -95,8 +89,6 @@ def test_faiss_own_test(backend, test, tmp_path_factory):
     outcome, message = outcomes[test]
     if outcome == "passed":
         return
-    if test in KNOWN:
-        pytest.xfail(KNOWN[test])
     if backend == "index" and MISSING_OPERATION in message:
         needed = message.split(MISSING_OPERATION, 1)[1].split(",")[0]
         pytest.xfail(f"needs tinyknn.Index.{needed} (the index-operations issue)")

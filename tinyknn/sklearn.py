@@ -9,9 +9,6 @@ The search itself is tinyknn's exact search in float32 (the data are stored as f
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import numpy as np
 from scipy.sparse import csr_matrix
 from sklearn.base import BaseEstimator
@@ -138,28 +135,6 @@ class NearestNeighbors(BaseEstimator):
 
     def _training_points(self) -> np.ndarray:
         return np.asarray(require(self._index, "get")(np.arange(self.n_samples_fit_, dtype=np.int64)))
-
-    # -- pickling: through tinyknn's save format, in memory ------------------------------------
-    def __getstate__(self):
-        state = dict(super().__getstate__())   # object.__getstate__ may hand back __dict__ itself
-        index = state.pop("_index", None)
-        if index is not None:
-            with tempfile.TemporaryDirectory(prefix="tinyknn-sklearn-") as folder:
-                path = os.path.join(folder, "index.tknn")
-                index.save(path)
-                with open(path, "rb") as handle:
-                    state["_index_file"] = handle.read()
-        return state
-
-    def __setstate__(self, state):
-        blob = state.pop("_index_file", None)
-        super().__setstate__(state)
-        if blob is not None:
-            with tempfile.TemporaryDirectory(prefix="tinyknn-sklearn-") as folder:
-                path = os.path.join(folder, "index.tknn")
-                with open(path, "wb") as handle:
-                    handle.write(blob)
-                self._index = Index.load(path, device=self.device)
 
 
 def _drop_self(distances: np.ndarray, ids: np.ndarray):
