@@ -1,0 +1,104 @@
+"""Build hook: a wheel carries the CPU library prebuilt for x86-64-v2, v3 (AVX2) and v4 (AVX-512).
+
+`python -m build` (or `pip wheel .`) compiles kernels/cpu/*.cpp three times, with -march=x86-64-v2/-v3/-v4
+in place of the -march=native of tinyknn/cpu/library.py's FLAGS and every other flag the same, into
+tinyknn/_prebuilt/libtinyknn-x86-64-v{2,3,4}.so; at run time tinyknn/cpu/library.py loads the best one
+the CPU supports, so the CPU path needs no compiler. The wheel is then tagged for the platform (the
+libraries do not depend on the Python ABI: py3-none-linux_x86_64). Editable installs (`pip install -e`)
+and other platforms skip this: there the library is built on first use, as before. Metadata lives in
+pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
+
+ROOT = Path(__file__).resolve().parent
+LEVELS = ("x86-64-v2", "x86-64-v3", "x86-64-v4")
+PREBUILT = "_prebuilt"
+
+
+def _prebuilding() -> bool:
+    return sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64")
+
+
+def library_flags() -> list[str]:
+    """tinyknn/cpu/library.py's FLAGS (read from its source: the build environment has no numpy), with the
+    `_NATIVE` entry left as a placeholder, None, for the -march of each level."""
+    tree = ast.parse((ROOT / "tinyknn" / "cpu" / "library.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FLAGS" for t in node.targets):
+            flags = []
+            for element in node.value.elts:
+                if isinstance(element, ast.Constant) and isinstance(element.value, str):
+                    flags.append(element.value)
+                elif isinstance(element, ast.Name) and element.id == "_NATIVE":
+                    flags.append(None)
+                else:
+                    raise RuntimeError(f"setup.py cannot read FLAGS in tinyknn/cpu/library.py: {ast.dump(element)}")
+            if flags.count(None) != 1:
+                raise RuntimeError("setup.py expects FLAGS in tinyknn/cpu/library.py to hold _NATIVE once")
+            return flags
+    raise RuntimeError("setup.py found no FLAGS = (...) in tinyknn/cpu/library.py")
+
+
+def compile_level(cxx: str, level: str, target: Path) -> None:
+    flags = [f"-march={level}" if flag is None else flag for flag in library_flags()]
+    sources = sorted(str(p) for p in (ROOT / "kernels" / "cpu").glob("*.cpp"))
+    command = [cxx, *flags, *sources, "-o", str(target)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"building the {level} CPU library failed (exit {result.returncode}):\n"
+                           f"{' '.join(command)}\n{result.stderr}{result.stdout}")
+
+
+class BuildPyWithLibraries(build_py):
+    """build_py, then the three prebuilt CPU libraries into the build's tinyknn/_prebuilt/."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False) or not _prebuilding():
+            return
+        cxx = os.environ.get("TINYKNN_CXX") or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+        if not cxx:
+            raise RuntimeError("building a tinyknn wheel compiles its CPU libraries: no C++ compiler found "
+                               "(install g++, or set CXX)")
+        folder = Path(self.build_lib) / "tinyknn" / PREBUILT
+        folder.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(max_workers=len(LEVELS)) as pool:
+            for future in [pool.submit(compile_level, cxx, level, folder / f"libtinyknn-{level}.so") for level in LEVELS]:
+                future.result()
+
+
+class BinaryDistribution(Distribution):
+    """Native libraries inside: install to platlib, and the wheel is platform-specific."""
+
+    def has_ext_modules(self):
+        return _prebuilding()
+
+
+class PlatformWheel(bdist_wheel):
+    """... but not tied to one Python: the libraries are called through ctypes, not the C API."""
+
+    def get_tag(self):
+        python, abi, plat = super().get_tag()
+        return ("py3", "none", plat) if _prebuilding() else (python, abi, plat)
+
+
+setup(distclass=BinaryDistribution, cmdclass={"build_py": BuildPyWithLibraries, "bdist_wheel": PlatformWheel})
