@@ -265,7 +265,7 @@ verify_kernel(const float* __restrict__ keys, const int* __restrict__ positions,
 // (key, user id) to the query's band (capacity `capacity`; the count keeps growing past it so the host
 // can tell and search again with more room). The host sorts each band by (key, id) and keeps the K first.
 template <class Metric, class T>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 1)
 band_kernel(const T* __restrict__ data, const long long* __restrict__ ids, long long n_data, int row_stride, int dim,
             const float* __restrict__ queries, const int* __restrict__ which, const double* __restrict__ threshold,
             int capacity, double* __restrict__ band_keys, long long* __restrict__ band_ids,

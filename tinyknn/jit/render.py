@@ -68,7 +68,7 @@ MERGE_WARPS_BATCH = 8           # ... after the tiled kernel: many queries, so m
 VERIFY_MARGIN = 8               # candidates kept beyond k (>= 32) for the verify step to prove the answer
 VERIFY_MARGIN_SMALL_K = 2       # ... beyond k < 32 (each one costs insertions; near-ties go to the band search)
 FILTER_MAX_LIST = 128           # l2's filter key while k + VERIFY_MARGIN fits the lists topk.cuh rebuilds in bulk
-VERIFY_WARPS = 24               # warps per verify block after the scan: few queries, many candidates each (32: spills)
+VERIFY_WARPS = 16               # warps per verify block after the scan: few queries, many candidates each (24, 32: spills)
 VERIFY_WARPS_BATCH = 8          # ... after the tiled kernel: many queries, so many blocks keep the loads in flight
 
 
