@@ -155,7 +155,7 @@ def test_range_search_follows_faiss(rng, real_faiss, backend, metric_type):
 
 
 def test_flat_remove_ids_renumbers_as_faiss_does(rng, real_faiss, backend):
-    backend("get", "contains")
+    backend("remove", "get")
     xb, xq = data(rng, n=40)
     index, theirs = tkfaiss.IndexFlatL2(12), real_faiss.IndexFlatL2(12)
     index.add(xb)
@@ -172,6 +172,10 @@ def test_flat_remove_ids_renumbers_as_faiss_does(rng, real_faiss, backend):
     assert np.array_equal(I, I_ref)
     with pytest.raises(RuntimeError, match="key 33 not found"):
         index.reconstruct(33)
+    index.add(xb[:5])   # new rows take positions 33..37, as in FAISS
+    theirs.add(xb[:5])
+    assert np.array_equal(index.search(xq, 8)[1], theirs.search(xq, 8)[1])
+    assert np.array_equal(index.reconstruct(35), xb[2])
 
 
 @pytest.mark.parametrize("description", ["IDMap,Flat", "IDMap2,Flat", "Flat,IDMap2"])

@@ -42,21 +42,39 @@ def _selector(params) -> IDSelector | None:
     return params.sel
 
 
+class _IdColumn:
+    """An int64 column that grows by doubling (n single-row adds cost O(n)), with masked deletion."""
+
+    def __init__(self, values=None):
+        self._buffer = np.array([] if values is None else values, dtype=np.int64)
+        self.view = self._buffer
+
+    def append(self, ids: np.ndarray) -> None:
+        size = len(self.view)
+        if size + len(ids) > len(self._buffer):
+            grown = np.empty(max(2 * len(self._buffer), size + len(ids), 16), dtype=np.int64)
+            grown[:size] = self.view
+            self._buffer = grown
+        self._buffer[size:size + len(ids)] = ids
+        self.view = self._buffer[:size + len(ids)]
+
+    def delete(self, mask: np.ndarray) -> None:
+        self._buffer = self.view[~mask].copy()
+        self.view = self._buffer
+
+
 class IndexFlat:
-    """Exact search over float32 vectors; ids are positions 0..ntotal-1, renumbered by remove_ids as in FAISS."""
+    """Exact search over float32 vectors; its ids are storage positions 0..ntotal-1, which remove_ids
+    renumbers as FAISS does (the tinyknn.Index below keeps fixed ids; `_rows` maps positions to them)."""
 
     def __init__(self, d: int, metric: int = METRIC_L2, *, device: str = "cpu"):
-        self.metric_type = int(metric) if isinstance(metric, (int, np.integer)) else metric
-        self._index = Index(dim=d, metric=_metric_name(metric), dtype="float32", device=device)
-        self.is_trained = True
-        self.verbose = False
+        self._setup(Index(dim=d, metric=_metric_name(metric), dtype="float32", device=device), int(metric))
 
-    @classmethod
-    def _over(cls, index: Index, metric_type: int) -> "IndexFlat":
-        """An IndexFlat around an existing tinyknn.Index (the device copies)."""
-        flat = cls.__new__(cls)
-        flat.metric_type, flat.is_trained, flat.verbose, flat._index = metric_type, True, False, index
-        return flat
+    def _setup(self, index: Index, metric_type: int, rows=None, next_id: int = 0) -> None:
+        self.metric_type, self.is_trained, self.verbose = metric_type, True, False
+        self._index = index
+        self._rows = _IdColumn(rows)   # the Index id of each position, increasing
+        self._next_id = next_id
 
     # -- what FAISS exposes -----------------------------------------------------------------
     @property
@@ -75,31 +93,48 @@ class IndexFlat:
         return f"tinyknn.faiss.{type(self).__name__}(d={self.d}, metric_type={self.metric_type}, " \
                f"ntotal={self.ntotal}, device={self.device!r})"
 
-    def _stored_ids(self) -> np.ndarray:
-        """Every id the index holds (the universe a selector picks from)."""
+    # -- the ids FAISS users see (public) and the ids the Index holds (internal) -------------
+    def _universe(self) -> np.ndarray:
+        """Every public id, in storage order: what a selector picks from."""
         return np.arange(self.ntotal, dtype=np.int64)
 
+    def _to_internal(self, public: np.ndarray) -> np.ndarray:
+        return self._rows.view[public]
+
+    def _to_public(self, internal: np.ndarray) -> np.ndarray:
+        return np.where(internal >= 0, np.searchsorted(self._rows.view, internal), -1)
+
+    def _storage_order(self, internal: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self._rows.view, internal)
+
+    def _known(self, keys: np.ndarray) -> np.ndarray:
+        return (keys >= 0) & (keys < self.ntotal)
+
     def _allowed(self, params) -> np.ndarray | None:
+        """The Index ids a search with these SearchParameters may return (None: all)."""
         sel = _selector(params)
         if sel is None:
             return None
-        universe = self._stored_ids()
-        return universe[sel.members(universe)]
+        universe = self._universe()
+        return self._to_internal(universe[sel.members(universe)])
 
+    # -- operations ---------------------------------------------------------------------------
     def train(self, x) -> None:
         """Flat indexes need no training (FAISS's is a no-op too); the shape is still checked."""
         _checked_rows(x, self.d, "training vectors")
 
     def add(self, x) -> None:
         x = _checked_rows(x, self.d, "vectors to add")
-        start = self.ntotal
-        self._index.add(x, ids=np.arange(start, start + len(x), dtype=np.int64))
+        ids = np.arange(self._next_id, self._next_id + len(x), dtype=np.int64)
+        self._index.add(x, ids=ids)
+        self._rows.append(ids)
+        self._next_id += len(x)
 
     def add_with_ids(self, x, ids) -> None:
         raise FaissError("add_with_ids not implemented for this type of index: wrap it, "
                          "IndexIDMap(IndexFlat(d)) or index_factory(d, 'IDMap,Flat')")
 
-    def search(self, x, k, *, params=None, D=None, I=None):
+    def search(self, x, k: int, *, params=None, D=None, I=None) -> tuple[np.ndarray, np.ndarray]:
         """(D float32 (n, k), I int64 (n, k)), nearest first; missing results are id -1, distance +-FLT_MAX."""
         x = _checked_rows(x, self.d, "queries")
         allowed = self._allowed(params)
@@ -107,39 +142,33 @@ class IndexFlat:
             distances, ids = self._index.search(x, k)
         else:
             distances, ids = require(self._index, "search", "filter")(x, k, filter=allowed)
-        distances = _fill_missing(distances, ids, self.metric_type)
-        return _into(D, distances), _into(I, np.asarray(ids, dtype=np.int64))
+        ids = np.asarray(ids, dtype=np.int64)
+        return _into(D, _fill_missing(distances, ids, self.metric_type)), _into(I, self._to_public(ids))
 
-    def range_search(self, x, thresh, *, params=None):
+    def range_search(self, x, thresh: float, *, params=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(lims uint64 (n + 1,), D float32, I int64): l2 distance < thresh, inner product > thresh; each
         query's hits in storage (insertion) order, as FAISS's flat indexes give them and its tests expect."""
         x = _checked_rows(x, self.d, "queries")
         allowed = self._allowed(params)
-        range_search = require(self._index, "range_search")
         kwargs = {} if allowed is None else {"filter": allowed}
-        lims, distances, ids = range_search(x, float(thresh), **kwargs)
+        lims, distances, ids = require(self._index, "range_search")(x, float(thresh), **kwargs)
         lims, distances, ids = (np.asarray(lims, dtype=np.int64), np.asarray(distances, dtype=np.float32),
                                 np.asarray(ids, dtype=np.int64))
-        query = np.repeat(np.arange(len(lims) - 1), np.diff(lims))
-        order = np.lexsort((self._positions(ids), query))
-        return lims.astype(np.uint64), distances[order], ids[order]
-
-    def _positions(self, ids: np.ndarray) -> np.ndarray:
-        """Where each id sits in storage order (for IndexFlat the id is its position)."""
-        return ids
+        order = np.lexsort((self._storage_order(ids), np.repeat(np.arange(len(lims) - 1), np.diff(lims))))
+        return lims.astype(np.uint64), distances[order], self._to_public(ids[order])
 
     def remove_ids(self, sel) -> int:
-        """Remove the ids `sel` selects (an IDSelector or an array of ids); later ids shift down, as in FAISS."""
-        universe = self._stored_ids()
+        """Remove the ids `sel` selects (an IDSelector or an array of ids); for IndexFlat later ids shift
+        down, as in FAISS. Returns how many were removed."""
+        universe = self._universe()
         removed = as_selector(sel).members(universe)
-        count = int(removed.sum())
-        if count:
-            kept = require(self._index, "get")(universe[~removed])
-            self._index.reset()
-            self._index.add(kept, ids=np.arange(len(kept), dtype=np.int64))
+        if not removed.any():
+            return 0
+        count = int(require(self._index, "remove")(self._to_internal(universe[removed])))
+        self._rows.delete(removed)
         return count
 
-    def reconstruct(self, key, x=None) -> np.ndarray:
+    def reconstruct(self, key: int, x=None) -> np.ndarray:
         return _into(x, self._get(np.asarray([key], dtype=np.int64))[0])
 
     def reconstruct_n(self, n0: int = 0, ni: int = -1, x=None) -> np.ndarray:
@@ -150,15 +179,15 @@ class IndexFlat:
         return _into(x, self._get(np.asarray(keys, dtype=np.int64).ravel()))
 
     def _get(self, keys: np.ndarray) -> np.ndarray:
-        contains = require(self._index, "contains")
-        missing = keys[~np.asarray(contains(keys), dtype=bool)]
+        missing = keys[~self._known(keys)]
         if missing.size:
             raise FaissError(f"key {int(missing[0])} not found (the index holds {self.ntotal} vectors"
                              + (f"; {missing.size} keys are missing)" if missing.size > 1 else ")"))
-        return np.asarray(require(self._index, "get")(keys), dtype=np.float32)
+        return np.asarray(require(self._index, "get")(self._to_internal(keys)), dtype=np.float32)
 
     def reset(self) -> None:
         self._index.reset()
+        self._rows = _IdColumn()
 
 
 class IndexFlatL2(IndexFlat):
@@ -172,8 +201,9 @@ class IndexFlatIP(IndexFlat):
 
 
 class IndexIDMap(IndexFlat):
-    """A flat index with the caller's int64 ids (add_with_ids). reconstruct is not available, as in
-    FAISS (use IndexIDMap2). The wrapped index must be empty; it shares its storage with this one."""
+    """A flat index with the caller's int64 ids (add_with_ids); `id_map` holds them in storage order.
+    reconstruct is not available, as in FAISS (use IndexIDMap2). The wrapped index must be empty; this
+    index takes over its storage (search the map, not the wrapped index)."""
 
     _reconstructs = False
 
@@ -182,21 +212,29 @@ class IndexIDMap(IndexFlat):
             raise TypeError(f"{type(self).__name__} wraps a tinyknn.faiss IndexFlat; got {type(index).__name__}")
         if index.ntotal:
             raise ValueError(f"{type(self).__name__} needs an empty index to wrap; it holds {index.ntotal} vectors")
-        self._wrap(index)
-
-    def _wrap(self, index: IndexFlat) -> None:
         self.index = index
-        self.metric_type, self.is_trained, self.verbose = index.metric_type, True, False
-        self._index = index._index
-        self.id_map = np.empty(0, dtype=np.int64)
-        self._id_buffer = np.empty(0, dtype=np.int64)
+        self._setup(index._index, index.metric_type)
 
-    def _stored_ids(self) -> np.ndarray:
-        return self.id_map
+    @property
+    def id_map(self) -> np.ndarray:
+        return self._rows.view
 
-    def _positions(self, ids: np.ndarray) -> np.ndarray:
-        by_id = np.argsort(self.id_map, kind="stable")
-        return by_id[np.searchsorted(self.id_map, ids, sorter=by_id)]
+    # Public ids are the Index's ids; storage order is insertion order.
+    def _universe(self) -> np.ndarray:
+        return self._rows.view
+
+    def _to_internal(self, public: np.ndarray) -> np.ndarray:
+        return public
+
+    def _to_public(self, internal: np.ndarray) -> np.ndarray:
+        return internal
+
+    def _storage_order(self, internal: np.ndarray) -> np.ndarray:
+        by_id = np.argsort(self._rows.view, kind="stable")
+        return by_id[np.searchsorted(self._rows.view, internal, sorter=by_id)]
+
+    def _known(self, keys: np.ndarray) -> np.ndarray:
+        return np.asarray(require(self._index, "contains")(keys), dtype=bool)
 
     def add(self, x) -> None:
         raise FaissError("add does not make sense with IndexIDMap, use add_with_ids")
@@ -207,46 +245,12 @@ class IndexIDMap(IndexFlat):
         if ids.shape != (len(x),):
             raise ValueError(f"add_with_ids needs one id per vector: {len(x)} vectors, ids of shape {ids.shape}")
         self._index.add(x, ids=ids)   # validates the ids (integers, unique, not yet present)
-        self._append_ids(ids.astype(np.int64))
+        self._rows.append(ids.astype(np.int64))
 
-    def _append_ids(self, ids: np.ndarray) -> None:
-        """id_map grows by doubling, so n single-row adds cost O(n), not O(n^2)."""
-        size = len(self.id_map)
-        if size + len(ids) > len(self._id_buffer):
-            grown = np.empty(max(2 * len(self._id_buffer), size + len(ids), 16), dtype=np.int64)
-            grown[:size] = self.id_map
-            self._id_buffer = grown
-        self._id_buffer[size:size + len(ids)] = ids
-        self.id_map = self._id_buffer[:size + len(ids)]
-
-    def remove_ids(self, sel) -> int:
-        removed = as_selector(sel).members(self.id_map)
-        if not removed.any():
-            return 0
-        count = int(require(self._index, "remove")(self.id_map[removed]))
-        self.id_map = self.id_map[~removed].copy()
-        self._id_buffer = self.id_map
-        return count
-
-    def reconstruct(self, key, x=None):
+    def _get(self, keys: np.ndarray) -> np.ndarray:
         if not self._reconstructs:
             raise FaissError("reconstruct not implemented for this type of index (IndexIDMap); use IndexIDMap2")
-        return super().reconstruct(key, x)
-
-    def reconstruct_n(self, n0: int = 0, ni: int = -1, x=None):
-        if not self._reconstructs:
-            raise FaissError("reconstruct not implemented for this type of index (IndexIDMap); use IndexIDMap2")
-        return super().reconstruct_n(n0, ni, x)
-
-    def reconstruct_batch(self, keys, x=None):
-        if not self._reconstructs:
-            raise FaissError("reconstruct not implemented for this type of index (IndexIDMap); use IndexIDMap2")
-        return super().reconstruct_batch(keys, x)
-
-    def reset(self) -> None:
-        self._index.reset()
-        self.id_map = np.empty(0, dtype=np.int64)
-        self._id_buffer = self.id_map
+        return super()._get(keys)
 
 
 class IndexIDMap2(IndexIDMap):

@@ -75,20 +75,19 @@ class StandardGpuResources:
 
 
 def _copy_to(index: IndexFlat, device: str) -> IndexFlat:
-    """The same index on another device, through tinyknn's own save format (ids kept)."""
+    """The same index on another device, through tinyknn's own save format (ids and positions kept)."""
     if not isinstance(index, IndexFlat):
         raise TypeError(f"expected a tinyknn.faiss index; got {type(index).__name__}")
     with tempfile.TemporaryDirectory(prefix="tinyknn-faiss-") as folder:
         path = os.path.join(folder, "index.tknn")
         index._index.save(path)
-        flat_type = type(index.index) if isinstance(index, IndexIDMap) else type(index)
-        flat = flat_type._over(Index.load(path, device=device), index.metric_type)
-    if not isinstance(index, IndexIDMap):
-        return flat
-    moved = type(index).__new__(type(index))
-    moved._wrap(flat)
-    moved._append_ids(index.id_map.copy())
-    return moved
+        loaded = Index.load(path, device=device)
+    copy = type(index).__new__(type(index))
+    if isinstance(index, IndexIDMap):
+        copy.index = type(index.index).__new__(type(index.index))
+        copy.index._setup(loaded, index.metric_type)
+    copy._setup(loaded, index.metric_type, index._rows.view.copy(), index._next_id)
+    return copy
 
 
 def index_cpu_to_gpu(res, device: int, index: IndexFlat, co=None) -> IndexFlat:
