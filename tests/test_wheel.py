@@ -136,13 +136,22 @@ import tinyknn.faiss as faiss
 flat = faiss.IndexFlatL2(4)
 flat.add(np.eye(3, 4, dtype=np.float32))
 assert flat.search(np.eye(1, 4, dtype=np.float32), 1)[1][0, 0] == 0
+import contextlib, io
+from tinyknn import cli
+errors = io.StringIO()
+with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()) as report:
+    warm = cli.main(["cache", "warm", "--dim", "8", "--k", "1", "--arch", "sm_90"])
+    info = cli.main(["info", "--json"])
+assert warm == 2 and 'pip install "tinyknn[cuda]"' in errors.getvalue(), errors.getvalue()
+assert info == 0 and '"available": false' in report.getvalue()
 assert not any(m == "cuda" or m.startswith("cuda.") for m in sys.modules)
 print(len(modules))
 """
 
 
 def test_the_cpu_path_imports_nothing_of_cuda(tmp_path):
-    """Every module but tinyknn.gpu.* imports, and CPU searches run, with any import of `cuda` refused."""
+    """Every module but tinyknn.gpu.* imports, CPU searches run, `tinyknn info` works and `cache warm` says
+    to install the extra, with any import of `cuda` refused (a CPU-only install)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TINYKNN_CACHE_DIR": os.environ.get("TINYKNN_CACHE_DIR", str(tmp_path))}
     result = run([sys.executable, "-c", BLOCK_CUDA], env=env, cwd=tmp_path)
     assert int(result.stdout.strip()) > 20

@@ -62,7 +62,8 @@ def _nvrtc():
         from cuda.bindings import nvrtc
     except ImportError as exc:
         raise TinyKnnError(
-            f"NVRTC is not available ({exc}); install cuda-core[cu13] (it brings the NVRTC wheel)"
+            f"NVRTC is not available ({exc}); install the GPU extra: pip install \"tinyknn[cuda]\" "
+            "(cuda-core[cu13] brings the NVRTC wheel)"
         ) from exc
     return nvrtc
 
