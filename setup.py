@@ -1,12 +1,14 @@
 """Build hook: a wheel carries the CPU library prebuilt for x86-64-v2, v3 (AVX2) and v4 (AVX-512).
 
 `python -m build` (or `pip wheel .`) compiles kernels/cpu/*.cpp three times, with -march=x86-64-v2/-v3/-v4
-in place of the -march=native of tinyknn/cpu/library.py's FLAGS and every other flag the same, into
-tinyknn/_prebuilt/libtinyknn-x86-64-v{2,3,4}.so; at run time tinyknn/cpu/library.py loads the best one
-the CPU supports, so the CPU path needs no compiler. The wheel is then tagged for the platform (the
-libraries do not depend on the Python ABI: py3-none-linux_x86_64). Editable installs (`pip install -e`)
-and other platforms skip this: there the library is built on first use, as before. Metadata lives in
-pyproject.toml.
+in place of -march=native and every other flag as the first-use build has it, into
+tinyknn/_prebuilt/libtinyknn-x86-64-v{2,3,4}.so; at run time tinyknn.cpu loads the best one the CPU
+supports, so the CPU path needs no compiler. The compiling is tinyknn.cpu.prebuilt.build_prebuilt's (one
+definition of the flags, and the sidecar each library is verified against), one process per level so the
+three run in parallel; until that module exists (it is on its way), the flags are read from
+tinyknn/cpu/library.py's FLAGS and the libraries carry no sidecar. The wheel is tagged for the platform
+(the libraries do not depend on the Python ABI: py3-none-linux_x86_64). Editable installs (`pip install
+-e`) and other platforms skip this: there the library is built on first use. Metadata: pyproject.toml.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import ast
 import os
 import platform
+import textwrap
 import shutil
 import subprocess
 import sys
@@ -58,7 +61,32 @@ def library_flags() -> list[str]:
     raise RuntimeError("setup.py found no FLAGS = (...) in tinyknn/cpu/library.py")
 
 
+# Runs tinyknn.cpu.prebuilt.build_prebuilt(level, folder) from this checkout without tinyknn/__init__.py (which
+# imports numpy, absent from an isolated build environment): tinyknn.cpu's build modules need only the stdlib.
+_BUILD_ONE = textwrap.dedent("""
+    import sys, types
+    from pathlib import Path
+    root, level, folder = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+    package = types.ModuleType("tinyknn")
+    package.__path__ = [str(root / "tinyknn")]
+    sys.modules["tinyknn"] = package
+    from tinyknn.cpu.prebuilt import build_prebuilt
+    build_prebuilt(level, folder)
+""")
+
+
+def build_level(level: str, folder: Path) -> None:
+    """One prebuilt library (and its sidecar) by tinyknn.cpu.prebuilt, in a process of its own."""
+    number = level.rsplit("v", 1)[1]
+    result = subprocess.run([sys.executable, "-c", _BUILD_ONE, str(ROOT), number, str(folder)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"building the {level} CPU library failed (exit {result.returncode}):\n"
+                           f"{result.stderr}{result.stdout}")
+
+
 def compile_level(cxx: str, level: str, target: Path) -> None:
+    """Until tinyknn/cpu/prebuilt.py exists: library.py's FLAGS with -march=<level>."""
     flags = [f"-march={level}" if flag is None else flag for flag in library_flags()]
     sources = sorted(str(p) for p in (ROOT / "kernels" / "cpu").glob("*.cpp"))
     command = [cxx, *flags, *sources, "-o", str(target)]
@@ -75,14 +103,18 @@ class BuildPyWithLibraries(build_py):
         super().run()
         if getattr(self, "editable_mode", False) or not _prebuilding():
             return
-        cxx = os.environ.get("TINYKNN_CXX") or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-        if not cxx:
-            raise RuntimeError("building a tinyknn wheel compiles its CPU libraries: no C++ compiler found "
-                               "(install g++, or set CXX)")
         folder = Path(self.build_lib) / "tinyknn" / PREBUILT
         folder.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(max_workers=len(LEVELS)) as pool:
-            for future in [pool.submit(compile_level, cxx, level, folder / f"libtinyknn-{level}.so") for level in LEVELS]:
+        if (ROOT / "tinyknn" / "cpu" / "prebuilt.py").is_file():
+            jobs = [(build_level, level, folder) for level in LEVELS]
+        else:
+            cxx = os.environ.get("TINYKNN_CXX") or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+            if not cxx:
+                raise RuntimeError("building a tinyknn wheel compiles its CPU libraries: no C++ compiler found "
+                                   "(install g++, or set CXX)")
+            jobs = [(compile_level, cxx, level, folder / f"libtinyknn-{level}.so") for level in LEVELS]
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            for future in [pool.submit(*job) for job in jobs]:
                 future.result()
 
 
