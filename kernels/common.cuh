@@ -63,13 +63,27 @@ TINYKNN_HD float half_to_float(half_bits h) {
 #endif
 }
 
-// Storage element -> float32, for the two storage types.
+// bfloat16 storage: the upper 16 bits of a float32. A struct, so that overloads tell it from float16.
+struct bf16_bits {
+  unsigned short bits;
+};
+
+TINYKNN_HD float bf16_to_float(bf16_bits h) {
+#if TINYKNN_DEVICE
+  return __uint_as_float((unsigned)h.bits << 16);
+#else
+  const std::uint32_t bits = (std::uint32_t)h.bits << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+// Storage element -> float32 (exact for every storage type: float32, float16, bfloat16, int8, uint8).
 TINYKNN_HD float to_float(float x) { return x; }
 TINYKNN_HD float to_float(half_bits x) { return half_to_float(x); }
-
-// Storage type by name, for the JIT renderer ("float32" -> float, "float16" -> half_bits).
-template <int Bytes> struct StorageOfSize;
-template <> struct StorageOfSize<4> { typedef float type; };
-template <> struct StorageOfSize<2> { typedef half_bits type; };
+TINYKNN_HD float to_float(bf16_bits x) { return bf16_to_float(x); }
+TINYKNN_HD float to_float(signed char x) { return (float)x; }
+TINYKNN_HD float to_float(unsigned char x) { return (float)x; }
 
 }  // namespace tinyknn

@@ -54,6 +54,33 @@ template <> struct Chunk<half_bits> {
   }
 };
 
+template <> struct Chunk<bf16_bits> {
+  static constexpr int N = 8;
+  TINYKNN_D static void unpack(const uint4& raw, float (&x)[N]) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[2 * i] = __uint_as_float(words[i] << 16);
+      x[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  }
+};
+
+// 8-bit integers: 16 to a chunk, each exactly a float.
+template <class Byte> struct ByteChunk {
+  static constexpr int N = 16;
+  TINYKNN_D static void unpack(const uint4& raw, float (&x)[N]) {
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int b = 0; b < 4; ++b) x[4 * i + b] = (float)(Byte)((words[i] >> (8 * b)) & 0xffu);
+    }
+  }
+};
+template <> struct Chunk<signed char> : ByteChunk<signed char> {};
+template <> struct Chunk<unsigned char> : ByteChunk<unsigned char> {};
+
 TINYKNN_D uint4 zero_chunk() { return make_uint4(0u, 0u, 0u, 0u); }
 
 // Accumulates one stored chunk against the matching float32 query elements (16-byte aligned,

@@ -65,9 +65,12 @@ TINYKNN_HD double exact_sqrt(double a) {
 #endif
 }
 
-// A stored element widened exactly to double (float32 and float16 both fit).
+// A stored element widened exactly to double (every storage type fits).
 TINYKNN_HD double widen(float x) { return (double)x; }
 TINYKNN_HD double widen(half_bits x) { return (double)half_to_float(x); }
+TINYKNN_HD double widen(bf16_bits x) { return (double)bf16_to_float(x); }
+TINYKNN_HD double widen(signed char x) { return (double)x; }
+TINYKNN_HD double widen(unsigned char x) { return (double)x; }
 
 // The contract's distances as a step per coordinate (in order d = 0, 1, ...) and a finish, so that a
 // kernel may load rows its own way (the GPU verify step reads 16-byte chunks) and still perform exactly

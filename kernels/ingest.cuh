@@ -5,18 +5,54 @@
 
 namespace tinyknn {
 
-// ---- ingest: any float rows -> the padded storage layout (+ inverse norms, + a bad-value flag) ----
-TINYKNN_D void store_as(float& out, float value) { out = value; }
-TINYKNN_D void store_as(half_bits& out, float value) { asm("cvt.rn.f16.f32 %0, %1;" : "=h"(out) : "f"(value)); }
+// ---- ingest: any rows -> the padded storage layout (+ inverse norms, + a bad-value flag) ----
+// Conversions round to nearest (float64 -> float16 directly; -> bfloat16 through float32, as the host
+// side converts too); 8-bit storage takes integer values only (checked), stored exactly.
 TINYKNN_D void store_as(float& out, double value) { out = (float)value; }
 TINYKNN_D void store_as(half_bits& out, double value) { asm("cvt.rn.f16.f64 %0, %1;" : "=h"(out) : "d"(value)); }
+TINYKNN_D void store_as(bf16_bits& out, double value) {
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out.bits) : "f"((float)value));
+}
+TINYKNN_D void store_as(signed char& out, double value) { out = (signed char)(int)value; }
+TINYKNN_D void store_as(unsigned char& out, double value) { out = (unsigned char)(int)value; }
 
-// Largest magnitude a stored value may have (same rule as tinyknn/_validate.py): float16's largest
-// finite value, or 2^50 so that float32 sums of squares cannot overflow.
-template <class T> struct StorageLimit { static constexpr double value = 1125899906842624.0; };
-template <> struct StorageLimit<half_bits> { static constexpr double value = 65504.0; };
+// The values a stored element may take (same rule as tinyknn/_validate.py): float16's and 8-bit integers'
+// ranges, else |x| <= 2^50 so that float32 sums of squares cannot overflow; 8-bit types take integers only.
+template <class T> struct StorageLimit {
+  static constexpr double low = -1125899906842624.0, high = 1125899906842624.0;
+  static constexpr bool integer = false;
+};
+template <> struct StorageLimit<half_bits> {
+  static constexpr double low = -65504.0, high = 65504.0;
+  static constexpr bool integer = false;
+};
+template <> struct StorageLimit<signed char> {
+  static constexpr double low = -128.0, high = 127.0;
+  static constexpr bool integer = true;
+};
+template <> struct StorageLimit<unsigned char> {
+  static constexpr double low = 0.0, high = 255.0;
+  static constexpr bool integer = true;
+};
 
-// One warp per row. src holds n_rows rows of dim elements of float16/32/64 (src_itemsize 2/4/8),
+// Source element kinds (tinyknn/gpu/searcher.py SOURCE_KINDS): the element read as a double, exactly.
+TINYKNN_D double read_source(const void* src, int kind, long long at) {
+  switch (kind) {
+    case 0: return static_cast<const double*>(src)[at];
+    case 1: return static_cast<const float*>(src)[at];
+    case 2: return half_to_float(static_cast<const half_bits*>(src)[at]);
+    case 3: return bf16_to_float(static_cast<const bf16_bits*>(src)[at]);
+    case 4: return static_cast<const signed char*>(src)[at];
+    default: return static_cast<const unsigned char*>(src)[at];
+  }
+}
+
+template <class T> TINYKNN_D bool storable(double value) {
+  const bool in_range = value >= StorageLimit<T>::low && value <= StorageLimit<T>::high;   // NaN fails
+  return in_range && (!StorageLimit<T>::integer || value == (double)(long long)value);
+}
+
+// One warp per row. src holds n_rows rows of dim elements of kind src_kind (read_source),
 // src_row_stride elements apart. dst gets dst_row_stride (>= dim) elements per row, zero padded.
 // status |= 1 when a value is NaN, infinite or beyond StorageLimit. norms may be null; it gets
 // 1 / |x| (cosine: from the float64 sum of squares, so tiny rows keep their norm; at most FLT_MAX) or,
@@ -27,7 +63,7 @@ template <> struct StorageLimit<half_bits> { static constexpr double value = 655
 // Not on the search path, so dim is a run-time value: one kernel per storage type serves every dim.
 template <class T>
 __global__ void __launch_bounds__(256)
-ingest_kernel(const void* __restrict__ src, int src_itemsize, long long src_row_stride, long long n_rows, int dim,
+ingest_kernel(const void* __restrict__ src, int src_kind, long long src_row_stride, long long n_rows, int dim,
               T* __restrict__ dst, int dst_row_stride, float* __restrict__ norms, int squared,
               unsigned* __restrict__ row_stats, int* __restrict__ status) {
   const int lane = threadIdx.x & 31;
@@ -38,23 +74,11 @@ ingest_kernel(const void* __restrict__ src, int src_itemsize, long long src_row_
     bool bad = false;
     for (int e = lane; e < dst_row_stride; e += 32) {
       T out;
-      store_as(out, 0.0f);
+      store_as(out, 0.0);
       if (e < dim) {
-        const long long at = row * src_row_stride + e;
-        double value;
-        if (src_itemsize == 8) {
-          value = static_cast<const double*>(src)[at];
-          store_as(out, value);
-        } else if (src_itemsize == 4) {
-          const float f = static_cast<const float*>(src)[at];
-          value = f;
-          store_as(out, f);
-        } else {
-          const float f = half_to_float(static_cast<const half_bits*>(src)[at]);
-          value = f;
-          store_as(out, f);
-        }
-        bad |= !(value <= StorageLimit<T>::value && value >= -StorageLimit<T>::value);  // NaN fails both
+        const double value = read_source(src, src_kind, row * src_row_stride + e);
+        bad |= !storable<T>(value);
+        store_as(out, value);
       }
       dst[row * dst_row_stride + e] = out;
       const float stored = to_float(out);

@@ -123,7 +123,8 @@ TINYKNN_D double exact_distance_by_chunks(const float* query, const T* row, int 
   const uint4* chunks = reinterpret_cast<const uint4*>(row);
   double a = 0.0, b = 0.0;
   const int whole = dim / N;
-#pragma unroll 4
+  constexpr int AHEAD = N > 8 ? 1 : 4;    // chunk loads in flight (16 bytes of 8-bit values are 16 steps already)
+#pragma unroll AHEAD
   for (int c = 0; c < whole; ++c) {
     float x[N];
     Chunk<T>::unpack(__ldg(chunks + c), x);

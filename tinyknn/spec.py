@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 METRICS = ("l2", "ip", "cosine")
-DTYPES = ("float32", "float16")
+DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8")
 VARIANTS = ("norms", "scan", "tiled", "verify", "band")
 MAX_K = 2048
 MAX_DIM = 65536
@@ -24,14 +24,28 @@ def parse_metric(metric) -> str:
 
 
 def parse_dtype(dtype) -> str:
-    """Storage dtype 'float32' | 'float16' from a name, a NumPy dtype or a scalar type."""
+    """Storage dtype 'float32' | 'float16' | 'bfloat16' | 'int8' | 'uint8' from a name, a NumPy dtype or a
+    scalar type (bfloat16 as ml_dtypes.bfloat16 or its name)."""
+    if isinstance(dtype, str) and dtype.strip().lower() in DTYPES:
+        return dtype.strip().lower()
     try:
         name = np.dtype(dtype).name if not isinstance(dtype, str) else np.dtype(dtype.lower()).name
     except TypeError:
         name = None
     if name in DTYPES:
         return name
-    raise ValueError(f"dtype must be one of 'float32', 'float16'; got {dtype!r}")
+    raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPES))}; got {dtype!r}")
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a storage dtype name; bfloat16 is ml_dtypes' (imported only when asked for)."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ImportError("dtype 'bfloat16' needs the ml_dtypes package (pip install ml_dtypes)") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 def parse_dim(dim) -> int:

@@ -40,6 +40,7 @@ from .._validate import DeviceArray, check_values
 from ..config import get_config
 from ..errors import CudaError
 from ..jit import render
+from ..spec import numpy_dtype
 from . import interop, plan as plans
 from .device import current_device, ensure_context
 from .memory import DeviceBuffer, Event, PinnedBuffer, Stream, copy_host_to_address
@@ -47,6 +48,7 @@ from .memory import DeviceBuffer, Event, PinnedBuffer, Stream, copy_host_to_addr
 MAX_ROWS = 2**31 - 1            # positions are int32 in the kernels
 ADD_CHUNK_BYTES = 64 << 20      # host vectors are copied to the device in chunks of this size
 PLAN_CACHE = 32
+SOURCE_KINDS = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5}   # ingest.cuh
 BAND_MIN_CAPACITY = 256         # band entries per query at first (grown to the largest count when exceeded)
 
 
@@ -62,7 +64,7 @@ class GpuSearcher:
         self._ordinal, self._sm_count = info.ordinal, info.sm_count
         self._arch = get_config().arch or info.arch
         self._stride = render.row_layout(dim, dtype)[1]
-        self._itemsize = np.dtype(dtype).itemsize
+        self._itemsize = render.ITEMSIZE[dtype]
         self._row_bytes = self._stride * self._itemsize
         self._lock = threading.Lock()
         self._stream = Stream()
@@ -189,7 +191,7 @@ class GpuSearcher:
             loaded = self._kernels[spec] = plans.load_kernel(spec)
         return loaded
 
-    def _ingest(self, source_ptr: int, itemsize: int, row_step: int, rows: int, storage: str,
+    def _ingest(self, source_ptr: int, source_dtype, row_step: int, rows: int, storage: str,
                 dest_ptr: int, norms_ptr: int, database: bool) -> None:
         """Enqueue the ingest kernel: rows of any float dtype -> padded `storage` rows, NaN flag set;
         with norms_ptr, the rows' inverse norms (cosine) or squared norms (l2); for the database, the
@@ -200,7 +202,10 @@ class GpuSearcher:
         launch = self._ingest_launches.get(storage)
         if launch is None:     # packed once per index; the slots are rewritten in place
             launch = self._ingest_launches[storage] = loaded.prepare(*[0] * len(plans.ARGUMENTS["norms"]))
-        launch.set_all(source_ptr, itemsize, row_step, rows, self.dim, dest_ptr, self._stride, norms_ptr, squared,
+        kind = SOURCE_KINDS.get(np.dtype(source_dtype).name)
+        if kind is None:
+            raise TypeError(f"tinyknn's GPU ingest reads {', '.join(SOURCE_KINDS)} elements; got {np.dtype(source_dtype)}")
+        launch.set_all(source_ptr, kind, row_step, rows, self.dim, dest_ptr, self._stride, norms_ptr, squared,
                        row_stats, self._pointer("status"))
         blocks = max(1, min(math.ceil(rows / (loaded.threads // 32)), self._sm_count * 8))
         launch.launch(blocks, loaded.threads, 0, self._stream)
@@ -242,14 +247,14 @@ class GpuSearcher:
         for start in range(0, len(vectors), chunk):
             part = vectors[start:start + chunk]
             source.copy_from_host(part, part.nbytes, self._stream)
-            self._ingest(source.ptr, self._itemsize, self.dim, len(part), self.dtype,
+            self._ingest(source.ptr, vectors.dtype, self.dim, len(part), self.dtype,
                          data_ptr + start * self._row_bytes, norms_ptr + start * 4 if norms_ptr else 0, True)
 
     def _add_device(self, vectors: DeviceArray, data_ptr: int, norms_ptr: int) -> None:
         interop.check_device(vectors, self._ordinal, "vectors to add")
         step = interop.row_step(vectors, "vectors to add")
         self._wait_for_caller(interop.caller_stream(vectors))
-        self._ingest(vectors.ptr, vectors.dtype.itemsize, step, vectors.shape[0], self.dtype, data_ptr, norms_ptr, True)
+        self._ingest(vectors.ptr, vectors.dtype, step, vectors.shape[0], self.dtype, data_ptr, norms_ptr, True)
 
     def search(self, queries, k: int):
         """(distances, ids) of the k nearest: NumPy for host queries, the caller's framework for CUDA ones."""
@@ -343,7 +348,7 @@ class GpuSearcher:
             for start in range(0, n_queries, plans.MAX_BATCH):
                 count = min(plans.MAX_BATCH, n_queries - start)
                 search_plan = self._plan(count, k, "device")
-                self._ingest(queries.ptr + start * step * item, item, step, count, "float32",
+                self._ingest(queries.ptr + start * step * item, queries.dtype, step, count, "float32",
                              self._pointer("queries"), 0, False)
                 search_plan.set_outputs(distances_ptr + start * k * 4, ids_ptr + start * k * 8, statuses.ptr,
                                         self._pointer("thresholds"))
@@ -449,7 +454,7 @@ class GpuSearcher:
         """Host copies of the stored vectors (n, dim) in the storage dtype and of the ids, for save()."""
         with self._lock:
             self._check_open()
-            rows = np.empty((self._n, self._stride), dtype=self.dtype)
+            rows = np.empty((self._n, self._stride), dtype=numpy_dtype(self.dtype))
             ids = np.empty(self._n, dtype=np.int64)
             if self._n:
                 self._buffers["data"].copy_to_host(rows, rows.nbytes, self._stream)

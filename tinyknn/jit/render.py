@@ -48,7 +48,9 @@ OPTIONS = ("-std=c++17",)
 _METRIC_TYPES = {"l2": "tinyknn::L2", "ip": "tinyknn::InnerProduct", "cosine": "tinyknn::Cosine"}
 _BOUND_TYPES = {"l2": "tinyknn::KeyBound<tinyknn::L2>", "ip": "tinyknn::KeyBound<tinyknn::InnerProduct>",
                 "cosine": "tinyknn::KeyBound<tinyknn::Cosine>"}
-_STORAGE_TYPES = {"float32": "float", "float16": "tinyknn::half_bits"}
+_STORAGE_TYPES = {"float32": "float", "float16": "tinyknn::half_bits", "bfloat16": "tinyknn::bf16_bits",
+                  "int8": "signed char", "uint8": "unsigned char"}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}   # bytes per stored element
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
 
@@ -152,7 +154,7 @@ def row_layout(dim: int, dtype: str) -> tuple[int, int]:
     Database rows and queries (float32) are both padded with zeros to `stride` elements, so every
     row starts 16-byte aligned and zeros add nothing to any metric.
     """
-    per_chunk = 16 // np.dtype(dtype).itemsize
+    per_chunk = 16 // ITEMSIZE[dtype]
     chunks = -(-dim // per_chunk)
     return chunks, chunks * per_chunk
 
