@@ -178,7 +178,7 @@ def test_manifest_union_without_repeats_and_clear_errors(tmp_path):
     for text, message in [
         ('[[specialisations]]\nmetric = "l2"\ndtype = "float32"\ndim = 8\n', "missing \\['k'\\]"),
         ('[[specialisations]]\nmetric = "l2"\ndtype = "float32"\ndim = 8\nk = 1\nbatch = 3\n', "unknown \\['batch'\\]"),
-        ('[[specialisations]]\nmetric = "l2"\ndtype = "int8"\ndim = 8\nk = 1\n', "#1: dtype must be one of"),
+        ('[[specialisations]]\nmetric = "l2"\ndtype = "int4"\ndim = 8\nk = 1\n', "#1: dtype must be one of"),
         ('[[specialisations]]\nmetric = "l2"\ndtype = "float32"\ndim = 0\nk = 1\n', "dim must be between"),
         ('format = 2\n[[specialisations]]\nmetric = "l2"\ndtype = "float32"\ndim = 8\nk = 1\n', "format 2"),
         ('arch = ["sm_90"]\n', "at least one \\[\\[specialisations\\]\\]"),

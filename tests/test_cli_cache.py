@@ -83,7 +83,8 @@ def test_warm_says_what_it_will_do_shows_progress_and_reports(toy_cli):
 
 
 @pytest.mark.nvrtc
-@pytest.mark.parametrize("dtype, stored", [("float32", {"float32"}), ("float16", {"float16", "float32"})])
+@pytest.mark.parametrize("dtype, stored", [("float32", {"float32"}), ("float16", {"float16", "float32"}),
+                                           ("int8", {"int8", "float32"})])
 def test_dtype_means_what_it_says(toy_cli, dtype, stored):
     code, _, err = toy_cli("cache", "warm", "--metric", "ip", "--dtype", dtype, "--dim", "16", "--k", "2", "--arch", "sm_80")
     assert code == 0, err

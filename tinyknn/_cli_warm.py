@@ -13,8 +13,7 @@ import time
 
 from ._cli_common import UsageError, count, print_json
 from .config import get_config
-
-ALL_METRICS, ALL_DTYPES = ["l2", "ip", "cosine"], ["float32", "float16"]
+from .spec import DTYPES, METRICS
 
 
 def normalise_arch(text: str) -> str:
@@ -54,7 +53,7 @@ def _combinations(args) -> tuple[list, tuple[str, ...], str]:
         if args.dim is None or args.k is None:
             raise UsageError("a cross product needs --dim and --k (--metric and --dtype default to all)")
         try:
-            return (cross_product(args.metric or ALL_METRICS, args.dtype or ALL_DTYPES, args.dim, args.k), (),
+            return (cross_product(args.metric or list(METRICS), args.dtype or list(DTYPES), args.dim, args.k), (),
                     "the command line")
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from None
@@ -108,7 +107,8 @@ def cmd_warm(args) -> int:
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     cache = default_cache()
-    note = "; float16 data also needs the float32 query ingest" if any(c[1] == "float16" for c in combinations) else ""
+    stored = sorted({c[1] for c in combinations} - {"float32"})
+    note = f"; {', '.join(stored)} data also need the float32 query ingest" if stored else ""
     print(f"tinyknn cache warm: {describe(specs)}; for {count(len(combinations), 'combination')} from {source} "
           f"on {', '.join(arches)}, {count(args.jobs, 'job')}, into {cache.directory} (kernels already cached "
           f"are only read{note})", file=sys.stderr, flush=True)

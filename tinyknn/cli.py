@@ -17,6 +17,7 @@ import sys
 from ._cli_common import UsageError
 from ._version import __version__
 from .config import _usable_cores
+from .spec import DTYPES, METRICS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -48,9 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     actions = cache.add_subparsers(dest="action", required=True)
     warm = actions.add_parser("warm", help="compile kernels into the cache ahead of use")
     warm.add_argument("--manifest", help="a warm-up manifest (TOML); default: the shipped default.toml")
-    warm.add_argument("--metric", type=_comma_list, help="comma list of l2, ip, cosine (default: all)")
-    warm.add_argument("--dtype", type=_comma_list, help="comma list of float32, float16: the storage dtypes "
-                                                        "(default: both; float16 also needs the float32 query ingest)")
+    warm.add_argument("--metric", type=_comma_list, help=f"comma list of {', '.join(METRICS)} (default: all)")
+    warm.add_argument("--dtype", type=_comma_list, help=f"comma list of storage dtypes, {', '.join(DTYPES)} (default: "
+                                                        "all; those but float32 also need the float32 query ingest)")
     warm.add_argument("--dim", type=_ints, help="comma list of dimensions")
     warm.add_argument("--k", type=_ints, help="comma list of k")
     warm.add_argument("--arch", type=_comma_list, help="target arch(es): sm_90, 90, sm_90a or 90a; several: "
