@@ -223,3 +223,11 @@ def test_verbose_shows_the_compile_events(toy_cli):
     code, _, err = toy_cli("-v", "cache", "warm", "--metric", "l2", "--dtype", "float32", "--dim", "8", "--k", "1",
                            "--arch", "sm_90")
     assert code == 0 and "tinyknn.jit.cache: compiled KernelSpec(" in err
+
+
+def test_commands_on_a_cache_that_does_not_exist_yet(toy_cli, cache_dir):
+    assert not cache_dir.exists()
+    for command in (("cache", "clear"), ("cache", "verify"), ("cache", "info", "--json"), ("cache", "list", "--json")):
+        code, out, err = toy_cli(*command)
+        assert code == 0 and err == "", (command, err)
+    assert json.loads(toy_cli("cache", "info", "--json")[1])["entries"] == 0

@@ -121,11 +121,12 @@ def clear(directory: Path, extra_folders=()) -> ClearReport:
         for path in sorted(directory.glob(pattern)):
             _unlink(path, report)
     locks = directory / "locks"
-    with contextlib.suppress(FileNotFoundError):
-        try:
-            locks.rmdir()
-        except OSError as exc:
-            report.failures.append((str(locks), exc.strerror or str(exc)))
+    try:
+        locks.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        report.failures.append((str(locks), exc.strerror or str(exc)))
     for folder in extra_folders:
         if Path(folder).exists():
             _remove_tree(Path(folder), report)
