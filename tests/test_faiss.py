@@ -249,6 +249,13 @@ def test_bad_calls_are_refused_clearly_and_change_nothing(rng):
     with pytest.raises(TypeError, match="uint8"):
         tkfaiss.IDSelectorBitmap(np.zeros(3, dtype=np.int32))
 
+    class OnTheGpu:   # what a CuPy or torch CUDA array shows
+        shape = (2, 12)
+        __cuda_array_interface__ = {"shape": (2, 12), "typestr": "<f4", "data": (0, False), "version": 3}
+
+    with pytest.raises(TypeError, match="host arrays for queries"):
+        index.search(OnTheGpu(), 1)
+
 
 def test_knn_and_normalize_agree_with_faiss(rng, real_faiss):
     xb, xq = data(rng)

@@ -260,7 +260,12 @@ class IndexIDMap2(IndexIDMap):
 
 
 def _checked_rows(x, d: int, what: str) -> np.ndarray:
-    """FAISS's Python layer takes (n, d) arrays of any float type and converts them to float32."""
+    """FAISS's Python layer takes (n, d) NumPy arrays of any float type and converts them to float32."""
+    on_device = hasattr(x, "__cuda_array_interface__") or (
+        hasattr(x, "__dlpack_device__") and not isinstance(x, np.ndarray) and x.__dlpack_device__()[0] != 1)   # 1: CPU
+    if on_device:
+        raise TypeError(f"tinyknn.faiss takes host arrays for {what}, as FAISS's Python API does; got a "
+                        f"{type(x).__module__}.{type(x).__name__} on a device: use tinyknn.Index(device='cuda') for those")
     shape = getattr(x, "shape", None)
     if shape is None or len(shape) != 2 or shape[1] != d:
         raise ValueError(f"{what} must be a 2-D array of shape (n, {d}); got shape {shape}")
