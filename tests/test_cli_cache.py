@@ -77,6 +77,7 @@ def test_warm_says_what_it_will_do_shows_progress_and_reports(toy_cli):
     assert "on sm_90, 2 jobs" in plan and "float16" not in plan
     progress = [line for line in err.splitlines() if line.startswith("warm: ")]
     assert progress and progress[-1].startswith(f"warm: {n}/{n} kernels, ")   # plain lines: no terminal here
+    assert all(" left" in line for line in progress[:-1]) and len(progress) >= 2
     assert f"{n} kernels on sm_90: compiled and written {n}, already cached 0, failed 0, in " in out and " s; cache: " in out
     code, out, _ = toy_cli("cache", "warm", *COMBINATION, "--arch", "sm_90")
     assert code == 0 and f"compiled and written 0, already cached {n}, failed 0" in out

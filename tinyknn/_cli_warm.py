@@ -144,19 +144,27 @@ class _PlainProgress:
         self.done += 1
         now = time.perf_counter()
         if self.done == self.total or self.done % self.step == 0 or now - self.last >= 30:
-            self.last = now
-            print(f"warm: {self.done}/{self.total} kernels, {now - self.start:.1f} s", file=sys.stderr, flush=True)
+            self.last, elapsed = now, now - self.start
+            left = elapsed / self.done * (self.total - self.done)
+            eta = f", about {_duration(left)} left" if self.done < self.total else ""
+            print(f"warm: {self.done}/{self.total} kernels, {elapsed:.1f} s{eta}", file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _run_with_progress(cache, specs, jobs: int):
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     from .jit.warm import warm_specs
 
     console = Console(stderr=True)
     if not console.is_terminal:
         return warm_specs(cache, specs, jobs=jobs, on_done=_PlainProgress(len(specs)).advance)
-    with Progress(TextColumn("warming"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console) as bar:
+    with Progress(TextColumn("warming"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("left"), TimeRemainingColumn(), console=console) as bar:
         task = bar.add_task("warm", total=len(specs))
         return warm_specs(cache, specs, jobs=jobs, on_done=lambda _: bar.advance(task))
