@@ -16,3 +16,6 @@
 #include "scan.cuh"
 #include "tiled.cuh"
 #include "verify.cuh"
+#include "rows.cuh"
+#include "range.cuh"
+#include "screen_steps.cuh"

@@ -42,13 +42,25 @@ def test_surface(index):
     ({"dim": 2.5}, TypeError, "dim must be a positive integer"),
     ({"dim": True}, TypeError, "dim must be a positive integer"),
     ({"dim": 4, "metric": "L1"}, ValueError, "metric must be one of 'l2', 'ip', 'cosine'; got 'L1'"),
-    ({"dim": 4, "dtype": "int8"}, ValueError, "dtype must be one of 'float32', 'float16'"),
+    ({"dim": 4, "dtype": "complex64"}, ValueError, "dtype must be one of 'float32', 'float16'"),
     ({"dim": 4, "dtype": "float64"}, ValueError, "got 'float64'"),
     ({"dim": 4, "device": "tpu"}, ValueError, "device must be one of 'cpu', 'cuda'"),
 ])
 def test_bad_construction(kwargs, error, text):
     with pytest.raises(error, match=text):
         tinyknn.Index(**kwargs)
+
+
+def test_every_storage_dtype_is_built_or_refused_by_name_on_the_cpu():
+    from tinyknn.spec import DTYPES
+
+    for dtype in DTYPES:
+        try:
+            built = tinyknn.Index(4, dtype=dtype, device="cpu")
+        except ValueError as exc:
+            assert f"dtype {dtype!r} is not available on device='cpu'" in str(exc) and "'float32'" in str(exc)
+        else:
+            assert built.dtype == dtype
 
 
 def test_names_are_case_insensitive_and_dtype_objects_work():
@@ -220,6 +232,13 @@ def test_cpu_dlpack_arrays_are_read_in_place(rng, dtype):
     check_search(*got, db, q, 5, "ip")
 
 
+def test_dlpack_ids(index):
+    index.add(np.ones((3, 8)), ids=DLPackOnly(np.array([900, 901, 902])))
+    assert index.ntotal == 53
+    with pytest.raises(TypeError, match="ids must be integers .*got dtype float32"):
+        index.add(np.ones((1, 8)), ids=DLPackOnly(np.array([5.0], np.float32)))
+
+
 def test_dlpack_arrays_of_other_kinds_are_refused(index):
     with pytest.raises(TypeError, match="got dtype int32"):
         index.add(DLPackOnly(np.ones((2, 8), np.int32)))
@@ -298,3 +317,14 @@ def test_jax_arrays_on_a_cuda_index(rng):
     expected = index.search(q, 5)
     assert np.array_equal(np.asarray(distances.get() if hasattr(distances, "get") else distances), expected[0])
     assert np.array_equal(np.asarray(ids.get() if hasattr(ids, "get") else ids), expected[1])
+
+
+def test_import_loads_no_cuda_module():
+    import subprocess
+    import sys
+
+    code = ("import sys, tinyknn; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('cuda', 'cupy', 'torch', 'jax')]; "
+            "print(bad); assert not bad")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -86,9 +86,9 @@ def test_load_streams_large_files_in_chunks(tmp_path, rng, monkeypatch):
     assert_same(built, tinyknn.Index.load(tmp_path / "big"))
 
 
-def test_load_from_a_file_object(index):
+def test_save_to_and_load_from_a_file_object(index):
     buffer = io.BytesIO()
-    index._write(buffer)
+    index.save(buffer)
     buffer.seek(0)
     assert_same(index, tinyknn.Index.load(buffer))
     with pytest.raises(ValueError, match="the data is not a readable tinyknn index file"):
@@ -142,7 +142,8 @@ def test_load_refuses_another_format(saved):
     ({"header": {"dtype": ["float32"]}}, "dtype is \\['float32'\\]"),
     ({"header": {"ntotal": -1}}, "ntotal is -1; expected an integer >= 0"),
     ({"header": {"ntotal": 49}}, "ids.npy holds .* shape \\(50,\\); expected int64 of shape \\(49,\\)"),
-    ({"vectors": np.zeros((50, 7), np.float32)}, "vectors.npy holds .* shape \\(50, 7\\); expected float32 of shape \\(50, 8\\)"),
+    ({"vectors": np.zeros((50, 7), np.float32)},
+     "vectors.npy holds .* shape \\(50, 7\\); expected float32 of shape \\(50, 8\\)"),
     ({"header": {"ntotal": 10**15}}, "expected int64 of shape \\(1000000000000000,\\)"),
     ({"header": {"version": True}}, "format version True"),
     ({"header_bytes": b"[1, 2, 3]"}, "its header is a JSON list, not an object"),
@@ -408,3 +409,12 @@ def test_pickle_restores_a_cuda_index_on_cuda(rng):
     for got, expected in zip(clone.search(q, 7), built.search(q, 7)):
         assert np.array_equal(got, expected)
     assert copy.deepcopy(built).device == "cuda"
+
+
+def test_a_file_of_a_dtype_the_device_lacks_says_so(saved, monkeypatch):
+    from tinyknn.cpu import library
+
+    monkeypatch.setattr(library, "DTYPE_CODES", {"float16": 1})               # a CPU without float32
+    with pytest.raises(ValueError, match="dtype 'float32' is not available on device='cpu'") as caught:
+        tinyknn.Index.load(saved)
+    assert "not a readable" not in str(caught.value)

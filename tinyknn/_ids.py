@@ -3,9 +3,11 @@
 Ids are the user's currency, rows are the searcher's (row r is the r-th vector added). Three stores:
 - runs: (first id, first row, length) of consecutive ids in consecutive rows. Auto ids always form one
   (they continue after the largest id the index has held), so an index of auto ids costs ~0 bytes per id;
-- a sorted base: two int64 arrays (ids, rows), 16 bytes per id, searched with np.searchsorted;
-- a recent dict for the latest small batches (~100 bytes per entry), merged into the base once it
-  exceeds an eighth of it, so an add of one id costs O(log n) and the merges amortise to O(1) per id.
+- sorted segments: pairs of int64 arrays (ids sorted, their rows), 16 bytes per id, searched with
+  np.searchsorted. A new segment merges with the last one while that is at most twice its size (a
+  binary counter), so there are O(log n) segments and adding n ids costs O(n log n) in all;
+- a recent dict for the latest small batches (~100 bytes per entry), turned into a segment once it
+  holds RECENT_LIMIT ids, so an add of one id costs a dict insert and O(log n) searches.
 A batch is checked against all three before anything is committed (`check_new`), then committed
 after the searcher has taken the rows (`commit`), so a failed add leaves the map as it was.
 """
@@ -18,7 +20,8 @@ import numpy as np
 
 INT64_MAX = int(np.iinfo(np.int64).max)
 MIN_RUN = 64                  # shorter runs of explicit ids go to the base or the dict
-SMALL_BATCH = 1024            # batches up to this size go to the dict, larger ones straight to the base
+SMALL_BATCH = 1024            # batches up to this size go to the dict, larger ones become a segment
+RECENT_LIMIT = 4096           # the dict becomes a segment beyond this many ids
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -35,7 +38,7 @@ class IdMap:
         self._run_row: list[int] = []
         self._run_len: list[int] = []
         self._runs_cache = None
-        self._base_ids, self._base_rows = _EMPTY, _EMPTY
+        self._segments: list[tuple[np.ndarray, np.ndarray]] = []   # (sorted ids, rows), largest first
         self._recent: dict[int, int] = {}
 
     # -- questions --------------------------------------------------------------------------------
@@ -49,44 +52,44 @@ class IdMap:
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The row of each id, -1 where the id is not in the index."""
         ids = np.asarray(ids, dtype=np.int64)
+        if ids.size > 256:   # sorted probes walk each segment in order instead of missing the cache
+            order = np.argsort(ids, kind="stable")
+            rows = np.empty(ids.shape, dtype=np.int64)
+            rows[order] = self._rows_of(ids[order])
+            return rows
+        return self._rows_of(ids)
+
+    def _rows_of(self, ids: np.ndarray) -> np.ndarray:
         rows = np.full(ids.shape, -1, dtype=np.int64)
-        if self._run_start and ids.size:
+        if not ids.size:
+            return rows
+        if self._run_start:
             starts, first_rows, lengths = self._runs()
             which = np.maximum(np.searchsorted(starts, ids, side="right") - 1, 0)
             offset = ids - starts[which]
             inside = (offset >= 0) & (offset < lengths[which])
             rows[inside] = first_rows[which[inside]] + offset[inside]
-        if len(self._base_ids) and ids.size:
-            where = np.minimum(np.searchsorted(self._base_ids, ids), len(self._base_ids) - 1)
-            found = self._base_ids[where] == ids
-            rows[found] = self._base_rows[where[found]]
-        if self._recent and ids.size:
-            recent = self._recent
-            if ids.size <= len(recent):
-                for position, user_id in enumerate(ids.tolist()):
-                    row = recent.get(user_id)
-                    if row is not None:
-                        rows[position] = row
-            else:
-                keys = np.fromiter(recent.keys(), dtype=np.int64, count=len(recent))
-                values = np.fromiter(recent.values(), dtype=np.int64, count=len(recent))
-                order = np.argsort(keys)
-                keys, values = keys[order], values[order]
-                where = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
-                found = keys[where] == ids
-                rows[found] = values[where[found]]
+        for sorted_ids, segment_rows in self._segments:
+            _look_up(sorted_ids, segment_rows, ids, rows)
+        recent = self._recent
+        if ids.size <= len(recent):
+            for position, user_id in enumerate(ids.tolist()):
+                row = recent.get(user_id)
+                if row is not None:
+                    rows[position] = row
+        elif recent:
+            _look_up(*_sorted_pairs(recent), ids, rows)
         return rows
 
     def check_new(self, ids: np.ndarray, given: bool) -> None:
         """Refuse ids that repeat within the batch or are already in the index (nothing is changed).
 
         `given` says whether the caller passed the ids, so the message never blames them for ours."""
-        if len(ids) > 1:
-            ordered = np.sort(ids)
-            repeated = ordered[1:][ordered[1:] == ordered[:-1]]
-            if len(repeated):
-                raise ValueError(f"ids must be unique; the ids passed repeat {np.unique(repeated)[:5].tolist()}")
-        taken = ids[self.rows_of(ids) >= 0] if self.count else _EMPTY
+        ordered = np.sort(ids) if len(ids) > 1 else ids
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        if len(repeated):
+            raise ValueError(f"ids must be unique; the ids passed repeat {np.unique(repeated)[:5].tolist()}")
+        taken = ordered[self._rows_of(ordered) >= 0] if self.count else _EMPTY   # sorted probes: see rows_of
         if len(taken):
             whose = "the ids passed include" if given else "automatic ids collided with"
             raise ValueError(f"ids must be unique in the index; {whose} ids already in it: "
@@ -105,10 +108,12 @@ class IdMap:
             self._add_run(first, first_row, n)
         elif n <= SMALL_BATCH:
             self._recent.update(zip(ids.tolist(), range(first_row, first_row + n)))
-            if len(self._recent) > max(SMALL_BATCH * 4, len(self._base_ids) // 8):
-                self._merge_recent()
+            if len(self._recent) > RECENT_LIMIT:
+                self._add_segment(*_sorted_pairs(self._recent))
+                self._recent = {}
         else:
-            self._merge(ids, np.arange(first_row, first_row + n, dtype=np.int64))
+            order = np.argsort(ids, kind="stable")
+            self._add_segment(ids[order], (first_row + order).astype(np.int64))
         self.count += n
         self.next_auto = max(self.next_auto, int(ids.max()) + 1)
 
@@ -135,21 +140,38 @@ class IdMap:
         self._run_row.insert(position, first_row)
         self._run_len.insert(position, length)
 
-    def _merge_recent(self) -> None:
-        keys = np.fromiter(self._recent.keys(), dtype=np.int64, count=len(self._recent))
-        values = np.fromiter(self._recent.values(), dtype=np.int64, count=len(self._recent))
-        self._recent = {}
-        self._merge(keys, values)
-
-    def _merge(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        if self._recent:
-            self._merge_recent()
-        all_ids = np.concatenate([self._base_ids, ids])
-        order = np.argsort(all_ids, kind="stable")   # two sorted runs at most: a merge, not a full sort
-        self._base_ids = all_ids[order]
-        self._base_rows = np.concatenate([self._base_rows, rows])[order]
+    def _add_segment(self, sorted_ids: np.ndarray, rows: np.ndarray) -> None:
+        while self._segments and len(self._segments[-1][0]) <= 2 * len(sorted_ids):
+            sorted_ids, rows = _merged(*self._segments.pop(), sorted_ids, rows)
+        self._segments.append((sorted_ids, rows))
 
     def nbytes(self) -> int:
         """Approximate memory the map holds (for the README's footprint table and tests)."""
-        return (self._base_ids.nbytes + self._base_rows.nbytes + 100 * len(self._recent)
+        return (sum(ids.nbytes + rows.nbytes for ids, rows in self._segments) + 100 * len(self._recent)
                 + 3 * 36 * len(self._run_start))
+
+
+def _sorted_pairs(mapping: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    keys = np.fromiter(mapping.keys(), dtype=np.int64, count=len(mapping))
+    values = np.fromiter(mapping.values(), dtype=np.int64, count=len(mapping))
+    order = np.argsort(keys)
+    return keys[order], values[order]
+
+
+def _merged(a_ids: np.ndarray, a_rows: np.ndarray, b_ids: np.ndarray, b_rows: np.ndarray):
+    """Two sorted segments (no id in both) as one, in O(len(a) + len(b))."""
+    n = len(a_ids) + len(b_ids)
+    to_b = np.searchsorted(a_ids, b_ids) + np.arange(len(b_ids))   # where each b lands in the merge
+    from_a = np.ones(n, dtype=bool)
+    from_a[to_b] = False
+    ids, rows = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    ids[to_b], rows[to_b] = b_ids, b_rows
+    ids[from_a], rows[from_a] = a_ids, a_rows
+    return ids, rows
+
+
+def _look_up(sorted_ids: np.ndarray, rows_of_sorted: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
+    """rows[i] = the row of ids[i] where sorted_ids holds it."""
+    where = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+    found = sorted_ids[where] == ids
+    rows[found] = rows_of_sorted[where[found]]

@@ -11,6 +11,7 @@ a failed save leaves no temporary file and the previous file intact.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ._validate import CHUNK_BYTES
-from .spec import DTYPES, MAX_DIM, METRICS
+from .spec import DTYPES, MAX_DIM, METRICS, numpy_dtype
 
 FILE_FORMAT = "tinyknn.index"
 FILE_VERSION = 1
@@ -81,41 +82,56 @@ def save(path, write_to) -> None:
 # -- loading -----------------------------------------------------------------------------------------
 def load(source, make_index):
     """An index built by make_index(dim, metric, dtype) and filled from `source` (a path or a binary
-    file object). Opening a path raises what open() raises (FileNotFoundError, PermissionError);
-    anything wrong with the contents is a ValueError."""
+    file object). Opening a path raises what open() raises (FileNotFoundError, PermissionError), and
+    make_index its own errors (a dtype the device lacks); anything wrong with the contents is a ValueError."""
     if isinstance(source, (str, os.PathLike)):
         name, handle = str(source), open(source, "rb")
     else:
         name, handle = "the data", source
-    index = None
     try:
-        size = handle.seek(0, io.SEEK_END)
-        handle.seek(0)
-        with zipfile.ZipFile(handle) as archive:
-            header = _read_header(archive, size)
-            ntotal, dim, dtype = header["ntotal"], header["dim"], np.dtype(header["dtype"])
-            ids = _read_whole(*_open_array(archive, "ids.npy", size, np.dtype(np.int64), (ntotal,)))
-            vectors = _open_array(archive, "vectors.npy", size, dtype, (ntotal, dim))[0]
+        with _as_value_errors(name):
+            size = handle.seek(0, io.SEEK_END)
+            handle.seek(0)
+            archive = zipfile.ZipFile(handle)
+        with archive:
+            with _as_value_errors(name):
+                header = _read_header(archive, size)
+                ntotal, dim, dtype = header["ntotal"], header["dim"], numpy_dtype(header["dtype"])
+                ids = _read_whole(*_open_array(archive, "ids.npy", size, np.dtype(np.int64), (ntotal,)))
             index = make_index(dim, header["metric"], header["dtype"])
-            step = max(1, CHUNK_BYTES // (dim * dtype.itemsize))
-            with vectors:
-                for start in range(0, ntotal, step):
-                    rows = min(step, ntotal - start)
-                    data = _read_exactly(vectors, rows * dim * dtype.itemsize)
-                    index.add(np.frombuffer(data, dtype=dtype).reshape(rows, dim), ids=ids[start:start + rows])
-                _read_exactly(vectors, 0)
+            try:
+                with _as_value_errors(name):
+                    _stream_rows(archive, size, index, ids, dtype)
+            except BaseException:
+                index.close()
+                raise
         return index
-    except BaseException as exc:
-        if index is not None:
-            index.close()
-        if isinstance(exc, _Damaged):
-            raise _Damaged(f"{name} is not a valid tinyknn index file: {exc}") from None
-        if isinstance(exc, _DAMAGE):
-            raise ValueError(f"{name} is not a readable tinyknn index file ({type(exc).__name__}: {exc})") from None
-        raise
     finally:
         if handle is not source:
             handle.close()
+
+
+def _stream_rows(archive: zipfile.ZipFile, size: int, index, ids: np.ndarray, dtype: np.dtype) -> None:
+    """vectors.npy into the index CHUNK_BYTES at a time, with their ids."""
+    ntotal, dim = len(ids), index.dim
+    step = max(1, CHUNK_BYTES // (dim * dtype.itemsize))
+    with _open_array(archive, "vectors.npy", size, dtype, (ntotal, dim))[0] as vectors:
+        for start in range(0, ntotal, step):
+            rows = min(step, ntotal - start)
+            data = _read_exactly(vectors, rows * dim * dtype.itemsize)
+            index.add(np.frombuffer(data, dtype=dtype).reshape(rows, dim), ids=ids[start:start + rows])
+        _read_exactly(vectors, 0)
+
+
+@contextlib.contextmanager
+def _as_value_errors(name: str):
+    """What a damaged file makes the readers raise, as a ValueError naming the file."""
+    try:
+        yield
+    except _Damaged as exc:
+        raise _Damaged(f"{name} is not a valid tinyknn index file: {exc}") from None
+    except _DAMAGE as exc:
+        raise ValueError(f"{name} is not a readable tinyknn index file ({type(exc).__name__}: {exc})") from None
 
 
 def _read_header(archive: zipfile.ZipFile, size: int) -> dict:

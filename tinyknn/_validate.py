@@ -239,8 +239,11 @@ def user_ids(ids, n: int) -> np.ndarray:
     if isinstance(ids, np.ma.MaskedArray):
         raise TypeError("ids must not be a masked array (masks are not supported); pass ids.compressed() "
                         "together with the matching rows")
-    given = np.asarray(ids) if isinstance(ids, np.ndarray) or not isinstance(ids, (list, tuple)) \
-        else _python_ids(ids)
+    if isinstance(ids, (list, tuple)):
+        given = _python_ids(ids)
+    else:
+        given = _from_dlpack(ids, "ids") if _dlpack_device_kind(ids) == "cpu" else None
+        given = np.asarray(ids) if given is None else given
     if given.shape != (n,):
         raise ValueError(f"ids must have shape ({n},), one per added vector; got shape {given.shape}")
     if given.size == 0:

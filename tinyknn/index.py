@@ -15,7 +15,7 @@ import numpy as np
 from . import _persist, _validate
 from ._ids import IdMap
 from ._persist import FILE_FORMAT, FILE_VERSION  # noqa: F401 - re-exported for callers and tests
-from .spec import parse_dim, parse_dtype, parse_metric
+from .spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
 
 DEVICES = ("cpu", "cuda")
 
@@ -24,8 +24,9 @@ class Searcher(Protocol):
     """What a backend provides. Inputs arrive validated (host ndarrays or _validate.DeviceArray).
 
     Rows are numbered in the order they were added. `add` copies its rows before it returns (the
-    caller reuses the array), and either takes all of them or raises with the searcher unchanged; `truncate(n_rows)` drops every row from n_rows on (the newest), so that
-    an add handed over in several pieces can be undone when a later piece fails."""
+    caller reuses the array), and either takes all of them or raises with the searcher unchanged;
+    `truncate(n_rows)` drops every row from n_rows on (the newest), so that an add handed over in
+    several pieces can be undone when a later piece fails."""
 
     def add(self, vectors, ids: np.ndarray) -> None: ...
     def truncate(self, n_rows: int) -> None: ...
@@ -46,8 +47,12 @@ def parse_device(device) -> str:
 
 def _make_searcher(device: str, dim: int, metric: str, dtype: str) -> Searcher:
     if device == "cpu":
+        from .cpu.library import DTYPE_CODES
         from .cpu.searcher import CpuSearcher
 
+        if dtype not in DTYPE_CODES:
+            raise ValueError(f"dtype {dtype!r} is not available on device='cpu' (it stores "
+                             f"{', '.join(map(repr, DTYPE_CODES))}); use one of those or device='cuda'")
         return CpuSearcher(dim=dim, metric=metric, dtype=dtype)
     from .gpu.searcher import GpuSearcher
 
@@ -76,6 +81,7 @@ class Index:
         self.dim = parse_dim(dim)
         self.metric = parse_metric(metric)
         self.dtype = parse_dtype(dtype)
+        self._storage = numpy_dtype(self.dtype)
         self.device = parse_device(device)
         self._ids = IdMap()
         self._add_lock = threading.Lock()
@@ -117,26 +123,26 @@ class Index:
             self._ids.commit(new)
 
     def _hand_over(self, searcher: Searcher, vectors, ids: np.ndarray) -> None:
-        """Give the rows to the searcher, in pieces for host input; undo the pieces taken if one fails.
+        """Give the rows to the searcher; undo what it took if that fails part way.
 
-        A searcher without truncate (an older backend) gets the whole input in one piece."""
+        Host input in another dtype or layout is converted CHUNK_BYTES at a time into one reused
+        buffer (never a full copy; a fresh allocation per piece would page-fault its memory in again
+        every time), each piece handed over as it is ready. Input already in the storage dtype and
+        C-contiguous, CUDA input, and any input to a searcher without truncate (an older backend) go
+        over in one piece: the searcher copies them straight from where they are."""
         n_before, n = self._ids.count, len(ids)
         truncate = getattr(searcher, "truncate", None)
-        on_device = isinstance(vectors, _validate.DeviceArray)
-        step = n if on_device or truncate is None else \
-            max(1, _validate.CHUNK_BYTES // (self.dim * np.dtype(self.dtype).itemsize))
-        # Input in another dtype or layout is converted piece by piece into one reused buffer (a fresh
-        # allocation per piece would page-fault its memory in again every time).
-        convert = not on_device and (vectors.dtype != self.dtype or not vectors.flags.c_contiguous)
-        buffer = np.empty((min(step, n), self.dim), dtype=self.dtype) if convert and n > step else None
+        convert = not isinstance(vectors, _validate.DeviceArray) and (
+            vectors.dtype != self._storage or not vectors.flags.c_contiguous)
+        step = max(1, _validate.CHUNK_BYTES // (self.dim * self._storage.itemsize))
         try:
+            if not convert or truncate is None or n <= step:
+                searcher.add(np.ascontiguousarray(vectors, dtype=self._storage) if convert else vectors, ids)
+                return
+            buffer = np.empty((step, self.dim), dtype=self._storage)
             for start in range(0, n, step):
-                piece = vectors if on_device else vectors[start:start + step]
-                if buffer is not None:
-                    np.copyto(buffer[:len(piece)], piece, casting="same_kind")
-                    piece = buffer[:len(piece)]
-                elif convert:
-                    piece = np.ascontiguousarray(piece, dtype=self.dtype)
+                piece = buffer[:min(step, n - start)]
+                np.copyto(piece, vectors[start:start + step], casting="unsafe")   # as ascontiguousarray does
                 searcher.add(piece, ids[start:start + step])
         except BaseException:
             if truncate is not None:
@@ -185,11 +191,15 @@ class Index:
 
     # -- persistence --------------------------------------------------------------------------
     def save(self, path) -> None:
-        """Write the index to `path` (format: README 'File format'; an uncompressed NumPy .npz, version 1).
+        """Write the index to `path` (format: README 'File format'; an uncompressed NumPy .npz, version 1),
+        or onto a binary file object (e.g. io.BytesIO) as it is.
 
-        Written to a temporary file beside `path` and renamed over it: a failed save leaves no
+        A path is written to a temporary file beside it and renamed over it: a failed save leaves no
         temporary file behind and any previous file at `path` intact."""
-        _persist.save(path, self._write)
+        if hasattr(path, "write"):
+            self._write(path)
+        else:
+            _persist.save(path, self._write)
 
     def _write(self, handle) -> None:
         with self._add_lock:
