@@ -5,21 +5,17 @@ in place of -march=native and every other flag as the first-use build has it, in
 tinyknn/_prebuilt/libtinyknn-x86-64-v{2,3,4}.so; at run time tinyknn.cpu loads the best one the CPU
 supports, so the CPU path needs no compiler. The compiling is tinyknn.cpu.prebuilt.build_prebuilt's (one
 definition of the flags, and the sidecar each library is verified against), one process per level so the
-three run in parallel; until that module exists (it is on its way), the flags are read from
-tinyknn/cpu/library.py's FLAGS and the libraries carry no sidecar. The wheel is tagged for the platform
-(the libraries do not depend on the Python ABI: py3-none-linux_x86_64). Editable installs (`pip install
--e`) and other platforms skip this: there the library is built on first use. Metadata: pyproject.toml.
+three run in parallel (the compiler: TINYKNN_CXX, CXX, else g++/c++/clang++). The wheel is tagged for the
+platform (the libraries do not depend on the Python ABI: py3-none-linux_x86_64). Editable installs (`pip
+install -e`) and other platforms skip this: there the library is built on first use. Metadata: pyproject.toml.
 """
 
 from __future__ import annotations
 
-import ast
-import os
 import platform
-import textwrap
-import shutil
 import subprocess
 import sys
+import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,26 +35,6 @@ PREBUILT = "_prebuilt"
 
 def _prebuilding() -> bool:
     return sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64")
-
-
-def library_flags() -> list[str]:
-    """tinyknn/cpu/library.py's FLAGS (read from its source: the build environment has no numpy), with the
-    `_NATIVE` entry left as a placeholder, None, for the -march of each level."""
-    tree = ast.parse((ROOT / "tinyknn" / "cpu" / "library.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FLAGS" for t in node.targets):
-            flags = []
-            for element in node.value.elts:
-                if isinstance(element, ast.Constant) and isinstance(element.value, str):
-                    flags.append(element.value)
-                elif isinstance(element, ast.Name) and element.id == "_NATIVE":
-                    flags.append(None)
-                else:
-                    raise RuntimeError(f"setup.py cannot read FLAGS in tinyknn/cpu/library.py: {ast.dump(element)}")
-            if flags.count(None) != 1:
-                raise RuntimeError("setup.py expects FLAGS in tinyknn/cpu/library.py to hold _NATIVE once")
-            return flags
-    raise RuntimeError("setup.py found no FLAGS = (...) in tinyknn/cpu/library.py")
 
 
 # Runs tinyknn.cpu.prebuilt.build_prebuilt(level, folder) from this checkout without tinyknn/__init__.py (which
@@ -85,17 +61,6 @@ def build_level(level: str, folder: Path) -> None:
                            f"{result.stderr}{result.stdout}")
 
 
-def compile_level(cxx: str, level: str, target: Path) -> None:
-    """Until tinyknn/cpu/prebuilt.py exists: library.py's FLAGS with -march=<level>."""
-    flags = [f"-march={level}" if flag is None else flag for flag in library_flags()]
-    sources = sorted(str(p) for p in (ROOT / "kernels" / "cpu").glob("*.cpp"))
-    command = [cxx, *flags, *sources, "-o", str(target)]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"building the {level} CPU library failed (exit {result.returncode}):\n"
-                           f"{' '.join(command)}\n{result.stderr}{result.stdout}")
-
-
 class BuildPyWithLibraries(build_py):
     """build_py, then the three prebuilt CPU libraries into the build's tinyknn/_prebuilt/."""
 
@@ -105,16 +70,8 @@ class BuildPyWithLibraries(build_py):
             return
         folder = Path(self.build_lib) / "tinyknn" / PREBUILT
         folder.mkdir(parents=True, exist_ok=True)
-        if (ROOT / "tinyknn" / "cpu" / "prebuilt.py").is_file():
-            jobs = [(build_level, level, folder) for level in LEVELS]
-        else:
-            cxx = os.environ.get("TINYKNN_CXX") or os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-            if not cxx:
-                raise RuntimeError("building a tinyknn wheel compiles its CPU libraries: no C++ compiler found "
-                                   "(install g++, or set CXX)")
-            jobs = [(compile_level, cxx, level, folder / f"libtinyknn-{level}.so") for level in LEVELS]
-        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-            for future in [pool.submit(*job) for job in jobs]:
+        with ThreadPoolExecutor(max_workers=len(LEVELS)) as pool:
+            for future in [pool.submit(build_level, level, folder) for level in LEVELS]:
                 future.result()
 
 
