@@ -8,10 +8,10 @@ import sys
 from ._cli_common import count, print_json
 from .config import get_config
 
-# The renderer gives variants that the dim or k do not change a canonical value (k 0; dim 1 for the
-# verify step and the band search, jit/render.py); those are not dims or ks of anything, so list leaves
-# them blank (null in --json).
-_NO_DIM = {"verify", "band"}
+# The renderer gives variants that the dim or k do not change a canonical value (k 0; dim 1 for all but the
+# ingest, scan and tiled kernels: verify, band, range, rows... in jit/render.py); those are not dims or ks of
+# anything, so list leaves them blank (null in --json).
+_DIM_VARIANTS = {"norms", "scan", "tiled"}
 
 
 def _cache():
@@ -29,7 +29,8 @@ def _iso(timestamp) -> str | None:
 def _shown(row: dict) -> dict:
     if "problem" in row:
         return row
-    return {**row, "dim": None if row.get("variant") in _NO_DIM else row.get("dim"),
+    canonical_dim = row.get("variant") not in _DIM_VARIANTS and row.get("dim") == 1
+    return {**row, "dim": None if canonical_dim else row.get("dim"),
             "k": row.get("k") or None, "created": _iso(row.get("created"))}
 
 
