@@ -26,7 +26,7 @@ SHAPES = {"cuda": (1, 1000, 10000), "cpu": (1, 1000)}
 N, DIM, K = 100_000, 128, 10
 
 
-def worker(device: str, repeats: int) -> dict:
+def worker(device: str, repeats: int, screen: bool = True) -> dict:
     """Runs inside one tree's process: {n_queries: median seconds}."""
     import numpy as np
     import tinyknn
@@ -36,6 +36,8 @@ def worker(device: str, repeats: int) -> dict:
     queries = rng.standard_normal((max(SHAPES[device]), DIM)).astype(np.float32)
     index = tinyknn.Index(DIM, "l2", "float32", device=device)
     index.add(db)
+    if not screen and hasattr(index._searcher, "use_screen"):
+        index._searcher.use_screen = False      # the contract's own cost, without the tensor-core path
     out = {}
     for nq in SHAPES[device]:
         q = queries[:nq]
@@ -54,9 +56,11 @@ def worker(device: str, repeats: int) -> dict:
     return out
 
 
-def run_tree(path: Path, device: str, repeats: int) -> dict:
+def run_tree(path: Path, device: str, repeats: int, screen: bool) -> dict:
     env = dict(os.environ, PYTHONPATH=str(path.resolve()))
     command = [sys.executable, __file__, "--worker", "--device", device, "--repeats", str(repeats)]
+    if not screen:
+        command.append("--no-screen")
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         raise RuntimeError(f"{path}: {result.stderr[-2000:]}")
@@ -69,17 +73,19 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--worker", action="store_true", help=argparse_hidden())
+    parser.add_argument("--no-screen", action="store_true", help="switch the GPU's tensor-core path off")
+    parser.add_argument("--name", default="exactness_ab", help="result file name prefix")
     args = parser.parse_args(argv)
     device = "cuda" if args.device == "auto" else args.device
     if args.worker:
-        print(json.dumps(worker(device, args.repeats)))
+        print(json.dumps(worker(device, args.repeats, not args.no_screen)))
         return 0
     env = environment()
     trees = dict(item.split("=", 1) for item in args.tree)
     rounds = {name: [] for name in trees}
     for r in range(args.rounds):
         for name, path in (trees.items() if r % 2 == 0 else reversed(list(trees.items()))):
-            rounds[name].append(run_tree(Path(path), device, args.repeats))
+            rounds[name].append(run_tree(Path(path), device, args.repeats, not args.no_screen))
             print(f"round {r} {name}: " + ", ".join(f"{nq} q {s * 1e3:.3f} ms" for nq, s in rounds[name][-1].items()),
                   flush=True)
     medians = {name: {nq: statistics.median(r[nq] for r in runs) for nq in runs[0]} for name, runs in rounds.items()}
@@ -101,7 +107,8 @@ def main(argv=None) -> int:
     axis.legend()
     payload = {"device": device, "shape": [N, DIM, K], "trees": trees, "rounds": rounds, "medians_s": medians,
                "ratio_last_over_first": ratios, "repeats": args.repeats}
-    write_results(f"exactness_ab_{device}", payload, figure, env, out_dir=args.out_dir)
+    payload["screen"] = not args.no_screen
+    write_results(f"{args.name}_{device}", payload, figure, env, out_dir=args.out_dir)
     return 0
 
 

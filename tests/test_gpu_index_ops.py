@@ -14,6 +14,14 @@ pytestmark = pytest.mark.gpu
 METRICS = ("l2", "ip", "cosine")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def warm_kernels():
+    from gpu_warm import warm
+
+    warm([(m, t, d, k) for m in METRICS for t in ("float32", "float16") for d in (8, 12, 24)
+          for k in (1, 5, 10, 50, 2048)])
+
+
 def build(rng, metric, dtype="float32", n=3000, dim=24):
     db = rng.standard_normal((n, dim)).astype(np.float32)
     index = tinyknn.Index(dim, metric, dtype, device="cuda")
