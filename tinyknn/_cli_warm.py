@@ -8,6 +8,7 @@ write, and how long it took. Exit 1 if any kernel failed or is not on disk.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import sys
 import time
 
@@ -113,7 +114,7 @@ def cmd_warm(args) -> int:
           f"on {', '.join(arches)}, {count(args.jobs, 'job')}, into {cache.directory} (kernels already cached "
           f"are only read{note})", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    outcomes = _run_with_progress(cache, specs, args.jobs)
+    outcomes = [_with_write(cache, o) for o in _run_with_progress(cache, specs, args.jobs)]
     seconds = time.perf_counter() - start
     tally = {status: sum(o.status == status for o in outcomes) for status in ("compiled", "cached", "failed", "unsaved")}
     failures = [{"spec": str(o.spec), "error": o.error} for o in outcomes if o.status == "failed"]
@@ -131,6 +132,12 @@ def cmd_warm(args) -> int:
         print(f"{count(len(specs), 'kernel')} on {', '.join(arches)}: {written}, already cached {tally['cached']}, "
               f"failed {tally['failed']}, in {seconds:.1f} s; cache: {cache.directory}")
     return 1 if failures or tally["unsaved"] else 0
+
+
+def _with_write(cache, outcome):
+    """A compiled kernel the cache could not write (a full or read-only disk) is "unsaved", with the reason."""
+    problem = cache.unsaved(outcome.spec) if outcome.status == "compiled" else None
+    return outcome if problem is None else dataclasses.replace(outcome, status="unsaved", error=problem)
 
 
 class _PlainProgress:

@@ -21,7 +21,7 @@ from .cache import CubinCache
 @dataclass(frozen=True)
 class WarmOutcome:
     spec: KernelSpec
-    status: str          # "compiled" | "unsaved" (compiled, not written: full or read-only disk) | "cached" | "failed"
+    status: str          # "compiled" | "cached" | "failed"
     seconds: float
     error: str = ""
 
@@ -46,10 +46,8 @@ def _warm_one(cache: CubinCache, spec: KernelSpec) -> WarmOutcome:
         return WarmOutcome(spec, "failed", time.perf_counter() - start, "\n".join(lines[:6]))
     except (TinyKnnError, ValueError, OSError) as exc:
         return WarmOutcome(spec, "failed", time.perf_counter() - start, str(exc))
-    if origin != "compiled":
-        return WarmOutcome(spec, "cached", time.perf_counter() - start)
-    problem = cache.unsaved(spec)
-    return WarmOutcome(spec, "compiled" if problem is None else "unsaved", time.perf_counter() - start, problem or "")
+    status = "compiled" if origin == "compiled" else "cached"
+    return WarmOutcome(spec, status, time.perf_counter() - start)
 
 
 def warm_specs(cache: CubinCache, specs, *, jobs: int, on_done=None) -> list[WarmOutcome]:
