@@ -57,7 +57,7 @@ def test_warm_compiles_every_variant_for_each_arch(warmed):
     assert summary["failed"] == 0 and summary["failures"] == []
     assert summary["compiled"] == summary["kernels"] == len(expected) and summary["cached"] == 0
     assert summary["arches"] == ["sm_80", "sm_90"] and summary["combinations"] == 1
-    rows = as_json(tinyknn("cache", "list", "--json", cache_dir=cache_dir))
+    rows = as_json(tinyknn("cache", "list", "--json", cache_dir=cache_dir))["entries"]
     assert {(r["variant"], r["arch"]) for r in rows} == {(s.variant, s.arch) for s in expected}
     assert len(rows) == len(expected)
     assert all(r["stack_bytes"] == 0 and r["spill_bytes"] == 0 and r["registers"] > 0 for r in rows), rows
@@ -77,7 +77,7 @@ def test_warm_again_finds_everything_cached_and_a_manifest_names_its_arch(warmed
     assert from_manifest["compiled"] == 0 and from_manifest["cached"] == first["kernels"] // 2
 
     text = tinyknn("cache", "warm", *COMBINATION, "--arch", "sm_80", cache_dir=cache_dir)
-    assert text.returncode == 0 and "compiled 0, already cached" in text.stdout and "failed 0" in text.stdout
+    assert text.returncode == 0 and "compiled and written 0, already cached" in text.stdout and "failed 0" in text.stdout
 
 
 def test_warm_without_a_gpu_or_arch_asks_for_arch(tmp_path):
@@ -94,7 +94,7 @@ def test_warm_without_a_gpu_or_arch_asks_for_arch(tmp_path):
     (["--manifest", "x.toml", "--dim", "8", "--k", "1"], "either --manifest or"),
     (["--dim", "8"], "needs --dim and --k"),
     (["--dim", "8", "--k", "1", "--metric", "l1", "--arch", "sm_90"], "metric must be one of"),
-    (["--dim", "8", "--k", "1", "--arch", "volta"], "arch must look like"),
+    (["--dim", "8", "--k", "1", "--arch", "volta"], "--arch must look like sm_90, 90, sm_90a or 90a; got 'volta'"),
     (["--dim", "8", "--k", "1", "--arch", "sm_90", "--jobs", "0"], "--jobs must be a positive integer"),
 ])
 def test_warm_refuses_a_bad_command_line(tmp_path, args, message):
@@ -109,7 +109,7 @@ def test_list_info_verify_clear(tmp_path):
     for k in (1, 2, 3):
         cache.get(toy_spec(k=k))
     info = as_json(tinyknn("cache", "info", "--json", cache_dir=tmp_path))
-    assert info == {"location": str(tmp_path / "cubins"), "entries": 3,
+    assert info == {"location": str(tmp_path / "cubins"), "entries": 3, "strays": 0,
                     "bytes": sum(p.stat().st_size for p in cache.entry_paths())}
     table = tinyknn("cache", "list", cache_dir=tmp_path)
     assert table.returncode == 0 and table.stdout.count("sm_90") == 3 and "scan" in table.stdout
@@ -178,7 +178,7 @@ def test_manifest_union_without_repeats_and_clear_errors(tmp_path):
     for text, message in [
         ('[[specialisations]]\nmetric = "l2"\ndtype = "float32"\ndim = 8\n', "missing \\['k'\\]"),
         ('[[specialisations]]\nmetric = "l2"\ndtype = "float32"\ndim = 8\nk = 1\nbatch = 3\n', "unknown \\['batch'\\]"),
-        ('[[specialisations]]\nmetric = "l2"\ndtype = "int8"\ndim = 8\nk = 1\n', "#1: dtype must be one of"),
+        ('[[specialisations]]\nmetric = "l2"\ndtype = "int4"\ndim = 8\nk = 1\n', "#1: dtype must be one of"),
         ('[[specialisations]]\nmetric = "l2"\ndtype = "float32"\ndim = 0\nk = 1\n', "dim must be between"),
         ('format = 2\n[[specialisations]]\nmetric = "l2"\ndtype = "float32"\ndim = 8\nk = 1\n', "format 2"),
         ('arch = ["sm_90"]\n', "at least one \\[\\[specialisations\\]\\]"),

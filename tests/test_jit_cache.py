@@ -268,8 +268,9 @@ def test_info_list_verify_clear(cache):
     assert all(r["registers"] > 0 and r["stack_bytes"] == 0 and r["spill_bytes"] == 0 for r in rows)
     assert all(r["size"] > 1000 and abs(r["created"] - time.time()) < 600 for r in rows)
     assert cache.verify() == []
-    assert cache.clear() == 2 and cache.info()["entries"] == 0
-    assert list(cache.directory.iterdir()) in ([], [cache.directory / "locks"])
+    report = cache.clear()
+    assert (report.removed, report.failures, report.left) == (2, [], []) and cache.info()["entries"] == 0
+    assert list(cache.directory.iterdir()) == []   # locks/ goes too
     assert cache.lookup(toy_spec(dim=64, k=1, arch="sm_80"))[1] == "compiled"   # memory was cleared too
 
 
@@ -334,3 +335,32 @@ def test_warm_reports_compiled_cached_and_failed_per_spec(tmp_path):
     assert "error" in failed.error and failed.seconds > 0
     with pytest.raises(ValueError, match="jobs must be a positive integer"):
         warm_specs(cache, specs, jobs=0)
+
+
+def test_cache_events_go_to_the_tinyknn_logger(tmp_path, cache, caplog):
+    """Compiles, misses, hits and repairs are visible through stdlib logging (logger tinyknn.jit.cache)."""
+    spec = toy_spec(dim=24)
+    with caplog.at_level("DEBUG", logger="tinyknn"):
+        cache.lookup(spec)
+        cache.lookup(spec)
+        fresh = CubinCache(tmp_path / "cubins", render=toy_render)
+        fresh.lookup(spec)
+        _flip_a_byte(only_entry(cache))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CubinCacheWarning)
+            CubinCache(tmp_path / "cubins", render=toy_render).lookup(spec)
+    messages = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert all(name == "tinyknn.jit.cache" for name, _, _ in messages)
+    texts = [text for _, _, text in messages]
+    assert any(text.startswith("cubin cache: miss") for text in texts)
+    assert sum(text.startswith("compiled KernelSpec(") for text in texts) == 2   # first, and after the repair
+    assert any(text.startswith("cubin cache: memory hit") for text in texts)
+    assert any(text.startswith("cubin cache: disk hit") for text in texts)
+    assert any(level == "WARNING" and "repairing" in text for _, level, text in messages)
+
+
+def test_jit_reads_the_version_without_the_package_face():
+    """Layering: jit/ takes __version__ from tinyknn._version, never from tinyknn/__init__."""
+    for module in ("cache.py", "store.py"):
+        source = (TESTS_DIR.parent / "tinyknn" / "jit" / module).read_text()
+        assert "from .. import" not in source and "from .._version import __version__" in source

@@ -62,7 +62,7 @@ def _cpu_library() -> str:
 
 
 def gather() -> dict:
-    from . import __version__
+    from ._version import __version__
     from .jit.cache import default_cache
 
     return {

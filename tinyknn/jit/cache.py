@@ -26,14 +26,19 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import threading
+import time
 import warnings
 from pathlib import Path
 
+from .._version import __version__
 from ..config import get_config
 from ..spec import KernelSpec
-from . import store, toolchain
+from . import maintenance, store, toolchain
 from .compiler import Cubin, compile_cubin, compile_options
+
+log = logging.getLogger(__name__)   # "tinyknn.jit.cache": hits, misses, compiles, repairs
 
 LOCK_TIMEOUT_S = 120.0   # a compile takes seconds; past this, compile rather than wait
 
@@ -50,8 +55,6 @@ def _default_render(spec: KernelSpec):
 
 def entry_key(rendered, arch: str, nvrtc: tuple[int, int]) -> str:
     """sha256 hex over everything that changes the cubin of `rendered` for `arch`."""
-    from .. import __version__
-
     fields = {
         "format": store.FORMAT_VERSION,
         "tinyknn": __version__,
@@ -74,8 +77,10 @@ class CubinCache:
         self._spec_locks: dict[KernelSpec, threading.Lock] = {}
         self._stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0}
         self._writable = True
+        self._write_problem = ""
         self._warned: set[str] = set()
         self._version: tuple[int, int] | None = None
+        self._unsaved: dict[KernelSpec, str] = {}   # compiled but not written, and why
 
     # -- lookups ----------------------------------------------------------------------------
     @property
@@ -95,6 +100,7 @@ class CubinCache:
             cubin = self._memory.get(spec)
             if cubin is not None:
                 self._stats["memory_hits"] += 1
+                log.debug("cubin cache: memory hit %s", spec)
                 return cubin, "memory"
             spec_lock = self._spec_locks.setdefault(spec, threading.Lock())
         with spec_lock:   # threads wanting the same spec wait for one compile
@@ -117,15 +123,28 @@ class CubinCache:
         key = entry_key(rendered, spec.arch, self._nvrtc_version())
         cubin = self._read(key)
         if cubin is not None:
+            log.debug("cubin cache: disk hit %s (%s)", spec, key[:16])
             return cubin, "disk"
+        log.debug("cubin cache: miss %s (%s)", spec, key[:16])
         with self._interprocess_lock(key):
             cubin = self._read(key)   # another process may have compiled it while we waited
             if cubin is not None:
+                log.debug("cubin cache: disk hit after waiting for the lock %s", spec)
                 return cubin, "disk"
+            start = time.perf_counter()
             cubin = compile_cubin(rendered, spec.arch, spec=spec)
-            self._write(key, store.encode_entry(key, spec, cubin, compile_options(rendered, spec.arch),
-                                                rendered.name_expressions))
+            log.info("compiled %s in %.2f s", spec, time.perf_counter() - start)
+            problem = self._write(key, store.encode_entry(key, spec, cubin, compile_options(rendered, spec.arch),
+                                                          rendered.name_expressions))
+            if problem is not None:
+                with self._lock:
+                    self._unsaved[spec] = problem
         return cubin, "compiled"
+
+    def unsaved(self, spec: KernelSpec) -> str | None:
+        """Why the compiled cubin of `spec` is not on disk (a full or read-only folder), or None if it is."""
+        with self._lock:
+            return self._unsaved.get(spec)
 
     # -- disk -------------------------------------------------------------------------------
     def _nvrtc_version(self) -> tuple[int, int]:
@@ -149,20 +168,26 @@ class CubinCache:
             return store.decode_entry(data, expected_key=key)[1]
         except store.EntryError as problem:
             removed = self._remove(path)
+            log.warning("cubin cache: repairing %s: %s (%s)", path, problem, "removed" if removed else "not removable")
             self._warn(f"cache entry {path} is {problem}; {'removed it' if removed else 'cannot remove it'}"
                        " and compiling again")
             return None
 
-    def _write(self, key: str, data: bytes) -> None:
+    def _write(self, key: str, data: bytes) -> str | None:
+        """None once written; else why not (the folder is then memory only for this cache)."""
         if not self._writable:
-            return
+            return self._write_problem
         try:
             store.write_atomic(self.path_for(key), data)
         except OSError as exc:
             self._disable_writes(exc)
+            return self._write_problem
+        return None
 
     def _disable_writes(self, exc: OSError) -> None:
         self._writable = False
+        self._write_problem = f"cannot write to {self.directory}: {exc.strerror or exc}"
+        log.warning("cubin cache: cannot write to %s (%s); memory only from now on", self.directory, exc)
         self._warn_once("write", f"cannot write to the cubin cache {self.directory} ({exc.strerror or exc}); "
                                  "compiled kernels stay in memory only, for this process")
 
@@ -207,64 +232,24 @@ class CubinCache:
     def _warn(message: str) -> None:
         warnings.warn(f"tinyknn: {message}", CubinCacheWarning, stacklevel=4)
 
-    # -- maintenance (the CLI) --------------------------------------------------------------
+    # -- maintenance (the CLI): tinyknn.jit.maintenance ----------------------------------------
     def entry_paths(self) -> list[Path]:
-        try:
-            return sorted(self.directory.glob(f"*{store.SUFFIX}"))
-        except OSError:
-            return []
+        return maintenance.entry_paths(self.directory)
 
     def list_entries(self) -> list[dict]:
-        """One row per entry: spec fields, size, registers/stack/spill (worst kernel), created."""
-        rows = []
-        for path in self.entry_paths():
-            try:
-                header = store.read_header(path)
-                size = path.stat().st_size
-            except (OSError, store.EntryError) as problem:
-                rows.append({"file": path.name, "problem": str(problem)})
-                continue
-            reports = header.get("reports", {}).values()
-            rows.append({
-                **{name: header.get("spec", {}).get(name) for name in ("metric", "dtype", "dim", "k", "variant")},
-                "arch": header.get("arch"),
-                "size": size,
-                "registers": max((r["registers"] for r in reports), default=0),
-                "stack_bytes": max((r["stack_bytes"] for r in reports), default=0),
-                "spill_bytes": max((r["spill_store_bytes"] + r["spill_load_bytes"] for r in reports), default=0),
-                "created": header.get("created"),
-                "nvrtc_version": ".".join(map(str, header.get("nvrtc_version", []))),
-                "file": path.name,
-            })
-        return rows
+        return maintenance.list_entries(self.directory)
 
     def verify(self) -> list[tuple[Path, str]]:
-        """(path, problem) for every entry that is unreadable, truncated, corrupt or foreign."""
-        problems = []
-        for path in self.entry_paths():
-            try:
-                store.decode_entry(path.read_bytes(), expected_key=path.name[: -len(store.SUFFIX)])
-            except (OSError, store.EntryError) as problem:
-                problems.append((path, str(problem)))
-        return problems
-
-    def clear(self) -> int:
-        """Remove every entry, lock, stamp and stray temporary file; returns how many entries went."""
-        with self._lock:
-            self._memory.clear()
-        entries = sum(self._remove(path) for path in self.entry_paths())
-        for pattern in ("locks/*.lock", ".*.tmp", "nvrtc-*.json"):
-            for path in self.directory.glob(pattern):
-                self._remove(path)
-        return entries
+        return maintenance.verify(self.directory)
 
     def info(self) -> dict:
-        paths = self.entry_paths()
-        size = 0
-        for path in paths:
-            with contextlib.suppress(OSError):
-                size += path.stat().st_size
-        return {"location": str(self.directory), "entries": len(paths), "bytes": size}
+        return maintenance.info(self.directory)
+
+    def clear(self, extra_folders=()) -> maintenance.ClearReport:
+        """Forget the in-memory cubins, then remove the folder's files (maintenance.clear)."""
+        with self._lock:
+            self._memory.clear()
+        return maintenance.clear(self.directory, extra_folders)
 
 
 @functools.lru_cache(maxsize=1)

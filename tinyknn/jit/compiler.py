@@ -62,7 +62,8 @@ def _nvrtc():
         from cuda.bindings import nvrtc
     except ImportError as exc:
         raise TinyKnnError(
-            f"NVRTC is not available ({exc}); install cuda-core[cu13] (it brings the NVRTC wheel)"
+            f"NVRTC is not available ({exc}); install the GPU extra: pip install \"tinyknn[cuda]\" "
+            "(cuda-core[cu13] brings the NVRTC wheel)"
         ) from exc
     return nvrtc
 
@@ -82,6 +83,42 @@ def nvrtc_version() -> tuple[int, int]:
     """(major, minor) of the NVRTC library this process loads (loading it costs ~50-100 ms)."""
     major, minor = _check(_nvrtc().nvrtcVersion(), "nvrtcVersion")
     return int(major), int(minor)
+
+
+_ARCH_NAME = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([a-z]?)$")
+
+
+def normalise_arch(text) -> str:
+    """'90', '90a', 'sm_90a', 'compute_90' -> 'sm_90' / 'sm_90a' (NVRTC's -arch spelling); else ValueError."""
+    match = _ARCH_NAME.match(str(text).strip().lower())
+    if not match:
+        raise ValueError(f"arch must look like sm_90, 90, sm_90a or 90a; got {text!r}")
+    return f"sm_{match.group(1)}{match.group(2)}"
+
+
+@functools.lru_cache(maxsize=1)
+def supported_arches() -> tuple[str, ...]:
+    """The real arches this NVRTC compiles for ("sm_75", ...), as nvrtcGetSupportedArchs lists them."""
+    return tuple(f"sm_{number}" for number in _check(_nvrtc().nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs"))
+
+
+@dataclass(frozen=True)
+class _Probe:
+    source: str = 'extern "C" __global__ void tinyknn_arch_probe(float* out) { out[threadIdx.x] = 1.0f; }'
+    name_expressions: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+
+
+@functools.lru_cache(maxsize=None)
+def arch_problem(arch: str) -> str | None:
+    """None if this NVRTC compiles for `arch` (a one-line kernel, tens of ms); else NVRTC's reason, once,
+    so `tinyknn cache warm` can refuse an arch up front instead of failing every kernel."""
+    try:
+        compile_cubin(_Probe(), arch)
+    except CompileError as exc:
+        lines = [line.strip() for line in exc.log.splitlines() if line.strip()]
+        return lines[0] if lines else "NVRTC refused it"
+    return None
 
 
 def compile_options(rendered: RenderedLike, arch: str) -> tuple[str, ...]:

@@ -12,7 +12,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec import parse_arch, parse_dim, parse_dtype, parse_k, parse_metric
+from ..spec import parse_dim, parse_dtype, parse_k, parse_metric
+from .compiler import normalise_arch
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -78,7 +79,7 @@ def read_manifest(path) -> Manifest:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"manifest {path}, [[specialisations]] #{number}: {exc}") from None
     try:
-        arches = tuple(dict.fromkeys(parse_arch(a) for a in _as_list(data.get("arch", []))))
+        arches = tuple(dict.fromkeys(normalise_arch(a) for a in _as_list(data.get("arch", []))))
     except ValueError as exc:
         raise ValueError(f"manifest {path}, arch: {exc}") from None
     return Manifest(path, tuple(dict.fromkeys(combinations)), arches)

@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .._version import __version__
 from ..spec import KernelSpec
 from .compiler import Cubin, KernelReport
 
@@ -47,8 +48,6 @@ def spec_from_dict(data: dict) -> KernelSpec:
 
 
 def encode_entry(key: str, spec: KernelSpec, cubin: Cubin, options, name_expressions) -> bytes:
-    from .. import __version__
-
     header = {
         "key": key,
         "spec": spec_to_dict(spec),
