@@ -1,4 +1,5 @@
 """The tensor-core path (gpu/screen.py): batches of 64 or more queries on l2/ip indexes stored as float16,
+bfloat16, int8, uint8 or float32 (through a float16 shadow), and cosine indexes of any dtype (unit-row shadows),
 bfloat16, int8, uint8 or float32 (through a float16 shadow) are screened on the tensor cores and their
 survivors verified in float64: every answer is the float64 oracle's, bit for bit, and a query the screen
 cannot settle (survivors beyond the capacity) is answered by the other kernels and counted."""
@@ -27,7 +28,7 @@ def warm_kernels():
     from tinyknn.jit.cache import get_cubin
 
     arch = current_device().arch
-    specs = {spec for metric in ("l2", "ip") for dtype in DTYPES for k in KS
+    specs = {spec for metric in ("l2", "ip", "cosine") for dtype in DTYPES for k in KS
              for spec in render_screen.specs_for_screen(metric, dtype, k, arch) +
              render.specs_for_search(metric, dtype, 72, k, arch)}
     with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
@@ -61,7 +62,7 @@ def data(rng, kind, n, dim, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("metric", ["l2", "ip"])
+@pytest.mark.parametrize("metric", ["l2", "ip", "cosine"])
 @pytest.mark.parametrize("kind", ["normal", "clustered", "duplicates"])
 def test_screened_batches_are_exact(dtype, metric, kind, rng):
     n, dim = 20000, 72

@@ -54,11 +54,12 @@ ARGUMENTS = {
     # screen_kernel(data, n_rows, row_step, sq_norms, row_norms, queries, n_queries, row_bytes, thresholds,
     #               err_scale, err_offset, counts, survivors, capacity, out_upper, tiles_per_block)
     "screen": (_P, _L, _L, _P, _P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I),
-    # screen_queries_kernel(queries, n_queries, query_stride, dim, out, out_stride, n_mma, shadow, key_scale,
-    #                       err_scale, err_offset)
-    "screen_queries": (_P, _I, _I, _I, _P, _I, _I, _I, _D, _P, _P),
-    # screen_rows_kernel(data, row_stride, first, last, dim, shadow, shadow_stride, sq_lo, sq_hi, r_x, status)
-    "screen_rows": (_P, _I, _L, _L, _I, _P, _I, _P, _P, _P, _P),
+    # screen_queries_kernel(queries, n_queries, query_stride, dim, out, out_stride, n_mma, shadow, normalize,
+    #                       key_scale, err_scale, err_offset)
+    "screen_queries": (_P, _I, _I, _I, _P, _I, _I, _I, _I, _D, _P, _P),
+    # screen_rows_kernel(data, row_stride, first, last, dim, shadow, shadow_stride, normalize, sq_lo, sq_hi, r_x,
+    #                    status)
+    "screen_rows": (_P, _I, _L, _L, _I, _P, _I, _I, _P, _P, _P, _P),
     # threshold_kernel(upper, per_query, threshold)
     "threshold": (_P, _I, _P),
     # verify_survivors_kernel(survivors, counts, ids, data, queries, row_stride, dim, out_distances, out_ids, status)

@@ -1,7 +1,8 @@
 """The tensor-core path of a GPU search (kernels/screen.cuh, screen_steps.cuh): exact answers from a screen.
 
 For a batch of host queries on an l2 or ip index stored as float16, bfloat16, int8 or uint8 (or float32,
-through a float16 shadow of its rows):
+through a float16 shadow of its rows), or a cosine index of any dtype (through a shadow of its rows divided by
+their norms, the query divided by its own):
 1. the queries are rounded to the screen's element type, with the error terms of its rigorous bound;
 2. the threshold mode runs over a strided sample of rows: the k-th smallest upper bound of each query's key
    over the sample is an upper bound of its true k-th key, T;
@@ -25,7 +26,7 @@ from .memory import DeviceBuffer, PinnedBuffer
 SCREEN_MIN_QUERIES = 64         # smaller batches: the scan and tiled kernels (the screen's tiles hold 128)
 SCREEN_MAX_K = 128              # the threshold mode keeps k bounds per tile; survivors grow with k
 SCREEN_MIN_ROWS = 16384
-SCREEN_METRICS = ("l2", "ip")
+SCREEN_METRICS = ("l2", "ip", "cosine")
 WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
 
 
@@ -44,8 +45,9 @@ class Screen:
         self.usable = True          # False once a float32 row does not fit float16 (then never screened)
         self.fallbacks = 0          # queries with more survivors than the capacity (answered by the other kernels)
         self.queries = 0            # queries the screen answered or handed back
-        element = rs.ELEMENT_OF_STORAGE[searcher.dtype]
-        self.shadow = searcher.dtype == "float32"
+        element = rs.element_of(searcher.metric, searcher.dtype)
+        self.shadow = rs.has_shadow(searcher.metric, searcher.dtype)
+        self.normalize = searcher.metric == "cosine"
         self.stride = render.row_layout(searcher.dim, element)[1]
         self.row_bytes = self.stride * render.ITEMSIZE[element]
 
@@ -75,7 +77,7 @@ class Screen:
         s._buffers["status"].fill_bytes(0, 4, s._stream)
         launch = loaded.prepare(s._pointer("data"), s._stride, self.ready, n, s.dim,
                                 s._pointer("screen_shadow") if self.shadow else 0, self.stride,
-                                s._pointer("screen_sq_lo"), s._pointer("screen_sq_hi"), s._pointer("screen_rx"),
+                                int(self.normalize), s._pointer("screen_sq_lo"), s._pointer("screen_sq_hi"), s._pointer("screen_rx"),
                                 s._pointer("status"))
         launch.launch(max(1, min(math.ceil((n - self.ready) / 8), s._sm_count * 8)), 256, 0, s._stream)
         flag = np.zeros(1, dtype=np.int32)
@@ -113,7 +115,7 @@ class Screen:
         loaded = s._kernel(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch))
         n_mma = -(-self.row_bytes // rs.SCREEN_BKB) * (rs.SCREEN_BKB // 32)
         loaded.prepare(ptr("screen_q32"), nq, s._stride, s.dim, ptr("screen_q"), self.stride, n_mma,
-                       int(self.shadow), 2.0 if s.metric == "l2" else 1.0, ptr("screen_e"),
+                       int(self.shadow), int(self.normalize), 2.0 if s.metric == "l2" else 1.0, ptr("screen_e"),
                        ptr("screen_f")).launch(max(1, math.ceil(nq / 8)), 256, 0, stream)
         rows = ptr("screen_shadow") if self.shadow else ptr("data")
         # 2. threshold mode over the sample, then each query's k-th upper bound
