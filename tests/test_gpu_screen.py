@@ -1,6 +1,6 @@
 """The tensor-core path (gpu/screen.py): batches of 64 or more queries on l2/ip indexes stored as float16,
 bfloat16, int8, uint8 or float32 (through a float16 shadow), and cosine indexes of any dtype (unit-row shadows),
-bfloat16, int8, uint8 or float32 (through a float16 shadow) are screened on the tensor cores and their
+are screened on the tensor cores and their
 survivors verified in float64: every answer is the float64 oracle's, bit for bit, and a query the screen
 cannot settle (survivors beyond the capacity) is answered by the other kernels and counted."""
 

@@ -103,7 +103,7 @@ def test_one_query_gets_a_scan_block_of_one():
 
 @pytest.mark.parametrize("bad,match", [
     (("L1", "float32", 8, 1, "sm_90"), "metric must be one of"),
-    (("l2", "int8", 8, 1, "sm_90"), "dtype must be one of"),
+    (("l2", "int4", 8, 1, "sm_90"), "dtype must be one of"),
     (("l2", "float32", 0, 1, "sm_90"), "dim must be between"),
     (("l2", "float32", 8, 4096, "sm_90"), "k must be between"),
     (("l2", "float32", 8, 1, "ampere"), "arch must look like"),
