@@ -72,8 +72,8 @@ def test_the_file_is_a_plain_npz(tmp_path, index):
     index.save(tmp_path / "saved")
     with np.load(tmp_path / "saved", allow_pickle=False) as archive:
         header = json.loads(bytes(archive["header"]).decode())
-        assert header == {"format": "tinyknn.index", "version": 1, "dim": 8, "metric": "l2", "dtype": "float32",
-                          "ntotal": 50}
+        assert header == {"format": "tinyknn.index", "version": 2, "dim": 8, "metric": "l2", "dtype": "float32",
+                          "ntotal": 50, "labels": False}
         assert np.array_equal(archive["ids"], np.arange(50)) and archive["vectors"].shape == (50, 8)
 
 
@@ -119,7 +119,7 @@ def saved(tmp_path, index):
 
 def test_load_refuses_another_version(saved):
     _rewrite(saved, header={"version": 99})
-    with pytest.raises(ValueError, match="format version 99; this tinyknn reads version 1"):
+    with pytest.raises(ValueError, match="format version 99; this tinyknn reads versions 1 and 2"):
         tinyknn.Index.load(saved)
 
 
