@@ -3,9 +3,12 @@
 Two structures, kept in step by the Index (under its bookkeeping lock):
 - a host column (int64 label and a "has a label" flag per row), in row order, for save() and for
   moving labels with their rows when the searcher swap-removes;
-- per label, its rows as sorted int64 arrays: a list of pieces (one per add, appended in O(piece)),
-  joined into one array the first time a search asks for that label. A removal rewrites only the labels
-  of the rows it removed or moved, in O(that label's rows) each.
+- per label, a log of changes: the sorted rows of each add (rows are appended at the end, so they
+  follow every row before them) and, for each removal that touched the label, the (rows gone, rows
+  arriving) it caused there (the searcher swap-removes: rows from the end move into the holes). The
+  first search that asks for a label folds its log into one sorted array, in O(that label's rows), so
+  a removal costs O(rows removed or moved) whatever the labels hold, and a label's search pays only for
+  the label it reads.
 Until the first labelled add nothing is stored (an index without labels costs nothing).
 """
 
@@ -26,7 +29,7 @@ class Labels:
         self.count = 0
         self._values: np.ndarray | None = None     # int64 label per row (capacity >= count)
         self._has: np.ndarray | None = None        # bool per row: the row has a label
-        self._rows: dict[int, list[np.ndarray]] = {}
+        self._rows: dict[int, list] = {}           # label -> [sorted rows | (gone, arriving), ...]
 
     @property
     def any(self) -> bool:
@@ -35,12 +38,19 @@ class Labels:
     # -- questions --------------------------------------------------------------------------------
     def rows_of(self, label: int) -> np.ndarray:
         """The sorted rows holding `label` (empty when none)."""
-        pieces = self._rows.get(label)
-        if pieces is None:
+        log = self._rows.get(label)
+        if log is None:
             return _EMPTY
-        if len(pieces) > 1:
-            pieces[:] = [np.concatenate(pieces)]
-        return pieces[0]
+        if len(log) > 1 or isinstance(log[0], tuple):
+            rows = _EMPTY
+            for change in log:
+                if isinstance(change, tuple):
+                    gone, arriving = change
+                    rows = _merged(rows[~_members(rows, gone)], arriving)
+                else:
+                    rows = np.concatenate([rows, change])
+            log[:] = [rows]
+        return log[0]
 
     def column(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(labels int64, has-label bool) per row, or None when no row was ever given a label."""
@@ -101,21 +111,33 @@ class Labels:
         arriving = self._has[moved_from]
         labels_arriving, rows_arriving = self._values[moved_from][arriving], moved_to[arriving]
         self._values[moved_to], self._has[moved_to] = self._values[moved_from], self._has[moved_from]
-        for label in np.unique(labels_dropped).tolist():
-            held = self.rows_of(label)
-            gone = np.sort(dropped[labels_dropped == label])
-            kept = held[~_members(held, gone)]
-            new = np.sort(rows_arriving[labels_arriving == label])
-            if len(new):
-                kept = np.insert(kept, np.searchsorted(kept, new), new)
-            if len(kept):
-                self._rows[label] = [kept]
-            else:
-                del self._rows[label]
+        arriving = dict(_by_label(labels_arriving, rows_arriving))
+        for label, gone in _by_label(labels_dropped, dropped):
+            self._rows[label].append((gone, arriving.get(label, _EMPTY)))
 
     def nbytes(self) -> int:
         column = 0 if self._values is None else self._values.nbytes + self._has.nbytes
-        return column + sum(piece.nbytes + 100 for pieces in self._rows.values() for piece in pieces)
+        return column + sum(sum(np.asarray(part).nbytes for part in (change if isinstance(change, tuple) else [change]))
+                            + 100 for log in self._rows.values() for change in log)
+
+
+def _by_label(labels: np.ndarray, rows: np.ndarray):
+    """(label, its rows sorted) for each distinct label: one sort by label, then each group's own."""
+    if not len(labels):
+        return []
+    order = np.argsort(labels)
+    labels, rows = labels[order], rows[order]
+    starts = np.flatnonzero(np.concatenate(([True], labels[1:] != labels[:-1])))
+    return [(label, np.sort(group)) for label, group in zip(labels[starts].tolist(), np.split(rows, starts[1:]))]
+
+
+def _merged(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two sorted arrays with no value in both as one sorted array, in O(len(a) + len(b))."""
+    at = np.searchsorted(a, b) + np.arange(len(b))
+    out, from_a = np.empty(len(a) + len(b), dtype=np.int64), np.ones(len(a) + len(b), dtype=bool)
+    from_a[at] = False
+    out[at], out[from_a] = b, a
+    return out
 
 
 def _members(sorted_values: np.ndarray, sorted_probe: np.ndarray) -> np.ndarray:
