@@ -369,3 +369,24 @@ def test_searches_never_see_half_a_removal(backend):
         thread.join()
     assert not failures, failures[:3]
     assert index.ntotal == 400
+
+
+# -- every storage dtype -------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8", "uint8"])
+@pytest.mark.parametrize("metric", METRICS)
+def test_every_storage_dtype(backend, metric, dtype):
+    device, _ = backend
+    if device == "cpu" and backend[1] is None:
+        from tinyknn.cpu.library import DTYPE_CODES
+
+        if dtype not in DTYPE_CODES:
+            pytest.skip(f"the CPU library does not store {dtype} yet")
+    index, oracle, rng = build(device, metric, dtype)
+    q = rng.integers(-3, 4, size=(5, 5)).astype(np.float64) if dtype in ("int8", "uint8") else rng.standard_normal((5, 5))
+    q = np.abs(q) if dtype == "uint8" else q
+    oracle.assert_search(index, q, 12)
+    assert index.remove([1, 31, 61]) == oracle.remove([1, 31, 61]) == 3
+    oracle.assert_search(index, q, 12, labels=[0, 1, 2, 3, 0])
+    oracle.assert_search(index, q.astype(np.int8) if dtype == "int8" else q, 4, filter=np.arange(0, 90))
+    assert index.get([4]).dtype == numpy_dtype(dtype)
+    assert np.array_equal(index.get([4])[0].astype(np.float64), oracle.vectors[4])

@@ -187,7 +187,9 @@ def check_integral(array: np.ndarray, what: str, storage_dtype: str) -> None:
             return
     where = tuple(int(i) for i in np.argwhere(bad)[0])
     place = f"row {where[0]}, column {where[1]}" if len(where) == 2 else f"position {where}"
-    raise ValueError(f"{what} holds {array[where]!r} at {place}; a {storage_dtype} index takes integers in "
+    value = array[where]
+    shown = int(value) if array.dtype.kind in "iu" else float(value)
+    raise ValueError(f"{what} holds {shown!r} at {place}; an {storage_dtype} index takes integers in "
                      f"{info.min} .. {info.max} only")
 
 
