@@ -16,3 +16,5 @@
 #include "scan.cuh"
 #include "tiled.cuh"
 #include "verify.cuh"
+#include "rows.cuh"
+#include "range.cuh"

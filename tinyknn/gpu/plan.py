@@ -31,7 +31,7 @@ TILED_MIN_FILL = 0.85       # ... where the last wave holds at least this share 
 MAX_BATCH = 8192            # queries per launch pair (bounds the candidate buffer; grid.y <= 65535)
 INGEST_THREADS = 256
 
-_P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+_P, _I, _L, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_double
 ARGUMENTS = {
     # ingest_kernel(src, src_itemsize, src_row_stride, n_rows, dim, dst, dst_row_stride, norms, squared, norm_max,
     #               status)
@@ -46,6 +46,11 @@ ARGUMENTS = {
     # band_kernel(data, ids, n_data, row_stride, dim, queries, which, threshold, capacity, band_keys, band_ids,
     #             counts)
     "band": (_P, _P, _L, _I, _I, _P, _P, _P, _I, _P, _P, _P),
+    # copy_rows_kernel(src, dst, words_per_row, from, to, count, src_ids, dst_ids, src_norms, dst_norms)
+    "rows": (_P, _P, _I, _P, _P, _L, _P, _P, _P, _P),
+    # range_kernel(data, inv_norms, ids, n_data, row_stride, dim, queries, n_queries, radius_key, row_stats,
+    #              capacity, out_keys, out_ids, counts)
+    "range": (_P, _P, _P, _L, _I, _I, _P, _I, _D, _P, _I, _P, _P, _P),
 }
 VERIFY_STATUS_SLOT, VERIFY_THRESHOLD_SLOT = 12, 13
 BAND_THREADS = 256
@@ -70,8 +75,10 @@ def load_kernel(spec: KernelSpec) -> LoadedKernel:
     kernel = load_module(get_cubin(spec)).kernel(render.name_expression(spec))
     if spec.variant == "norms":
         threads, shared = INGEST_THREADS, 0
-    elif spec.variant == "band":
+    elif spec.variant in ("band", "rows"):
         threads, shared = BAND_THREADS, 0
+    elif spec.variant == "range":
+        threads, shared = BAND_THREADS, spec.param("smem")
     else:
         threads, shared = spec.param("warps") * 32, spec.param("smem")
     if shared > 48 * 1024:

@@ -30,9 +30,11 @@ the stream); the GPU work of one search already fills the device.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,7 +42,7 @@ from .._validate import DeviceArray, check_values
 from ..config import get_config
 from ..errors import CudaError
 from ..jit import render
-from ..spec import numpy_dtype
+from ..spec import MAX_K, numpy_dtype
 from . import interop, plan as plans
 from .device import current_device, ensure_context
 from .memory import DeviceBuffer, Event, PinnedBuffer, Stream, copy_host_to_address
@@ -50,6 +52,15 @@ ADD_CHUNK_BYTES = 64 << 20      # host vectors are copied to the device in chunk
 PLAN_CACHE = 32
 SOURCE_KINDS = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5}   # ingest.cuh
 BAND_MIN_CAPACITY = 256         # band entries per query at first (grown to the largest count when exceeded)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The rows a search reads: the index's own buffers (prefix ""), or the copy of a filter's allowed rows
+    gathered into the "sub_" buffers (ids and norms beside them)."""
+
+    prefix: str
+    n: int
 
 
 class GpuSearcher:
@@ -74,6 +85,7 @@ class GpuSearcher:
         self._ingest_launches: dict = {}
         self._plans: OrderedDict = OrderedDict()
         self._n = 0
+        self._view: Rows | None = None     # set by _reading() for the duration of a search
         self._capacity = 0
         self._status_host = PinnedBuffer(4)
         self._device("status", 4)
@@ -256,13 +268,20 @@ class GpuSearcher:
         self._wait_for_caller(interop.caller_stream(vectors))
         self._ingest(vectors.ptr, vectors.dtype, step, vectors.shape[0], self.dtype, data_ptr, norms_ptr, True)
 
-    def search(self, queries, k: int):
-        """(distances, ids) of the k nearest: NumPy for host queries, the caller's framework for CUDA ones."""
+    def search(self, queries, k: int, rows=None):
+        """(distances, ids) of the k nearest: NumPy for host queries, the caller's framework for CUDA ones.
+        rows: None (every row) or the sorted positions the queries may return, gathered first (so a 1 %
+        filter reads about 1 % of the database)."""
         if isinstance(queries, DeviceArray):
-            return self._search_device(queries, k)
+            with self._lock, self._reading(rows):
+                if k > MAX_K:
+                    raise ValueError(f"k = {k} is beyond the GPU kernels' {MAX_K} for CUDA-array queries; pass the "
+                                     "queries as a NumPy array (k up to ntotal is served through the host)")
+                return self._search_device(queries, k)
         n_queries = queries.shape[0]
-        with self._lock:
-            self._check_open()
+        with self._lock, self._reading(rows):
+            if k > MAX_K:
+                return self._large_k(queries, k)
             if 0 < n_queries <= plans.MAX_BATCH:      # one batch: its results are the arrays returned
                 return self._search_host_batch(queries, k)
             distances = np.empty((n_queries, k), dtype=np.float32)
@@ -271,6 +290,50 @@ class GpuSearcher:
                 stop = min(n_queries, start + plans.MAX_BATCH)
                 distances[start:stop], ids[start:stop] = self._search_host_batch(queries[start:stop], k)
         return distances, ids
+
+    def _large_k(self, queries: np.ndarray, k: int):
+        from . import ranges
+
+        return ranges.large_k_search(self, np.ascontiguousarray(queries, dtype=np.float32), k)
+
+    @contextlib.contextmanager
+    def _reading(self, rows):
+        """For the call in progress (the lock held): read every row, or the gathered copy of `rows`."""
+        self._check_open()
+        if rows is None:
+            self._view = Rows("", self._n)
+        else:
+            positions = np.ascontiguousarray(rows, dtype=np.int64)
+            self._view = Rows("sub_", len(positions))
+            if len(positions):
+                self._copy_rows(positions, None, "sub_")
+        try:
+            yield
+        finally:
+            self._view = None
+
+    def _copy_rows(self, source_rows: np.ndarray, target_rows: np.ndarray | None, target: str) -> None:
+        """Rows source_rows of the index go to rows target_rows (in place when target == "") or, with
+        target_rows None, to rows 0, 1, ... of the `target` buffers ("sub_" or "get_"): data, ids, norms."""
+        count = len(source_rows)
+        has_norms = self.metric in ("cosine", "l2")
+        if target:
+            for name, per_row in (("data", self._row_bytes), ("ids", 8), ("norms", 4 if has_norms else 0)):
+                if per_row:
+                    self._device(target + name, count * per_row)
+        loaded = self._kernel(render.rows_spec(self._arch))
+        with DeviceBuffer(count * 8) as sources, DeviceBuffer(count * 8 if target_rows is not None else 0) as targets:
+            sources.copy_from_host(source_rows, count * 8, self._stream)
+            if target_rows is not None:
+                targets.copy_from_host(np.ascontiguousarray(target_rows, dtype=np.int64), count * 8, self._stream)
+            launch = loaded.prepare(self._pointer("data"), self._pointer(target + "data"), self._row_bytes // 16,
+                                    sources.ptr, targets.ptr if target_rows is not None else 0, count,
+                                    self._pointer("ids"), self._pointer(target + "ids"),
+                                    self._pointer("norms") if has_norms else 0,
+                                    self._pointer(target + "norms") if has_norms else 0)
+            blocks = max(1, min(math.ceil(count / 8), self._sm_count * 8))
+            launch.launch(blocks, 256, 0, self._stream)
+            self._stream.synchronize()        # before the index buffers behind the pointers can move
 
     def _search_host_batch(self, queries: np.ndarray, k: int, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """One batch of host queries; fresh result arrays (the only allocations of the call)."""
@@ -298,14 +361,16 @@ class GpuSearcher:
         self.exact_reruns += len(which)
         loaded = self._kernel(render.band_spec(self.metric, self.dtype, self._arch))
         f = len(which)
-        blocks = max(1, min(math.ceil(self._n / plans.BAND_THREADS), self._sm_count * 8))
+        view = self._view
+        blocks = max(1, min(math.ceil(view.n / plans.BAND_THREADS), self._sm_count * 8))
         capacity = max(BAND_MIN_CAPACITY, 4 * k)
         with DeviceBuffer(f * 4) as which_buffer, DeviceBuffer(f * 4) as counts:
             which_buffer.copy_from_host(np.ascontiguousarray(which, dtype=np.int32), f * 4, self._stream)
             while True:
                 keys, band_ids = DeviceBuffer(f * capacity * 8), DeviceBuffer(f * capacity * 8)
                 counts.fill_bytes(0, f * 4, self._stream)
-                launch = loaded.prepare(self._pointer("data"), self._pointer("ids"), self._n, self._stride, self.dim,
+                launch = loaded.prepare(self._pointer(view.prefix + "data"), self._pointer(view.prefix + "ids"), view.n,
+                                        self._stride, self.dim,
                                         self._pointer("queries"), which_buffer.ptr, self._pointer("thresholds"),
                                         capacity, keys.ptr, band_ids.ptr, counts.ptr)
                 launch.launch((blocks, f, 1), loaded.threads, 0, self._stream)
@@ -334,38 +399,37 @@ class GpuSearcher:
         return distances, ids
 
     def _search_device(self, queries: DeviceArray, k: int):
+        """CUDA queries, batch by batch (the caller, search, holds the lock)."""
         interop.check_device(queries, self._ordinal, "queries")
         step = interop.row_step(queries, "queries")
         n_queries = queries.shape[0]
         distances, ids, distances_ptr, ids_ptr = interop.empty_results(queries, n_queries, k, self._ordinal)
         caller = interop.caller_stream(queries)
-        with self._lock:
-            self._check_open()
-            self._wait_for_caller(caller)        # after the result arrays were allocated on it
-            self._buffers["status"].fill_bytes(0, 4, self._stream)
-            item = queries.dtype.itemsize
-            statuses = self._device("device_status", min(n_queries, plans.MAX_BATCH) * 4)  # before the plans
-            for start in range(0, n_queries, plans.MAX_BATCH):
-                count = min(plans.MAX_BATCH, n_queries - start)
-                search_plan = self._plan(count, k, "device")
-                self._ingest(queries.ptr + start * step * item, queries.dtype, step, count, "float32",
-                             self._pointer("queries"), 0, False)
-                search_plan.set_outputs(distances_ptr + start * k * 4, ids_ptr + start * k * 8, statuses.ptr,
-                                        self._pointer("thresholds"))
-                search_plan.launch(self._stream)
-                found = np.empty(count, dtype=np.int32)
-                statuses.copy_to_host(found, count * 4, self._stream)
-                self._raise_if_bad("queries")    # one synchronisation for the flag and the statuses
-                unproven = np.flatnonzero(found)
-                if len(unproven):               # their rows are rewritten with the band search's answers
-                    band_d, band_i = self._band(unproven, k)
-                    for row, d_row, i_row in zip(unproven.tolist(), band_d, band_i):
-                        at = start + row
-                        copy_host_to_address(distances_ptr + at * k * 4, d_row, self._stream)
-                        copy_host_to_address(ids_ptr + at * k * 8, i_row, self._stream)
-            done = self._events[1]
-            done.record(self._stream)
-            Stream.from_handle(caller).wait(done)
+        self._wait_for_caller(caller)        # after the result arrays were allocated on it
+        self._buffers["status"].fill_bytes(0, 4, self._stream)
+        item = queries.dtype.itemsize
+        statuses = self._device("device_status", min(n_queries, plans.MAX_BATCH) * 4)  # before the plans
+        for start in range(0, n_queries, plans.MAX_BATCH):
+            count = min(plans.MAX_BATCH, n_queries - start)
+            search_plan = self._plan(count, k, "device")
+            self._ingest(queries.ptr + start * step * item, queries.dtype, step, count, "float32",
+                         self._pointer("queries"), 0, False)
+            search_plan.set_outputs(distances_ptr + start * k * 4, ids_ptr + start * k * 8, statuses.ptr,
+                                    self._pointer("thresholds"))
+            search_plan.launch(self._stream)
+            found = np.empty(count, dtype=np.int32)
+            statuses.copy_to_host(found, count * 4, self._stream)
+            self._raise_if_bad("queries")    # one synchronisation for the flag and the statuses
+            unproven = np.flatnonzero(found)
+            if len(unproven):               # their rows are rewritten with the band search's answers
+                band_d, band_i = self._band(unproven, k)
+                for row, d_row, i_row in zip(unproven.tolist(), band_d, band_i):
+                    at = start + row
+                    copy_host_to_address(distances_ptr + at * k * 4, d_row, self._stream)
+                    copy_host_to_address(ids_ptr + at * k * 8, i_row, self._stream)
+        done = self._events[1]
+        done.record(self._stream)
+        Stream.from_handle(caller).wait(done)
         return distances, ids
 
     def _wait_for_caller(self, caller: int) -> None:
@@ -375,7 +439,7 @@ class GpuSearcher:
 
     # -- plans ----------------------------------------------------------------------------------------
     def _host_batch(self, n_queries: int, k: int, exact: bool = False) -> plans.HostBatch:
-        key = (n_queries, k, "host", exact)
+        key = (n_queries, k, "host", exact, self._view)
         batch = self._plans.get(key)
         if batch is None:
             main = self._main_spec(n_queries, k, exact)
@@ -398,7 +462,8 @@ class GpuSearcher:
 
     def _plan(self, n_queries: int, k: int, purpose: str, exact: bool = False) -> plans.SearchPlan:
         """The cached plan of a batch shape; the buffers it needs are grown first. exact: no filter key."""
-        key = (n_queries, k, purpose, exact, "plan")
+        view = self._view
+        key = (n_queries, k, purpose, exact, view, "plan")
         found = self._plans.get(key)
         if found is not None:
             self._plans.move_to_end(key)
@@ -407,7 +472,7 @@ class GpuSearcher:
         verify = self._kernel(render.verify_spec(main.spec))
         per_list = plans.list_k(main.spec)
         groups = math.ceil(n_queries / plans.queries_per_block(main.spec))
-        slices, rows = plans.split_rows(self._n, groups, main, self._sm_count, per_list, self.slices_override)
+        slices, rows = plans.split_rows(view.n, groups, main, self._sm_count, per_list, self.slices_override)
         self._device("queries", n_queries * self._stride * 4)
         self._device("candidates", plans.candidate_bytes(n_queries, slices, per_list))
         bounds = self._device("bounds", n_queries * 4)
@@ -416,10 +481,10 @@ class GpuSearcher:
         results = self._pointer("results")
         candidates = self._pointer("candidates")
         search_plan = plans.build_plan(
-            main, verify, n_queries=n_queries, k=k, n_data=self._n, dim=self.dim, slices=slices, rows_per_slice=rows,
-            row_stride=self._stride, data_ptr=self._pointer("data"), norms_ptr=self._pointer("norms"),
-            queries_ptr=self._pointer("queries"), keys_ptr=candidates,
-            positions_ptr=candidates + n_queries * slices * per_list * 4, ids_ptr=self._pointer("ids"),
+            main, verify, n_queries=n_queries, k=k, n_data=view.n, dim=self.dim, slices=slices, rows_per_slice=rows,
+            row_stride=self._stride, data_ptr=self._pointer(view.prefix + "data"),
+            norms_ptr=self._pointer(view.prefix + "norms"), queries_ptr=self._pointer("queries"), keys_ptr=candidates,
+            positions_ptr=candidates + n_queries * slices * per_list * 4, ids_ptr=self._pointer(view.prefix + "ids"),
             distances_out=results, ids_out=results + ids_offset, bounds=bounds,
             row_stats_ptr=self._pointer("row_stats"), status_ptr=results + status_offset,
             threshold_ptr=self._pointer("thresholds"))
@@ -431,6 +496,47 @@ class GpuSearcher:
         return search_plan
 
     slices_override: int | None = None   # benchmarks only: force the number of database slices
+
+    # -- index operations (row positions; ids and labels are the Index's) ------------------------------
+    def remove_rows(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """Remove rows at once: the last live rows move into the holes (O(removed x dim), no later
+        slowdown). Returns (moved_from, moved_to), the rows that moved."""
+        positions = np.unique(np.asarray(positions, dtype=np.int64))
+        with self._lock:
+            self._check_open()
+            if len(positions) and (positions[0] < 0 or positions[-1] >= self._n):
+                raise ValueError(f"remove_rows: positions must be in [0, {self._n}); got {positions[0]}..{positions[-1]}")
+            n_new = self._n - len(positions)
+            holes = positions[positions < n_new]
+            movers = np.setdiff1d(np.arange(n_new, self._n, dtype=np.int64), positions, assume_unique=True)
+            if len(holes):
+                self._copy_rows(movers, holes, "")
+            self._n = n_new
+            self._forget_plans()
+            return movers, holes
+
+    def get_rows(self, positions) -> np.ndarray:
+        """Copies of the stored rows at `positions`, (len, dim) in the storage dtype."""
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        out = np.empty((len(positions), self._stride), dtype=numpy_dtype(self.dtype))
+        with self._lock:
+            self._check_open()
+            if len(positions) and (positions.min() < 0 or positions.max() >= self._n):
+                raise ValueError(f"get_rows: positions must be in [0, {self._n})")
+            if len(positions):
+                self._copy_rows(positions, None, "get_")
+                self._buffers["get_data"].copy_to_host(out, out.nbytes, self._stream)
+                self._stream.synchronize()
+        return np.ascontiguousarray(out[:, :self.dim])
+
+    def range_search(self, queries, radius: float, rows=None):
+        """(lims, distances, ids): every allowed row whose contract distance is strictly inside `radius`
+        (l2 below it; ip and cosine above it), each query's hits nearest first, ties by the smaller id."""
+        from . import ranges
+
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        with self._lock, self._reading(rows):
+            return ranges.range_search(self, queries, float(radius))
 
     # -- the rest of the protocol ---------------------------------------------------------------------
     def truncate(self, n_rows: int) -> None:

@@ -138,13 +138,17 @@ def name_expression(spec: KernelSpec) -> str:
     elif spec.variant == "verify":
         bound = "tinyknn::FilterKeyBound" if p("filter", 0) else _BOUND_TYPES[spec.metric]
         args = [metric, bound, storage, spec.k, p("kl"), p("warps"), p("smem")]
+    elif spec.variant == "rows":
+        return "tinyknn::copy_rows_kernel"
+    elif spec.variant == "range":
+        args = [metric, storage, p("qb")]
     else:  # band
         args = [metric, storage]
     return f"tinyknn::{_KERNEL_NAMES[spec.variant]}<{', '.join(str(a) for a in args)}>"
 
 
 _KERNEL_NAMES = {"norms": "ingest_kernel", "scan": "scan_kernel", "tiled": "tiled_kernel", "verify": "verify_kernel",
-                 "band": "band_kernel"}
+                 "band": "band_kernel", "rows": "copy_rows_kernel", "range": "range_kernel"}
 
 
 # -- the plans: which specs a search launches, with their parameters ------------------------------
@@ -279,6 +283,23 @@ def band_spec(metric: str, dtype: str, arch: str) -> KernelSpec:
     return KernelSpec(metric, dtype, 1, 0, "band", arch)
 
 
+def rows_spec(arch: str) -> KernelSpec:
+    """copy_rows_kernel (whole 16-byte words: no metric, dtype, dim or k)."""
+    return KernelSpec("l2", "float32", 1, 0, "rows", arch)
+
+
+RANGE_QB = (8, 4, 2, 1)         # queries per range_search block (each row is read once per block) ...
+RANGE_QUERY_SMEM = 48 * 1024    # ... as many as fit this much shared memory
+
+
+def range_spec(metric: str, dtype: str, dim: int, arch: str) -> KernelSpec:
+    """range_kernel: every row within a radius of QB queries (float32 screen, float64 decision); QB
+    from the padded row length, so the dim matters only through it (canonical dim 1 per QB)."""
+    stride = row_layout(parse_dim(dim), parse_dtype(dtype))[1]
+    qb = next((q for q in RANGE_QB if q * stride * 4 <= RANGE_QUERY_SMEM), 1)
+    return KernelSpec(metric, dtype, 1, 0, "range", arch, (("qb", qb), ("smem", qb * stride * 4)))
+
+
 def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
     """Every KernelSpec a search of (metric, dtype, dim, k) may launch: what `tinyknn cache warm` builds.
 
@@ -296,12 +317,12 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
         mains += tiled_specs(metric, dtype, dim, k, arch, exact=True) + tiled_specs(metric, dtype, dim, k, arch)
     for main in dict.fromkeys(mains):
         specs += [main, verify_spec(main)]
-    specs.append(band_spec(metric, dtype, arch))
+    specs += [band_spec(metric, dtype, arch), rows_spec(arch), range_spec(metric, dtype, dim, arch)]
     return list(dict.fromkeys(specs))
 
 
 __all__ = [
-    "RenderedSource", "band_spec", "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
+    "RANGE_QB", "RenderedSource", "band_spec", "range_spec", "rows_spec", "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
     "render_source", "row_layout", "scan_spec", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
     "verify_spec",
 ]
