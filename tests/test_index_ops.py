@@ -7,6 +7,7 @@ dtype), "cpu" and "cuda" (the real searchers, once they implement the protocol's
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -390,3 +391,94 @@ def test_every_storage_dtype(backend, metric, dtype):
     oracle.assert_search(index, q.astype(np.int8) if dtype == "int8" else q, 4, filter=np.arange(0, 90))
     assert index.get([4]).dtype == numpy_dtype(dtype)
     assert np.array_equal(index.get([4])[0].astype(np.float64), oracle.vectors[4])
+
+
+# -- sequences against the model dictionary (hypothesis) ------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_seeds = st.integers(0, 2**31 - 1)
+_steps = st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 20), st.sampled_from(["auto", "fresh", "reuse"]), st.booleans(), _seeds),
+    st.tuples(st.just("remove"), st.integers(0, 30), _seeds),
+    st.tuples(st.just("search"), st.integers(1, 4), st.integers(1, 30), st.sampled_from(["none", "filter", "labels",
+                                                                                          "both"]), _seeds),
+    st.tuples(st.just("range"), st.integers(1, 3), st.sampled_from(["none", "filter", "labels"]), _seeds),
+    st.tuples(st.just("get"), st.integers(0, 5), _seeds),
+    st.tuples(st.just("round_trip"),),
+)
+
+
+def _run_steps(device, metric, dtype, steps):
+    index, oracle = tinyknn.Index(3, metric=metric, dtype=dtype, device=device), Oracle(dtype)
+    removed: list[int] = []
+    next_auto = 0                 # 1 + the largest id held since creation or the last load (class doc)
+    for step in steps:
+        rng = np.random.default_rng(step[-1] if isinstance(step[-1], int) else 0)
+        held = np.array(sorted(oracle.vectors), dtype=np.int64)
+        if step[0] == "add":
+            _, n, how, labelled, _ = step
+            if how == "reuse" and removed:
+                ids = np.array(sorted(set(removed)), dtype=np.int64)[:n]
+            elif how == "fresh":
+                ids = rng.choice(10**6, n, replace=False).astype(np.int64) + 10**9
+            else:
+                ids = None
+            n = n if ids is None else len(ids)
+            x = rng.integers(-3, 4, size=(n, 3)).astype(np.float64)
+            labels = rng.integers(0, 3, n) if labelled else None
+            if ids is not None and set(ids.tolist()) & set(oracle.vectors):
+                continue                                          # collisions: test_ids' business
+            index.add(x, ids=ids, labels=labels)
+            ids = np.arange(next_auto, next_auto + n) if ids is None else ids
+            next_auto = max([next_auto] + [int(i) + 1 for i in ids])
+            oracle.add(x, ids, labels)
+            removed = [i for i in removed if i not in set(ids.tolist())]
+        elif step[0] == "remove":
+            chosen = np.concatenate([rng.choice(held, min(step[1], len(held)), replace=False) if len(held) else [],
+                                     [10**15 + 3]]).astype(np.int64)
+            assert index.remove(chosen) == oracle.remove(chosen)
+            removed += [int(i) for i in chosen if i < 10**15]
+            assert not index.contains(chosen).any()
+            assert index.contains(held).sum() == len(oracle.vectors)
+        elif step[0] == "search":
+            _, nq, k, how, _ = step
+            q = rng.standard_normal((nq, 3))
+            kwargs = {}
+            if how in ("filter", "both"):
+                kwargs["filter"] = np.concatenate([rng.choice(held, len(held) // 2) if len(held) else [], [-1]]).astype(np.int64)
+            if how in ("labels", "both"):
+                kwargs["labels"] = rng.integers(0, 4, nq)
+            oracle.assert_search(index, q, k, **kwargs)
+        elif step[0] == "range":
+            _, nq, how, _ = step
+            q = rng.standard_normal((nq, 3))
+            radius = {"l2": 6.0, "ip": 0.5, "cosine": 0.2}[metric]
+            kwargs = {"filter": held[::2]} if how == "filter" else {"labels": rng.integers(0, 3, nq)} if how == "labels" else {}
+            got, want = index.range_search(q, radius, **kwargs), oracle_ranges(oracle, q, radius, metric, **kwargs)
+            assert all(np.array_equal(a, b) for a, b in zip(got, want)), (got, want)
+        elif step[0] == "get" and len(held):
+            chosen = rng.choice(held, step[1])
+            assert np.array_equal(index.get(chosen).astype(np.float64).reshape(len(chosen), 3),
+                                  np.array([oracle.vectors[int(i)] for i in chosen]).reshape(len(chosen), 3))
+            assert index.contains(np.concatenate([chosen, removed[:3]]).astype(np.int64)).tolist() == \
+                [True] * len(chosen) + [False] * len(removed[:3])
+        elif step[0] == "round_trip":
+            index = pickle_round_trip(index)
+            next_auto = max(oracle.vectors, default=-1) + 1
+        assert index.ntotal == len(oracle.vectors)
+
+
+def pickle_round_trip(index):
+    import pickle
+
+    again = pickle.loads(pickle.dumps(index))
+    index.close()
+    return again
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@settings(deadline=None, max_examples=int(os.environ.get("TINYKNN_FUZZ_EXAMPLES", "100")), database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(metric=st.sampled_from(METRICS), steps=st.lists(_steps, min_size=1, max_size=25))
+def test_sequences_match_the_model_dictionary(backend, dtype, metric, steps):
+    _run_steps(backend[0], metric, dtype, steps)
