@@ -1,73 +1,26 @@
-"""Index: owns the database and its ids, validates every input, and hands the work to a searcher.
+"""Index: owns the database's ids and labels, validates every input, and hands the work to a searcher.
 
-No CUDA and no ctypes here: the CPU searcher (tinyknn.cpu) and the GPU searcher (tinyknn.gpu) are
-imported lazily, so `import tinyknn` works on a machine with no GPU, driver or compiler.
+Ids and labels map onto row positions here (tinyknn._ids, tinyknn._labels); a filtered or labelled
+search becomes searcher calls over the allowed rows (tinyknn._groups). No CUDA and no ctypes here: the
+searchers (tinyknn._backends) are imported lazily, so `import tinyknn` works on a machine with no GPU,
+driver or compiler.
 """
 
 from __future__ import annotations
 
 import io
 import threading
-from typing import Protocol
 
 import numpy as np
 
 from . import _groups, _persist, _validate
 from . import _validate_ops as _ops
+from ._backends import DEVICES, Searcher, parse_device  # noqa: F401 - DEVICES re-exported
+from ._backends import make_searcher as _make_searcher  # tests replace it with a model searcher
 from ._ids import IdMap
 from ._labels import Labels
 from ._persist import FILE_FORMAT, FILE_VERSION  # noqa: F401 - re-exported for callers and tests
 from .spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
-
-DEVICES = ("cpu", "cuda")
-
-
-class Searcher(Protocol):
-    """What a backend provides. Inputs arrive validated (host ndarrays or _validate.DeviceArray).
-
-    Rows are positions 0 .. n-1; a searcher may move rows (answers never depend on row order: ties go
-    to the smaller id). `add` appends rows with their ids, copies them before it returns (the caller
-    reuses the array), and either takes all of them or raises with the searcher unchanged;
-    `truncate(n_rows)` drops every row from n_rows on (the newest), so that an add handed over in
-    several pieces can be undone when a later piece fails. `rows`, where given, is a sorted unique
-    int64 array of the positions the call may return (possibly empty); k may exceed 2,048 and the rows
-    there are (pad with id -1, distance +inf for l2, -inf for ip and cosine). `remove_rows(positions)`
-    (sorted unique int64) swap-removes those rows at once and returns (moved_from, moved_to), int64
-    arrays of the rows that moved; `get_rows(positions)` the stored rows (any int64 positions, in
-    order) in the storage dtype; `range_search` FAISS's (lims, distances, ids) (INDEX_OPS.md)."""
-
-    def add(self, vectors, ids: np.ndarray) -> None: ...
-    def truncate(self, n_rows: int) -> None: ...
-    def search(self, queries, k: int, rows: np.ndarray | None = None): ...
-    def range_search(self, queries, radius: float, rows: np.ndarray | None = None): ...
-    def remove_rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
-    def get_rows(self, positions: np.ndarray) -> np.ndarray: ...
-    def reset(self) -> None: ...
-    def export(self) -> tuple[np.ndarray, np.ndarray]: ...
-    def close(self) -> None: ...
-
-
-def parse_device(device) -> str:
-    text = str(device).lower() if isinstance(device, str) else device
-    if text in DEVICES:
-        return text
-    if isinstance(text, str) and text.startswith("cuda:"):
-        raise ValueError(f"device must be 'cpu' or 'cuda' (tinyknn uses the current CUDA device); got {device!r}")
-    raise ValueError(f"device must be one of 'cpu', 'cuda'; got {device!r}")
-
-
-def _make_searcher(device: str, dim: int, metric: str, dtype: str) -> Searcher:
-    if device == "cpu":
-        from .cpu.library import DTYPE_CODES
-        from .cpu.searcher import CpuSearcher
-
-        if dtype not in DTYPE_CODES:
-            raise ValueError(f"dtype {dtype!r} is not available on device='cpu' (it stores "
-                             f"{', '.join(map(repr, DTYPE_CODES))}); use one of those or device='cuda'")
-        return CpuSearcher(dim=dim, metric=metric, dtype=dtype)
-    from .gpu.searcher import GpuSearcher
-
-    return GpuSearcher(dim=dim, metric=metric, dtype=dtype)
 
 
 class Index:
@@ -225,9 +178,10 @@ class Index:
         """The k nearest database vectors of each query: (distances float32 (nq, k), ids int64 (nq, k)).
 
         Nearest first. Where a query may see fewer than k vectors the rows are padded with id -1 and
-        distance +inf (-inf for 'ip' and 'cosine'). Any k >= 1: beyond 2,048 the searchers select over
-        blocks of distances (each query holds k candidates; about the cost of a scan plus k log k per
-        query) and results take 12 bytes per (query, k). `filter`: a 1-D integer array of the ids that may
+        distance +inf (-inf for 'ip' and 'cosine'). Any k >= 1, but k beyond 2,048 (the kernels' own
+        limit) is a slower path: every allowed row's float64 distance is computed and the k best selected
+        outside the selection kernels (on the GPU: on the host, host queries only), so it costs about an
+        exact scan plus O(rows) per query whatever k is; results take 12 bytes per (query, k). `filter`: a 1-D integer array of the ids that may
         be returned (ids not in the index are ignored); `labels`: one int64 per query, each query seeing
         only the vectors added with its label; both together intersect. A filtered search reads only
         the allowed rows (one searcher call per distinct query label). Host input gives NumPy output;
