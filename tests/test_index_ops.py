@@ -482,3 +482,32 @@ def pickle_round_trip(index):
 @given(metric=st.sampled_from(METRICS), steps=st.lists(_steps, min_size=1, max_size=25))
 def test_sequences_match_the_model_dictionary(backend, dtype, metric, steps):
     _run_steps(backend[0], metric, dtype, steps)
+
+
+def test_label_logs_are_folded_when_long(monkeypatch):
+    """A label no search asks for still holds O(its rows): its log of adds and removals is folded once it
+    holds LOG_LIMIT changes, and the folded rows are the label's."""
+    from tinyknn import _labels
+
+    use_model(monkeypatch)
+    index = tinyknn.Index(1)
+    for step in range(3 * _labels.LOG_LIMIT):
+        index.add(np.full((2, 1), float(step)), labels=[5, 6])
+        if step % 3 == 2:
+            index.remove([2 * step - 4])
+    logs = index._labels._rows
+    assert all(len(log) <= _labels.LOG_LIMIT for log in logs.values())
+    searcher = index._searcher
+    assert index._labels.rows_of(5).tolist() == [row for row in range(len(searcher.ids)) if searcher.ids[row] % 2 == 0]
+
+
+def test_range_search_refuses_cuda_queries():
+    index = tinyknn.Index(3)
+    index.device = "cuda"                       # the check comes before any device work
+
+    class FakeCuda:
+        __cuda_array_interface__ = {"shape": (1, 3), "typestr": "<f4", "data": (1 << 20, False), "version": 3,
+                                    "strides": None}
+
+    with pytest.raises(TypeError, match="range_search takes host \\(NumPy\\) queries"):
+        index.range_search(FakeCuda(), 1.0)

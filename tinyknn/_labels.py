@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 _EMPTY = np.empty(0, dtype=np.int64)
+LOG_LIMIT = 32                # changes a label's log holds before it is folded
 
 
 class Labels:
@@ -81,13 +82,21 @@ class Labels:
         if not len(rows):
             return
         if values[0] == values[-1] and (values == values[0]).all():     # one label for the whole batch
-            self._rows.setdefault(int(values[0]), []).append(rows)
+            self._log(int(values[0]), rows)
             return
         order = np.argsort(values, kind="stable")
         grouped, rows = values[order], rows[order]
         starts = np.flatnonzero(np.concatenate(([True], grouped[1:] != grouped[:-1])))
         for label, piece in zip(grouped[starts].tolist(), np.split(rows, starts[1:])):
-            self._rows.setdefault(label, []).append(piece)
+            self._log(label, piece)
+
+    def _log(self, label: int, change) -> None:
+        """Append a change to a label's log; a long log is folded at once, so that a label no search
+        asks for holds O(its rows) and each fold is paid for by LOG_LIMIT changes."""
+        log = self._rows.setdefault(label, [])
+        log.append(change)
+        if len(log) > LOG_LIMIT:
+            self.rows_of(label)
 
     def _grow(self) -> None:
         if self._values is None:
@@ -113,7 +122,7 @@ class Labels:
         self._values[moved_to], self._has[moved_to] = self._values[moved_from], self._has[moved_from]
         arriving = dict(_by_label(labels_arriving, rows_arriving))
         for label, gone in _by_label(labels_dropped, dropped):
-            self._rows[label].append((gone, arriving.get(label, _EMPTY)))
+            self._log(label, (gone, arriving.get(label, _EMPTY)))
 
     def nbytes(self) -> int:
         column = 0 if self._values is None else self._values.nbytes + self._has.nbytes

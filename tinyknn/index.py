@@ -206,6 +206,9 @@ class Index:
         searcher = self._open_searcher()
         radius = _ops.radius(radius, self.metric)
         queries = self._queries(q)
+        if isinstance(queries, _validate.DeviceArray):
+            raise TypeError("range_search takes host (NumPy) queries; its results are host arrays of "
+                            "varying length: pass q.get() (CuPy) or q.cpu().numpy() (torch)")
         if filter is None and labels is None:
             return searcher.range_search(queries, radius, None)
         with self._view:
