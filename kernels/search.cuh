@@ -18,3 +18,4 @@
 #include "verify.cuh"
 #include "rows.cuh"
 #include "range.cuh"
+#include "screen_steps.cuh"

@@ -21,8 +21,14 @@ LARGER_IS_BETTER = {"l2": False, "ip": True, "cosine": True}
 
 
 def stored(db: np.ndarray, dtype: str) -> np.ndarray:
-    """The database as the index stores it (rounded to its dtype), in float64."""
-    return np.asarray(db).astype(dtype).astype(np.float64)
+    """The database as the index stores it (rounded to its dtype: bfloat16 through float32, as tinyknn
+    converts), in float64."""
+    from tinyknn.spec import numpy_dtype
+
+    db = np.asarray(db)
+    if dtype == "bfloat16" and db.dtype != numpy_dtype("bfloat16"):
+        db = db.astype(np.float32)
+    return db.astype(numpy_dtype(dtype)).astype(np.float64)
 
 
 def searched(q: np.ndarray) -> np.ndarray:

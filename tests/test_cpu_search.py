@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import tinyknn
 from tinyknn.config import reset_config
+from tinyknn.cpu import build as cpu_build
 from tinyknn.cpu import library
 from reference import assert_exact
 
@@ -242,14 +243,14 @@ def test_winograd_pass_over_several_blocks_of_queries(rng):
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the build flags are x86-64's")
-@pytest.mark.parametrize("flags, lanes", [(("-march=x86-64",), 4), ((library._NATIVE, "-DTINYKNN_FORCE_LANES=16"), 16)],
+@pytest.mark.parametrize("flags, lanes", [(("-march=x86-64",), 4), ((cpu_build._NATIVE, "-DTINYKNN_FORCE_LANES=16"), 16)],
                          ids=["portable", "forced-16-lanes"])
 def test_other_builds_first_passes_match_their_full_scan(rng, cache_dir, monkeypatch, flags, lanes):
     """The library built for a baseline x86-64 CPU (128-bit vectors: 4 lanes, no FMA, no F16C), as a CPU
     without AVX gets it, and one forced to an AVX-512 build's 16 lanes (32-row panels; runs on any x86-64
     CPU, the compiler splits the vectors): the sketch and the Winograd pass still give the contract's
     answer, bit for bit their own full scan's, on a database sized from the build's panel width."""
-    monkeypatch.setattr(library, "FLAGS", tuple(f for f in library.FLAGS if f != library._NATIVE) + flags)
+    monkeypatch.setattr(cpu_build, "FLAGS", tuple(f for f in cpu_build.FLAGS if f != cpu_build._NATIVE) + flags)
     library.reset_library()
     try:
         assert f"{lanes} lanes" in library.get_library().tk_build_info().decode()
@@ -263,6 +264,16 @@ def test_other_builds_first_passes_match_their_full_scan(rng, cache_dir, monkeyp
         assert index._searcher.sketch_counts() == (1, 0) and index._searcher.winograd_counts() == (1, 0)
         assert index._searcher.exact_fallbacks() == 0
         index.close()
+        tied = db[:3000].copy()
+        tied[::75] = tied[0]        # 40 copies: more ties than the margin, so the exhaustive pass answers
+        for metric in METRICS:
+            for dtype in DTYPES:
+                index = build(tied, metric, dtype)
+                distances, ids = index.search(tied[:2] + 0.01, 10)
+                assert_exact(distances, ids, tied, tied[:2] + 0.01, 10, metric, dtype)
+                if metric != "ip":   # (ip: longer rows may outrank the copies, leaving no tie to break)
+                    assert index._searcher.exact_fallbacks() >= 1
+                index.close()
     finally:
         library.reset_library()
 

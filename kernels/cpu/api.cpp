@@ -61,6 +61,12 @@ __attribute__((visibility("default"))) const char* tk_build_info(void) {
   return info.c_str();
 }
 
+#ifndef TINYKNN_SOURCES_DIGEST
+#define TINYKNN_SOURCES_DIGEST ""
+#endif
+
+__attribute__((visibility("default"))) const char* tk_sources_digest(void) { return TINYKNN_SOURCES_DIGEST; }
+
 __attribute__((visibility("default"))) int tk_build_param(const char* name, int64_t* value) {
   return guarded([&] {
     require(name != nullptr && value != nullptr, "a pointer is null");

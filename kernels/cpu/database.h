@@ -76,18 +76,31 @@ class Panels {
 
   // Blocks for `n` more rows, allocated now (may throw std::bad_alloc); append() then cannot throw.
   struct Growth;
-  Growth reserve(int64_t n) const {
+  Growth reserve(int64_t n) {
     Growth growth;
+    if (n > ((int64_t)1 << 44) / (dim_ * (int64_t)sizeof(Storage))) throw std::bad_alloc();  // > 16 TiB
     const int64_t panels_needed = (rows_ + n + kPanel - 1) / kPanel;
     const int64_t blocks_needed = (panels_needed + block_panels_ - 1) / block_panels_;
-    for (int64_t b = (int64_t)blocks_.size(); b < blocks_needed; ++b) growth.blocks.push_back(new_block());
+    const int64_t more = blocks_needed - (int64_t)blocks_.size();
+    if (more <= 0) return growth;
+    // one mapping for all new blocks, so that the kernel weighs the whole add against the memory it has
+    // (block by block, each would pass and the pages would fail later, when written)
+    const std::size_t bytes = block_bytes(), total = bytes * (std::size_t)more;
+    void* region = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (region == MAP_FAILED) throw std::bad_alloc();
+    growth.blocks.reserve(more);  // (if this throws, the region leaks: only ever on a failing add)
+    blocks_.reserve(blocks_.size() + more);  // so that append() cannot throw (capacity only: nothing changes)
+    for (int64_t b = 0; b < more; ++b) {
+      growth.blocks.push_back(Block(reinterpret_cast<Storage*>(static_cast<char*>(region) + b * bytes), BlockFree{bytes}));
+    }
     return growth;
   }
 
   // Appends n rows into the blocks of `growth` (from reserve(n)); row i's element d is element(i, d).
   template <class Element>
   void append(int64_t n, Element element, Growth& growth) noexcept {
-    for (auto& block : growth.blocks) blocks_.push_back(std::move(block));
+    for (auto& block : growth.blocks) blocks_.push_back(std::move(block));  // (capacity reserved: cannot throw)
+    growth.blocks.clear();
     for (int64_t i = 0; i < n; ++i, ++rows_) {
       Storage* slot = slot_of(rows_);
       for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = element(i, d);
@@ -120,19 +133,18 @@ class Panels {
     return blocks_[p / block_panels_].get() + (p % block_panels_) * dim_ * kPanel + row % kPanel;
   }
 
-  // A block straight from mmap: zero pages that cost memory only once written (a block of a small
-  // index stays mostly virtual), page aligned (so 64-byte aligned); std::bad_alloc when it fails.
+  // Blocks straight from mmap: zero pages that cost memory only once written (a block of a small index
+  // stays mostly virtual), page aligned (so 64-byte aligned). Each block unmaps its own pages.
   struct BlockFree {
     std::size_t bytes;
     void operator()(Storage* p) const { munmap(p, bytes); }
   };
   typedef std::unique_ptr<Storage[], BlockFree> Block;
 
-  Block new_block() const {
-    const std::size_t bytes = (std::size_t)(block_panels_ * dim_ * kPanel) * sizeof(Storage);
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    return Block(static_cast<Storage*>(p), BlockFree{bytes});
+  // A block's panels, rounded up to whole pages (each block of a mapping then starts on a page: munmap needs it).
+  std::size_t block_bytes() const {
+    const std::size_t bytes = (std::size_t)(block_panels_ * dim_ * kPanel) * sizeof(Storage), page = 1 << 16;
+    return (bytes + page - 1) / page * page;
   }
 
   int64_t dim_, block_panels_, rows_ = 0;

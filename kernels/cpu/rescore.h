@@ -1,7 +1,7 @@
 // The end of a search through a first pass (sketch_search.h, winograd_search.h): the rows each query's
-// slices kept are cut to those under the bound's threshold, then scored exactly by the full scan's own
-// kernel and summation order, so the answer is bit for bit the full scan's (the proof that no row of
-// that answer is missing is in sketch_search.h).
+// slices kept are cut to those under the bound's threshold, then scored by the full scan's own float32
+// kernel and summation order, so the k' rows kept are bit for bit the full scan's screen (the proof that
+// none is missing is in sketch_search.h), and their float64 distances computed on the way (verify.h).
 //
 // The exact scoring goes panel by panel rather than query by query: the (query, row) pairs are
 // bucketed by panel, and each panel is read once (from DRAM, usually) for every query that needs it,
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "database.h"
+#include "exhaustive.h"
 #include "kernel.h"
 #include "pool.h"
 #include "scan.h"
@@ -23,12 +24,12 @@
 namespace tinyknn {
 
 // kept[s * nq + i] for s < slices are query i's rows from slice s (keys of the first pass; the lists
-// are consumed). Writes each query's k best (full scan keys, sorted, padded: TopK::extract) into
-// best[i * k ..]; returns false, the output then meaning nothing, when some query keeps more than
-// `limit` candidates.
+// are consumed). Writes each query's k best (full scan keys, sorted by (key, position), padded as
+// TopK::extract pads) into out[i * k ..] and their float64 distances into float64[i * k ..]; returns
+// false, the outputs then meaning nothing, when some query keeps more than `limit` candidates.
 inline bool rescore_candidates(const Database<float>& db, const float* queries, int64_t nq, int64_t k,
                                const SketchBound* bounds, std::vector<Candidate>* kept, int64_t slices, int64_t limit,
-                               int threads, Candidate* out) {
+                               int threads, Candidate* out, double* float64) {
   const int64_t dim = db.dim(), panels = db.panels(), n = db.size();
   ThreadPool& pool = ThreadPool::shared();
   // fn(i) for every query, on the pool's threads, eight queries per task
@@ -67,7 +68,7 @@ inline bool rescore_candidates(const Database<float>& db, const float* queries, 
   panel_first.assign(panels + 1, 0);
   for (int64_t i = 0; i < nq; ++i) {
     for (int64_t j = 0; j < (int64_t)kept[i].size(); ++j) {
-      pairs[first[i] + j] = RescoredPair{kept[i][j].position, i, 0.0f};
+      pairs[first[i] + j] = RescoredPair{kept[i][j].position, i, 0.0f, 0.0};
       ++panel_first[kept[i][j].position / kPanel + 1];
     }
   }
@@ -89,6 +90,7 @@ inline bool rescore_candidates(const Database<float>& db, const float* queries, 
     int64_t owner[kTileQueries];
     for (int64_t p = panels * task / panel_tasks; p < panels * (task + 1) / panel_tasks; ++p) {
       for (int64_t next = panel_first[p]; next < panel_first[p + 1];) {
+        const int64_t tile_first = next;
         // the next up to kTileQueries distinct queries (pairs of one query are adjacent)
         int count = 0;
         int64_t end = next;
@@ -108,18 +110,24 @@ inline bool rescore_candidates(const Database<float>& db, const float* queries, 
           while (owner[slot] != pair.query) ++slot;
           pair.exact = keys[slot].key[pair.position - p * kPanel];
         }
+        exact_pairs(db.panel(p), dim, queries, pairs.data(), by_panel.data() + tile_first, next - tile_first, p * kPanel);
       }
     }
   });
 
-  // 4. Per query: the k best of its rescored rows.
+  // 4. Per query: the k best of its rescored rows, by (key, position) as the full scan's selection orders them.
   for_each_query([&](int64_t i) {
-    std::vector<Candidate>& storage = Scratch::of_this_thread().final_entries;
-    storage.resize(TopK::capacity(k));
-    TopK best;
-    best.start(k, storage.data());
-    for (int64_t j = first[i]; j < first[i + 1]; ++j) best.push(pairs[j].exact, pairs[j].position);
-    best.extract(out + i * k);
+    std::vector<int64_t>& order = Scratch::of_this_thread().pair_order;
+    order.resize(first[i + 1] - first[i]);
+    for (int64_t j = 0; j < (int64_t)order.size(); ++j) order[j] = first[i] + j;
+    const int64_t take = std::min<int64_t>(k, (int64_t)order.size());
+    std::partial_sort(order.begin(), order.begin() + take, order.end(), [&](int64_t a, int64_t b) {
+      return pairs[a].exact < pairs[b].exact || (pairs[a].exact == pairs[b].exact && pairs[a].position < pairs[b].position);
+    });
+    for (int64_t j = 0; j < k; ++j) {
+      out[i * k + j] = j < take ? Candidate{pairs[order[j]].exact, pairs[order[j]].position} : Candidate{positive_infinity(), -1};
+      float64[i * k + j] = j < take ? pairs[order[j]].float64 : 0.0;
+    }
   });
   return true;
 }

@@ -66,7 +66,7 @@ struct Scratch {
   std::vector<Candidate> rejected;
   // the rescoring's (rescore.h): pairs query by query, bucketed by panel, and one tile's queries
   std::vector<RescoredPair> pairs;
-  std::vector<int64_t> pair_offsets, panel_offsets, pairs_by_panel;
+  std::vector<int64_t> pair_offsets, panel_offsets, pairs_by_panel, pair_order;
   std::vector<float> tile_queries;
 
   static Scratch& of_this_thread() {

@@ -14,6 +14,7 @@
 #include "../metrics.cuh"
 #include "database.h"
 #include "errors.h"
+#include "exhaustive.h"
 #include "gate.h"
 #include "pool.h"
 #include "scan.h"
@@ -73,6 +74,10 @@ struct SearchScratch {
   std::vector<float> screen_queries, screen_norms;
   std::vector<ScreenBound> bounds;
   std::vector<Candidate> screened;
+  std::vector<double> screened_float64;  // the candidates' float64 distances, where the screen computed them
+  std::vector<char> unproven;             // queries the verify could not prove
+  std::vector<int64_t> rest;              // their numbers
+  std::vector<std::vector<ExactEntry>> parts;  // an exhaustive pass's slices' best
   static SearchScratch& of_this_thread() {
     static thread_local SearchScratch scratch;
     return scratch;
@@ -146,6 +151,7 @@ class Index final : public AnyIndex {
     SearchScratch& caller = SearchScratch::of_this_thread();
     caller.screened.resize(nq * kk);
     Candidate* const screened = caller.screened.data();
+    bool known = false;  // whether the screen computed the candidates' float64 distances
     // every row is a candidate, or (cosine over rows of norm below ~2^-126) no screen can be proven
     const bool all_rows = kk == n, exhaustive = !all_rows && Metric::needs_norms && db_.tiny_rows() > 0;
     if (all_rows) {
@@ -160,40 +166,64 @@ class Index final : public AnyIndex {
         prepare_screen_query<Metric>(queries + i * dim, dim, db_.largest_norm(), caller.screen_queries.data() + i * dim,
                                      &caller.screen_norms[i], &caller.bounds[i]);
       }
-      screen(caller.screen_queries.data(), caller.screen_norms.data(), nq, kk, threads, screened);
+      caller.screened_float64.resize(nq * kk);
+      known = screen(caller.screen_queries.data(), caller.screen_norms.data(), nq, kk, threads, screened,
+                     caller.screened_float64.data());
     }
     // per query: the candidates in float64, proven or searched exhaustively (eight queries per task)
     constexpr int64_t kPerTask = 8;
     const ScreenBound* const bounds = caller.bounds.data();
-    ThreadPool::shared().run((int)((nq + kPerTask - 1) / kPerTask), threads, [&](int task) {
-      for (int64_t i = task * kPerTask; i < std::min(nq, (task + 1) * kPerTask); ++i) {
-        const float* q = queries + i * dim;
-        const double qq = Metric::needs_norms ? exact_squares(q, (int)dim) : 0.0;
-        if (!exhaustive && verify_query<Metric>(db_, q, qq, k, kk, screened + i * kk, all_rows ? ScreenBound{} : bounds[i],
-                                                distances + i * k, ids + i * k)) {
-          continue;
+    const double* const float64 = known ? caller.screened_float64.data() : nullptr;
+    auto qq_of = [&](const float* q) { return Metric::needs_norms ? exact_squares(q, (int)dim) : 0.0; };
+    std::vector<char>& unproven = caller.unproven;
+    unproven.assign(nq, exhaustive ? 1 : 0);
+    if (!exhaustive) {
+      ThreadPool::shared().run((int)((nq + kPerTask - 1) / kPerTask), threads, [&](int task) {
+        for (int64_t i = task * kPerTask; i < std::min(nq, (task + 1) * kPerTask); ++i) {
+          const float* q = queries + i * dim;
+          unproven[i] = !verify_query<Metric>(db_, q, qq_of(q), k, kk, screened + i * kk, float64 ? float64 + i * kk : nullptr,
+                                              all_rows ? ScreenBound{} : bounds[i], distances + i * k, ids + i * k);
         }
-        exhaustive_query<Metric>(db_, q, qq, k, distances + i * k, ids + i * k);
-        ++exact_fallbacks_;
+      });
+    }
+    // the unproven queries exhaustively: one per task where there are enough, else each over every thread
+    std::vector<int64_t>& rest = caller.rest;
+    rest.clear();
+    for (int64_t i = 0; i < nq; ++i) {
+      if (unproven[i]) rest.push_back(i);
+    }
+    exact_fallbacks_ += (int64_t)rest.size();
+    if ((int64_t)rest.size() >= threads) {
+      ThreadPool::shared().run((int)rest.size(), threads, [&](int j) {
+        const int64_t i = rest[j];
+        exhaustive_query<Metric>(db_, queries + i * dim, qq_of(queries + i * dim), k, distances + i * k, ids + i * k);
+      });
+    } else {
+      for (const int64_t i : rest) {
+        exhaustive_query_sliced<Metric>(db_, queries + i * dim, qq_of(queries + i * dim), k, threads, caller.parts,
+                                        distances + i * k, ids + i * k);
       }
-    });
+    }
   }
 
-  // Each query's kk best rows by the full scan kernel's float32 key, sorted (TopK::extract), into out.
-  void screen(const float* queries, const float* query_norms, int64_t nq, int64_t kk, int threads, Candidate* out) {
+  // Each query's kk best rows by the full scan kernel's float32 key, sorted (TopK::extract), into out;
+  // true when their float64 distances are in float64 too (the first passes compute them while rescoring).
+  bool screen(const float* queries, const float* query_norms, int64_t nq, int64_t kk, int threads, Candidate* out,
+              double* float64) {
     if constexpr (kSketched) {
       if (first_passes_) {
         if (sketch_pays(nq, kk, db_.panels()) &&
-            sketch_counts_.record(sketch_search(db_, sketch_, queries, nq, kk, threads, out))) {
-          return;
+            sketch_counts_.record(sketch_search(db_, sketch_, queries, nq, kk, threads, out, float64))) {
+          return true;
         }
         if (winograd_pays(nq, kk, db_.dim(), db_.panels()) &&
-            winograd_counts_.record(winograd_search(db_, sketch_, queries, nq, kk, threads, out))) {
-          return;
+            winograd_counts_.record(winograd_search(db_, sketch_, queries, nq, kk, threads, out, float64))) {
+          return true;
         }
       }
     }
     full_scan(queries, query_norms, nq, kk, threads, out);
+    return false;
   }
 
   // All cores (pool.h): tasks are (query chunk, database slice) pairs, see make_plan.

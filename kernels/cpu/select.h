@@ -25,10 +25,12 @@ struct Candidate {
   }
 };
 
-// One (query, row) pair of a first pass's answer, and its exact key once rescored (rescore.h).
+// One (query, row) pair of a first pass's answer, its full-scan key once rescored, and its float64
+// distance (exact.cuh; rescore.h computes it while the row's panel is in cache).
 struct RescoredPair {
   int64_t position, query;
   float exact;
+  double float64;
 };
 
 class TopK {

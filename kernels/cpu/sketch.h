@@ -15,8 +15,9 @@
 // torch.set_flush_denormal(True)) can lose up to 2^-126 per term instead.
 //
 // SketchBound::threshold(kappa), where kappa is the k-th smallest D~, is a bound T such that every row
-// that a full exact scan could return has D~ <= T (see the proof in sketch_search.h). The rows under
-// T are then scored exactly, by the same kernel as the full scan, so the answer is the full scan's.
+// that a full float32 scan could return has D~ <= T (see the proof in sketch_search.h). The rows under
+// T are then scored by the same kernel as the full scan, so the screen is the full scan's (verify.h then
+// settles the float64 answer).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -97,7 +98,7 @@ class Sketch {
     std::vector<float> centre;
     std::vector<double> sums;  // the first batch's per-dimension sums
   };
-  Growth reserve(int64_t n) const {
+  Growth reserve(int64_t n) {
     Growth growth{residuals_.reserve(n), std::vector<half_bits>(dim()), std::vector<float>(), std::vector<double>()};
     if (residuals_.rows() == 0) {
       growth.centre.resize(dim());

@@ -40,11 +40,11 @@ inline bool sketch_pays(int64_t nq, int64_t k, int64_t panels) {
 }
 
 // Writes each query's k best rows by the full scan's float32 key (k candidates each, sorted, as TopK::extract
-// writes them) into best. Returns false, having written nothing that the caller keeps, when the sketch cannot answer: a query
+// writes them) into best, and their float64 distances into float64. Returns false, having written nothing that the caller keeps, when the sketch cannot answer: a query
 // far outside the sketch's scale, or more candidates than it pays to rescore (data the sketch
 // describes poorly). The caller then scans exactly.
 inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const float* queries, int64_t nq,
-                          int64_t k, int threads, Candidate* best) {
+                          int64_t k, int threads, Candidate* best, double* float64) {
   const int64_t dim = db.dim(), panels = db.panels();
   const int64_t limit = std::max<int64_t>(2 * k, panels / 8);
   Scratch& caller = Scratch::of_this_thread();
@@ -70,7 +70,8 @@ inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const
   });
   if (gave_up) return false;
 
-  return rescore_candidates(db, queries, nq, k, caller.bounds.data(), caller.kept.data(), slices, limit, threads, best);
+  return rescore_candidates(db, queries, nq, k, caller.bounds.data(), caller.kept.data(), slices, limit, threads, best,
+                            float64);
 }
 
 }  // namespace tinyknn

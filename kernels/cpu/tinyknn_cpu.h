@@ -23,6 +23,8 @@ int tk_abi_version(void);
 const char* tk_last_error(void);
 // What this build uses: compiler, vector width, F16C (a short human-readable line).
 const char* tk_build_info(void);
+// The digest of the sources this build was compiled from (tinyknn/cpu/build.py passes it), "" if none.
+const char* tk_sources_digest(void);
 // One number of this build's shape, by name (TK_INVALID_ARGUMENT for an unknown name): "lanes",
 // "panel_rows", "tile_queries", "sketch_max_queries", "sketch_min_panels", "winograd_min_queries",
 // "winograd_min_panels", "winograd_min_dim"; tests size their databases from them. "margin:<k>": the
@@ -43,16 +45,16 @@ int tk_index_size(tk_index* index, int64_t* n);
 // Copies the first n rows (n <= size; rows only ever append, so they are a stable snapshot):
 // vectors gets n * dim elements of the index's dtype, ids n int64.
 int tk_index_export(tk_index* index, int64_t n, void* vectors, int64_t* ids);
-// How many searches of this index the float16 sketch answered, and how many it handed back to the
-// exact scan (see sketch_search.h); for tests and diagnostics.
+// How many searches of this index the float16 sketch screened, and how many it handed back to the
+// full scan (see sketch_search.h); for tests and diagnostics.
 int tk_index_sketch_counts(tk_index* index, int64_t* answered, int64_t* declined);
 // The same for the Winograd pass of many-query float32 l2 searches (see winograd_search.h).
 int tk_index_winograd_counts(tk_index* index, int64_t* answered, int64_t* declined);
 // Queries whose screened candidates could not be proven and were answered by an exhaustive float64
 // pass (verify.h); for tests and diagnostics.
 int tk_index_exact_fallbacks(tk_index* index, int64_t* count);
-// on = 0: every later search of this index is the full exact scan (no sketch, no Winograd pass), the
-// reference those passes are tested and measured against; on = 1 (the default): they are used.
+// on = 0: every later search of this index screens with the full float32 scan (no sketch, no Winograd
+// pass), the reference those passes are tested and measured against; on = 1 (the default): they are used.
 int tk_index_use_first_passes(tk_index* index, int on);
 // queries: nq float32 rows of dim; distances (float32) and ids (int64): nq * k each, nearest first,
 // padded with id -1 and +inf (-inf for ip and cosine) beyond the index's size. The answer is the

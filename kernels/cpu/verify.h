@@ -42,8 +42,12 @@
 
 namespace tinyknn {
 
-// Extra rows the screen keeps beyond k (measured: see bench/NOTES_CPU.md "Exactness").
-inline int64_t screen_margin(int64_t k) { return 4 + k / 16; }
+// Extra rows the screen keeps beyond k (measured: see bench/NOTES_CPU.md "Exactness"); the base can be
+// set at build time for that measurement (bench/probes/screen_margin.py).
+#ifndef TINYKNN_SCREEN_MARGIN
+#define TINYKNN_SCREEN_MARGIN 4
+#endif
+inline int64_t screen_margin(int64_t k) { return TINYKNN_SCREEN_MARGIN + k / 16; }
 
 // lower(K) = (K - a) b - c: a lower bound on the float64 key of every row whose float32 key is >= K.
 struct ScreenBound {
@@ -177,29 +181,22 @@ void write_answer(const std::vector<ExactEntry>& best, int64_t k, float* distanc
   }
 }
 
-// Every row's float64 distance: the answer when the screen's could not be proven.
-template <class Metric, class Storage>
-void exhaustive_query(const Database<Storage>& db, const float* q, double qq, int64_t k, float* distances, int64_t* ids) {
-  VerifyScratch& scratch = VerifyScratch::of_this_thread();
-  Storage* buffer = scratch.row(db, db.dim());
-  ExactTopK best;
-  best.start(k, &scratch.entries);
-  for (int64_t position = 0; position < db.size(); ++position) best.push(exact_entry<Metric>(db, position, q, qq, buffer));
-  write_answer<Metric>(best.finish(), k, distances, ids);
-}
-
 // The screen's kk candidates of one query (sorted by float32 key; kk = min(k', n)) verified in
-// float64; returns false, having written nothing, when they cannot be proven to hold the answer.
+// float64 (their distances given in `known` where the screen computed them, else computed here);
+// returns false, having written nothing, when they cannot be proven to hold the answer.
 template <class Metric, class Storage>
 bool verify_query(const Database<Storage>& db, const float* q, double qq, int64_t k, int64_t kk,
-                  const Candidate* candidates, const ScreenBound& bound, float* distances, int64_t* ids) {
+                  const Candidate* candidates, const double* known, const ScreenBound& bound, float* distances,
+                  int64_t* ids) {
   VerifyScratch& scratch = VerifyScratch::of_this_thread();
   Storage* buffer = scratch.row(db, db.dim());
   std::vector<ExactEntry>& entries = scratch.entries;
   entries.clear();
   for (int64_t j = 0; j < kk; ++j) {
     if (candidates[j].position < 0) return false;  // the screen kept fewer rows than it should have
-    entries.push_back(exact_entry<Metric>(db, candidates[j].position, q, qq, buffer));
+    const int64_t position = candidates[j].position;
+    entries.push_back(known ? ExactEntry{exact_key<Metric>(known[j]), db.ids()[position], known[j]}
+                            : exact_entry<Metric>(db, position, q, qq, buffer));
   }
   const int64_t take = std::min(k, kk);
   std::partial_sort(entries.begin(), entries.begin() + take, entries.end());

@@ -51,7 +51,7 @@ inline bool winograd_pays(int64_t nq, int64_t k, int64_t dim, int64_t panels) {
 
 // One block of at most kWinogradBlockQueries queries: steps 1 and 2 above.
 inline bool winograd_block(const Database<float>& db, const Sketch& sketch, const float* queries, int64_t nq,
-                           int64_t k, int threads, Candidate* best) {
+                           int64_t k, int threads, Candidate* best, double* float64) {
   constexpr int64_t Q = kPairQueries;
   const int64_t dim = db.dim(), panels = db.panels(), n = db.size();
   const int64_t limit = std::max<int64_t>(4 * k + 64, panels / 16);
@@ -112,18 +112,19 @@ inline bool winograd_block(const Database<float>& db, const Sketch& sketch, cons
   if (gave_up) return false;
 
   return rescore_candidates(db, queries, nq, k, caller.bounds.data(), caller.kept.data(), plan.slices, limit, threads,
-                            best);
+                            best, float64);
 }
 
-// Writes each query's k best rows by the full scan's float32 key (k candidates each, sorted) into best.
+// Writes each query's k best rows by the full scan's float32 key (k candidates each, sorted) into best, and
+// their float64 distances into float64.
 // Returns false, having written nothing that the caller keeps, when the pass cannot answer: a query far
 // outside the data's scale, or more candidates than it pays to rescore. The caller then scans exactly.
 inline bool winograd_search(const Database<float>& db, const Sketch& sketch, const float* queries, int64_t nq,
-                            int64_t k, int threads, Candidate* best) {
+                            int64_t k, int threads, Candidate* best, double* float64) {
   const int64_t dim = db.dim();
   for (int64_t first = 0; first < nq; first += kWinogradBlockQueries) {
     const int64_t count = std::min(kWinogradBlockQueries, nq - first);
-    if (!winograd_block(db, sketch, queries + first * dim, count, k, threads, best + first * k)) {
+    if (!winograd_block(db, sketch, queries + first * dim, count, k, threads, best + first * k, float64 + first * k)) {
       return false;
     }
   }

@@ -2,7 +2,9 @@
 
 Inputs arrive validated by tinyknn._validate (C-contiguous, the storage dtype for the database, float32
 queries), so this module only passes pointers. A search allocates nothing but its two result arrays;
-the library's threads (get_config().cpu_threads of them) do the work while the GIL is released.
+the library's threads (get_config().cpu_threads of them) do the work while the GIL is released. Answers
+keep the exactness contract (kernels/exact.cuh): the ids of an exhaustive float64 search, equal float64
+distances by the smaller id, the float64 distances rounded to float32 (kernels/cpu/verify.h).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .library import DTYPE_CODES, METRIC_CODES, check, get_library
 
 class CpuSearcher:
     """Exact k-NN over a database held by the C++ library (see kernels/cpu/)."""
+    # (an add that fails leaves the library's index exactly as it was: it allocates before it writes)
 
     def __init__(self, dim: int, metric: str, dtype: str):
         self.dim, self.metric, self.dtype = dim, metric, dtype
@@ -94,8 +97,8 @@ class CpuSearcher:
         self._call("truncating the index", self._library.tk_index_truncate, int(n_rows))
 
     def use_first_passes(self, on: bool) -> None:
-        """False: every later search is the full exact scan, the reference that the float16 sketch and the
-        Winograd pass are tested and measured against (both give its answer bit for bit). True: the default."""
+        """False: every later search screens with the full scan, the reference that the float16 sketch and the
+        Winograd pass are tested and measured against (all give the same answer bit for bit). True: the default."""
         self._call("switching the first passes", self._library.tk_index_use_first_passes, int(bool(on)))
 
     def reset(self) -> None:

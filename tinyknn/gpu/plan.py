@@ -51,6 +51,18 @@ ARGUMENTS = {
     # range_kernel(data, inv_norms, ids, n_data, row_stride, dim, queries, n_queries, radius_key, row_stats,
     #              capacity, out_keys, out_ids, counts)
     "range": (_P, _P, _P, _L, _I, _I, _P, _I, _D, _P, _I, _P, _P, _P),
+    # screen_kernel(data, n_rows, row_step, sq_norms, row_norms, queries, n_queries, row_bytes, thresholds,
+    #               err_scale, err_offset, counts, survivors, capacity, out_upper, tiles_per_block)
+    "screen": (_P, _L, _L, _P, _P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I),
+    # screen_queries_kernel(queries, n_queries, query_stride, dim, out, out_stride, n_mma, shadow, key_scale,
+    #                       err_scale, err_offset)
+    "screen_queries": (_P, _I, _I, _I, _P, _I, _I, _I, _D, _P, _P),
+    # screen_rows_kernel(data, row_stride, first, last, dim, shadow, shadow_stride, sq_lo, sq_hi, r_x, status)
+    "screen_rows": (_P, _I, _L, _L, _I, _P, _I, _P, _P, _P, _P),
+    # threshold_kernel(upper, per_query, threshold)
+    "threshold": (_P, _I, _P),
+    # verify_survivors_kernel(survivors, counts, ids, data, queries, row_stride, dim, out_distances, out_ids, status)
+    "survivors": (_P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
 }
 VERIFY_STATUS_SLOT, VERIFY_THRESHOLD_SLOT = 12, 13
 BAND_THREADS = 256
@@ -73,14 +85,13 @@ class LoadedKernel:
 def load_kernel(spec: KernelSpec) -> LoadedKernel:
     """cubin (memory, disk or NVRTC) -> module (once per process) -> kernel with its shared memory set."""
     kernel = load_module(get_cubin(spec)).kernel(render.name_expression(spec))
-    if spec.variant == "norms":
-        threads, shared = INGEST_THREADS, 0
-    elif spec.variant in ("band", "rows"):
-        threads, shared = BAND_THREADS, 0
-    elif spec.variant == "range":
-        threads, shared = BAND_THREADS, spec.param("smem")
-    else:
-        threads, shared = spec.param("warps") * 32, spec.param("smem")
+    if spec.variant == "screen":
+        threads = 32 * spec.param("wq") * spec.param("wn")
+    elif spec.variant in ("scan", "tiled", "verify", "survivors"):
+        threads = spec.param("warps") * 32
+    else:                       # ingest, band, rows, range and the screen's steps
+        threads = BAND_THREADS
+    shared = spec.param("smem", 0)
     if shared > 48 * 1024:
         kernel.set_max_dynamic_shared(shared)
     return LoadedKernel(spec, kernel, threads, shared, max(1, kernel.max_active_blocks_per_sm(threads, shared)))

@@ -67,6 +67,7 @@ class GpuSearcher:
     """The Searcher protocol (tinyknn.index) on the current CUDA device."""
 
     use_graphs = True
+    use_screen = True       # benchmarks and tests may switch the tensor-core path off
 
     def __init__(self, dim: int, metric: str, dtype: str):
         self.dim, self.metric, self.dtype = dim, metric, dtype
@@ -92,6 +93,9 @@ class GpuSearcher:
         self._device("row_stats", 16)   # verify.cuh's database facts, kept by the ingest kernel
         self.exact_reruns = 0
         self._closed = False
+        from .screen import Screen
+
+        self._screen = Screen(self)
 
     # -- buffers ----------------------------------------------------------------------------------
     def _device(self, name: str, nbytes: int) -> DeviceBuffer:
@@ -335,8 +339,17 @@ class GpuSearcher:
             launch.launch(blocks, 256, 0, self._stream)
             self._stream.synchronize()        # before the index buffers behind the pointers can move
 
-    def _search_host_batch(self, queries: np.ndarray, k: int, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """One batch of host queries; fresh result arrays (the only allocations of the call)."""
+    def _search_host_batch(self, queries: np.ndarray, k: int, exact: bool = False,
+                           screen: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """One batch of host queries; fresh result arrays (the only allocations of the call). Large batches
+        on a screened index go through the tensor cores (gpu/screen.py); what it cannot settle comes here."""
+        if screen and not exact and self.use_screen and self._screen.applies(len(queries), k):
+            screened = self._screen.search(queries, k)
+            if screened is not None:
+                distances, ids, unproven = screened
+                if len(unproven):
+                    distances[unproven], ids[unproven] = self._search_host_batch(queries[unproven], k, screen=False)
+                return distances, ids
         batch = self._host_batch(len(queries), k, exact)
         if self._stride == self.dim:
             np.copyto(batch.stage, queries)
@@ -512,6 +525,7 @@ class GpuSearcher:
             if len(holes):
                 self._copy_rows(movers, holes, "")
             self._n = n_new
+            self._screen.forget_rows()
             self._forget_plans()
             return movers, holes
 
@@ -547,12 +561,14 @@ class GpuSearcher:
             if not 0 <= n_rows <= self._n:
                 raise ValueError(f"truncate: n_rows must be between 0 and {self._n}; got {n_rows}")
             self._n = n_rows
+            self._screen.forget_rows()
             self._forget_plans()
 
     def reset(self) -> None:
         with self._lock:
             self._check_open()
             self._n = 0
+            self._screen = type(self._screen)(self)
             self._buffers["row_stats"].fill_bytes(0, 16, self._stream)
             self._forget_plans()
 

@@ -41,6 +41,9 @@ import numpy as np
 
 from .._paths import kernels_dir
 from ..spec import KernelSpec, parse_arch, parse_dim, parse_dtype, parse_k, parse_metric
+from . import render_screen
+
+_SCREEN_VARIANTS = ("screen", "screen_queries", "screen_rows", "threshold", "survivors")
 
 ENTRY_HEADER = "search.cuh"
 OPTIONS = ("-std=c++17",)
@@ -124,6 +127,8 @@ def render_many(specs) -> RenderedSource:
 
 def name_expression(spec: KernelSpec) -> str:
     """The template instantiation of `spec`, e.g. 'tinyknn::merge_kernel<tinyknn::L2, 10, 8, 20480>'."""
+    if spec.variant in _SCREEN_VARIANTS:
+        return render_screen.name_expression(spec)
     metric, storage = _METRIC_TYPES[spec.metric], _STORAGE_TYPES[spec.dtype]
     p = spec.param
     if spec.variant == "norms":

@@ -1,0 +1,193 @@
+// tinyknn: the steps around the tensor-core screen (screen.cuh) that make a search of it: the queries
+// rounded to the screen's element type with their error terms, the rows' terms (and a float32 index's
+// 16-bit shadow), the threshold from the threshold mode's upper bounds, and the exact verification of
+// the survivors. Part of the GPU kernel templates; see tinyknn/gpu/screen.py for the order.
+#pragma once
+#include "screen.cuh"
+#include "verify.cuh"
+
+namespace tinyknn {
+
+// The screen's element types as stored values (what its rows hold, 16 bytes a chunk like every row).
+template <class E> struct ScreenStorage;
+template <> struct ScreenStorage<ScreenF16> { typedef half_bits type; };
+template <> struct ScreenStorage<ScreenBF16> { typedef bf16_bits type; };
+template <> struct ScreenStorage<ScreenS8> { typedef signed char type; };
+template <> struct ScreenStorage<ScreenU8> { typedef unsigned char type; };
+
+TINYKNN_D void round_to(half_bits& out, float v) { asm("cvt.rn.f16.f32 %0, %1;" : "=h"(out) : "f"(v)); }
+TINYKNN_D void round_to(bf16_bits& out, float v) { asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out.bits) : "f"(v)); }
+TINYKNN_D void round_to(signed char& out, float v) { out = (signed char)(int)fminf(fmaxf(rintf(v), -128.0f), 127.0f); }
+TINYKNN_D void round_to(unsigned char& out, float v) { out = (unsigned char)(int)fminf(fmaxf(rintf(v), 0.0f), 255.0f); }
+
+// The mma error model of screen.cuh: 16-bit inputs accumulate with truncation (gamma per instruction),
+// 8-bit ones exactly. UNIT / TINY: the 16-bit type's rounding, relative and absolute (a shadow's rows).
+template <class E> struct ScreenRounding {
+  static constexpr bool exact = false;
+  static constexpr double unit = 4.8828125e-04, tiny = 2.9802322387695312e-08;   // float16: 2^-11, 2^-25
+};
+template <> struct ScreenRounding<ScreenBF16> {
+  static constexpr bool exact = false;
+  static constexpr double unit = 3.90625e-03, tiny = 1.1754943508222875e-38;     // bfloat16: 2^-8, 2^-126
+};
+template <> struct ScreenRounding<ScreenS8> {
+  static constexpr bool exact = true;
+  static constexpr double unit = 0.0, tiny = 0.0;
+};
+template <> struct ScreenRounding<ScreenU8> : ScreenRounding<ScreenS8> {};
+
+// Rounding up / down of a double to float32.
+TINYKNN_D float up_f32(double v) { return __double2float_ru(v); }
+TINYKNN_D float down_f32(double v) { return __double2float_rd(v); }
+
+// One warp per query: q~ = the float32 query rounded to E (zero padded to screen_bytes), and the error terms
+// of screen.cuh's bound, e_q and f_q (rounded up): |key - screened key| <= e_q r_x + f_q for every row.
+// n_mma: mma instructions per dot product; shadow: the rows are a float32 index's 16-bit copy. A query the
+// type cannot hold (an 8-bit index's query that is not an integer in range) gets e_q = +inf: every row then
+// survives, the survivors overflow and the query is searched by the other kernels.
+template <class E>
+__global__ void __launch_bounds__(256, 1)
+screen_queries_kernel(const float* __restrict__ queries, int n_queries, int query_stride, int dim,
+                      typename ScreenStorage<E>::type* __restrict__ out, int out_stride, int n_mma, int shadow,
+                      double key_scale, float* __restrict__ err_scale, float* __restrict__ err_offset) {
+  typedef typename ScreenStorage<E>::type S;
+  typedef ScreenRounding<E> R;
+  const int lane = threadIdx.x & 31;
+  const int q = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (q >= n_queries) return;
+  double diff = 0.0, rounded = 0.0, norm = 0.0;
+  for (int e = lane; e < out_stride; e += 32) {
+    const float v = e < dim ? queries[(long long)q * query_stride + e] : 0.0f;
+    S r;
+    round_to(r, v);
+    out[(long long)q * out_stride + e] = r;
+    const double w = (double)to_float(r), d = (double)v - w;
+    diff += d * d;
+    rounded += w * w;
+    norm += (double)v * (double)v;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    diff += __shfl_xor_sync(FULL_WARP, diff, offset);
+    rounded += __shfl_xor_sync(FULL_WARP, rounded, offset);
+    norm += __shfl_xor_sync(FULL_WARP, norm, offset);
+  }
+  if (lane != 0) return;
+  const double slack = 1.0 + 4.0 * dim * 1.1102230246251565e-16;
+  const double gamma = R::exact ? 0.0 : n_mma * 3.814697265625e-06 * (1.0 + n_mma * 3.814697265625e-06);  // 2^-18
+  double e = sqrt(diff * slack) * slack + gamma * sqrt(rounded * slack) * slack;
+  double f = R::exact ? 0.0 : (dim + n_mma) * 1.1754943508222875e-38;                                      // 2^-126
+  if (shadow) {
+    e += R::unit * sqrt(norm * slack) * slack;
+    f += R::tiny * sqrt((double)dim) * sqrt(norm * slack) * slack;
+  }
+  const bool representable = !R::exact || diff == 0.0;
+  const double scale = key_scale * (1.0 + 9.5367431640625e-07);                                            // 2^-20
+  err_scale[q] = representable ? up_f32(e * scale) : __int_as_float(0x7f800000);
+  err_offset[q] = up_f32(f * scale);
+}
+
+// One warp per row of [first, last): the rows' terms of the bound, |x|^2 rounded down (sq_lo) and up (sq_hi)
+// and r_x >= max(|x|, |x~|) rounded up, from float64 sums of the stored values; with a shadow (T != S), the
+// row rounded to the 16-bit type into `shadow` (status |= 1 if a value does not fit it).
+template <class T, class E>
+__global__ void __launch_bounds__(256, 1)
+screen_rows_kernel(const T* __restrict__ data, int row_stride, long long first, long long last, int dim,
+                   typename ScreenStorage<E>::type* __restrict__ shadow, int shadow_stride, float* __restrict__ sq_lo,
+                   float* __restrict__ sq_hi, float* __restrict__ r_x, int* __restrict__ status) {
+  typedef typename ScreenStorage<E>::type S;
+  const int lane = threadIdx.x & 31;
+  const long long warps = ((long long)gridDim.x * blockDim.x) >> 5;
+  for (long long row = first + (((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5); row < last; row += warps) {
+    double sum = 0.0, shadow_sum = 0.0;
+    bool bad = false;
+    const int width = shadow != nullptr && shadow_stride > row_stride ? shadow_stride : row_stride;
+    for (int e = lane; e < width; e += 32) {
+      const float x = e < row_stride ? to_float(data[row * row_stride + e]) : 0.0f;
+      sum += (double)x * (double)x;
+      if (shadow != nullptr && e < shadow_stride) {
+        S r;
+        round_to(r, x);
+        shadow[row * shadow_stride + e] = r;
+        const float w = to_float(r);
+        bad |= !(fabsf(w) <= 65504.0f);
+        shadow_sum += (double)w * (double)w;
+      }
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+      sum += __shfl_xor_sync(FULL_WARP, sum, offset);
+      shadow_sum += __shfl_xor_sync(FULL_WARP, shadow_sum, offset);
+    }
+    bad = __any_sync(FULL_WARP, bad);
+    if (lane == 0) {
+      const double slack = dim * 2.220446049250313e-16;
+      sq_lo[row] = down_f32(sum * (1.0 - slack));
+      sq_hi[row] = up_f32(sum * (1.0 + slack));
+      r_x[row] = up_f32(sqrt(fmax(sum, shadow_sum) * (1.0 + slack)) * (1.0 + 8.881784197001252e-16));
+      if (bad) atomicOr(status, 1);
+    }
+  }
+}
+
+// One block per query: the K-th smallest of its `per_query` upper bounds (the threshold mode's output over
+// every row tile of the sample) is an upper bound of its true K-th key: threshold[q].
+template <int K>
+__global__ void __launch_bounds__(256, 1)
+threshold_kernel(const float* __restrict__ upper, int per_query, float* __restrict__ threshold) {
+  __shared__ unsigned histogram[260];
+  int ties;
+  const unsigned bits = block_select(upper + (long long)blockIdx.x * per_query, per_query, K, histogram, ties);
+  if (threadIdx.x == 0) threshold[blockIdx.x] = from_ordered_bits(bits);
+}
+
+// One block per query: the survivors' contract distances (exact.cuh), sorted by (key, id), the K first written as
+// verify_kernel writes them. Every row whose key is within the threshold survived and the threshold is at
+// least the true K-th key, so these are the answer; status[q] = 1 when the survivors overflowed CAP (the
+// query is searched by the other kernels).
+template <class Metric, class T, int K, int CAP, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 1)
+verify_survivors_kernel(const int* __restrict__ survivors, const int* __restrict__ counts, const long long* __restrict__ ids,
+                        const T* __restrict__ data, const float* __restrict__ queries, int row_stride, int dim,
+                        float* __restrict__ out_distances, long long* __restrict__ out_ids, int* __restrict__ status) {
+  extern __shared__ float4 shared_space[];
+  unsigned long long* keys = reinterpret_cast<unsigned long long*>(shared_space);
+  long long* row_ids = reinterpret_cast<long long*>(keys + CAP);
+  int* positions = reinterpret_cast<int*>(row_ids + CAP);
+  __shared__ double query_qq;
+  require_dynamic_smem(CAP * 20);
+  const long long q = blockIdx.x;
+  const int count = counts[q];
+  if (count > CAP) {
+    if (threadIdx.x == 0) status[q] = 1;
+    return;
+  }
+  const float* query = queries + q * row_stride;
+  if (threadIdx.x == 0) query_qq = Metric::needs_norms ? exact_squares(query, dim) : 0.0;
+  __syncthreads();
+  int sort = 2;
+  while (sort < count) sort *= 2;
+  for (int i = threadIdx.x; i < sort; i += WARPS * 32) {
+    unsigned long long key = EMPTY_KEY64;
+    long long id = EMPTY_ID;
+    if (i < count) {
+      const int position = survivors[q * CAP + i];
+      key = ordered_bits64(exact_key<Metric>(
+          exact_distance_by_chunks<Metric>(query, data + (long long)position * row_stride, dim, query_qq)));
+      id = __ldg(ids + position);
+    }
+    keys[i] = key;
+    row_ids[i] = id;
+    positions[i] = 0;
+  }
+  __syncthreads();
+  block_sort_exact(keys, row_ids, positions, sort);
+  for (int j = threadIdx.x; j < K; j += WARPS * 32) {
+    const bool real = j < sort && keys[j] != EMPTY_KEY64;
+    const double key = real ? from_ordered_bits64(keys[j]) : 0.0;
+    out_distances[q * K + j] = real ? __double2float_rn(Metric::larger_is_better ? -key : key)
+                                    : from_key<Metric>(positive_infinity());
+    out_ids[q * K + j] = real ? row_ids[j] : -1;
+  }
+  if (threadIdx.x == 0) status[q] = 0;
+}
+
+}  // namespace tinyknn

@@ -1,0 +1,162 @@
+"""The tensor-core path of a GPU search (kernels/screen.cuh, screen_steps.cuh): exact answers from a screen.
+
+For a batch of host queries on an l2 or ip index stored as float16, bfloat16, int8 or uint8 (or float32,
+through a float16 shadow of its rows):
+1. the queries are rounded to the screen's element type, with the error terms of its rigorous bound;
+2. the threshold mode runs over a strided sample of rows: the k-th smallest upper bound of each query's key
+   over the sample is an upper bound of its true k-th key, T;
+3. the screen runs over every row on the tensor cores: a row survives a query when its lower bound is
+   within T, so every row whose key is within T, the true k nearest among them, survives;
+4. the survivors get their float64 distances (exactness contract), sorted by (distance, id), k written.
+A query with more survivors than SURVIVOR_CAPACITY is answered by the other kernels and counted
+(`screen_fallbacks`). The row terms (and shadow) are computed once per added row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._validate import check_values
+from ..jit import render, render_screen as rs
+from .memory import DeviceBuffer, PinnedBuffer
+
+SCREEN_MIN_QUERIES = 64         # smaller batches: the scan and tiled kernels (the screen's tiles hold 128)
+SCREEN_MAX_K = 128              # the threshold mode keeps k bounds per tile; survivors grow with k
+SCREEN_MIN_ROWS = 16384
+SCREEN_METRICS = ("l2", "ip")
+WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
+
+
+def sample_step(n_rows: int) -> int:
+    """Rows between the threshold mode's samples: survivors grow with it (about k x step), the threshold
+    pass's cost shrinks (H200 probe: 100k x 128 at 16, 1M x 768 at 64)."""
+    return 16 if n_rows < 1_000_000 else 64
+
+
+class Screen:
+    """The screened path's state for one GpuSearcher: row terms (and a float32 index's shadow) for rows [0, ready)."""
+
+    def __init__(self, searcher):
+        self.searcher = searcher
+        self.ready = 0
+        self.usable = True          # False once a float32 row does not fit float16 (then never screened)
+        self.fallbacks = 0          # queries with more survivors than the capacity (answered by the other kernels)
+        self.queries = 0            # queries the screen answered or handed back
+        element = rs.ELEMENT_OF_STORAGE[searcher.dtype]
+        self.shadow = searcher.dtype == "float32"
+        self.stride = render.row_layout(searcher.dim, element)[1]
+        self.row_bytes = self.stride * render.ITEMSIZE[element]
+
+    def forget_rows(self) -> None:
+        """Rows moved or went away (remove, truncate, reset): recompute every row's terms before the next use."""
+        self.ready = 0
+
+    def applies(self, n_queries: int, k: int) -> bool:
+        s = self.searcher
+        return (self.usable and s.metric in SCREEN_METRICS and n_queries >= SCREEN_MIN_QUERIES and k <= SCREEN_MAX_K
+                and s._view.prefix == "" and s._view.n >= SCREEN_MIN_ROWS and s.dim >= 16)
+
+    # -- rows ------------------------------------------------------------------------------------------
+    def _rows(self) -> None:
+        s = self.searcher
+        n = s._n
+        for name, per_row in (("screen_sq_lo", 4), ("screen_sq_hi", 4), ("screen_rx", 4),
+                              ("screen_shadow", self.row_bytes if self.shadow else 0)):
+            if per_row:
+                buffer = s._buffers.get(name)
+                if buffer is None or buffer.nbytes < n * per_row:
+                    self.ready = 0              # a grown buffer starts empty
+                    s._device(name, max(n, s._capacity) * per_row)
+        if self.ready >= n:
+            return
+        loaded = s._kernel(rs.step_spec("screen_rows", s.metric, s.dtype, 0, s._arch))
+        s._buffers["status"].fill_bytes(0, 4, s._stream)
+        launch = loaded.prepare(s._pointer("data"), s._stride, self.ready, n, s.dim,
+                                s._pointer("screen_shadow") if self.shadow else 0, self.stride,
+                                s._pointer("screen_sq_lo"), s._pointer("screen_sq_hi"), s._pointer("screen_rx"),
+                                s._pointer("status"))
+        launch.launch(max(1, min(math.ceil((n - self.ready) / 8), s._sm_count * 8)), 256, 0, s._stream)
+        flag = np.zeros(1, dtype=np.int32)
+        s._buffers["status"].copy_to_host(flag, 4, s._stream)
+        s._stream.synchronize()
+        if flag[0]:
+            self.usable = False             # a float32 value beyond float16: this index is not screened
+        self.ready = n
+
+    # -- one batch -------------------------------------------------------------------------------------
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(distances, ids, unproven query indices) of one batch of host float32 queries."""
+        s = self.searcher
+        self._rows()
+        if not self.usable:
+            return None
+        nq, n, stream = len(queries), s._n, s._stream
+        cap = rs.SURVIVOR_CAPACITY
+        step = sample_step(n)
+        n_sample = -(-n // step)
+        sample_tiles = -(-n_sample // rs.SCREEN_BN)
+        stage = s._pinned("screen_stage", nq * s._stride * 4)
+        staged = stage.array(np.float32, (nq, s._stride))
+        staged[:, :s.dim] = queries
+        if s._stride > s.dim:
+            staged[:, s.dim:] = 0.0
+        sizes = {"screen_q32": nq * s._stride * 4, "screen_q": nq * self.row_bytes, "screen_e": nq * 4,
+                 "screen_f": nq * 4, "screen_upper": nq * sample_tiles * k * 4, "screen_t": nq * 4,
+                 "screen_counts": nq * 4, "screen_survivors": nq * cap * 4, "screen_out": nq * k * 12 + nq * 4}
+        for name, nbytes in sizes.items():
+            s._device(name, nbytes)
+        ptr = s._pointer
+        s._buffers["screen_q32"].copy_from_host(stage, nq * s._stride * 4, stream)
+        # 1. queries rounded, error terms
+        loaded = s._kernel(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch))
+        n_mma = -(-self.row_bytes // rs.SCREEN_BKB) * (rs.SCREEN_BKB // 32)
+        loaded.prepare(ptr("screen_q32"), nq, s._stride, s.dim, ptr("screen_q"), self.stride, n_mma,
+                       int(self.shadow), 2.0 if s.metric == "l2" else 1.0, ptr("screen_e"),
+                       ptr("screen_f")).launch(max(1, math.ceil(nq / 8)), 256, 0, stream)
+        rows = ptr("screen_shadow") if self.shadow else ptr("data")
+        # 2. threshold mode over the sample, then each query's k-th upper bound
+        self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"))
+        s._kernel(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch)).prepare(
+            ptr("screen_upper"), sample_tiles * k, ptr("screen_t")).launch(nq, 256, 0, stream)
+        # 3. the screen over every row
+        s._buffers["screen_counts"].fill_bytes(0, nq * 4, stream)
+        self._screen(False, k, rows, n, 1, ptr("screen_sq_lo"), nq, ptr("screen_counts"), ptr("screen_survivors"), 0)
+        # 4. the survivors in float64
+        verify = s._kernel(rs.step_spec("survivors", s.metric, s.dtype, k, s._arch))
+        out = ptr("screen_out")
+        verify.prepare(ptr("screen_survivors"), ptr("screen_counts"), ptr("ids"), ptr("data"), ptr("screen_q32"),
+                       s._stride, s.dim, out, out + nq * k * 4, out + nq * k * 12).launch(
+            nq, verify.threads, verify.shared_bytes, stream)
+        results = s._pinned("screen_results", nq * k * 12 + nq * 4)
+        s._buffers["screen_out"].copy_to_host(results, nq * k * 12 + nq * 4, stream)
+        try:
+            check_values(queries, "queries", "float32")
+        finally:
+            stream.synchronize()
+        raw = results.array(np.uint8, nq * k * 12 + nq * 4)
+        distances = raw[:nq * k * 4].view(np.float32).reshape(nq, k).copy()
+        ids = raw[nq * k * 4:nq * k * 12].view(np.int64).reshape(nq, k).copy()
+        unproven = np.flatnonzero(raw[nq * k * 12:].view(np.int32))
+        self.fallbacks += len(unproven)
+        self.queries += nq
+        return distances, ids, unproven
+
+    def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, nq: int,
+                counts: int, survivors: int, upper: int) -> None:
+        s = self.searcher
+        loaded = s._kernel(rs.screen_spec(s.metric, s.dtype, k, s._arch, threshold=threshold))
+        ptr = s._pointer
+        row_tiles = -(-n_rows // rs.SCREEN_BN)
+        query_tiles = -(-nq // rs.SCREEN_BQ)
+        resident = s._sm_count * loaded.blocks_per_sm
+        per_block = max(1, query_tiles * row_tiles // (WAVES * resident))
+        grid = query_tiles * -(-row_tiles // per_block)
+        launch = loaded.prepare(rows, n_rows, row_step, sq_norms if s.metric == "l2" else 0, ptr("screen_rx"),
+                                ptr("screen_q"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
+                                ptr("screen_f"), counts, survivors, rs.SURVIVOR_CAPACITY, upper, per_block)
+        launch.launch(grid, loaded.threads, loaded.shared_bytes, s._stream)
+
+
+__all__ = ["Screen", "SCREEN_MIN_QUERIES", "SCREEN_MAX_K", "sample_step"]
