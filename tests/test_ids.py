@@ -282,9 +282,6 @@ def test_a_failing_piece_is_undone_by_the_real_searchers_truncate(rng, monkeypat
     assert set(ids[:, 0].tolist()) <= set(range(5)) | set(range(1000, 1005))
 
 
-@pytest.mark.xfail(reason="CPU library (kernels/cpu, not this file): an l2 float32 add that takes an index "
-                          "past 262144 rows at dim 128 segfaults in tinyknn::Index<L2, float>::add; reported",
-                   strict=False)
 def test_a_large_add_in_pieces_onto_a_large_index():
     """Two adds whose sum crosses the CPU library's second 64 MiB block (a large add goes in pieces), run
     in a subprocess so a crash fails this test instead of killing the run."""
