@@ -20,13 +20,8 @@ class Group(NamedTuple):
     rows: np.ndarray               # sorted unique int64 row positions the group may return
 
 
-def filter_rows(id_rows: np.ndarray) -> np.ndarray:
-    """The rows of a filter's ids (rows_of's answer, -1 for ids not in the index): sorted, unique."""
-    return np.unique(id_rows[id_rows >= 0])
-
-
 def groups(n_queries: int, allowed: np.ndarray | None, query_labels: np.ndarray | None, rows_of_label) -> list[Group]:
-    """The searcher calls of one filtered search: `allowed` the filter's rows (filter_rows) or None,
+    """The searcher calls of one filtered search: `allowed` the filter's rows (IdMap.rows_present) or None,
     `query_labels` one label per query or None, rows_of_label(label) a label's sorted rows."""
     if query_labels is None:
         return [Group(None, allowed)]

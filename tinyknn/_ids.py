@@ -63,12 +63,24 @@ class IdMap:
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The row of each id, -1 where the id is not in the index."""
         ids = np.asarray(ids, dtype=np.int64)
-        if ids.size > 256:   # sorted probes walk each segment in order instead of missing the cache
-            order = np.argsort(ids, kind="stable")
+        if ids.size > 256 and self._segments:   # sorted probes walk each segment in order, not missing the cache
+            order = np.argsort(ids)
             rows = np.empty(ids.shape, dtype=np.int64)
             rows[order] = self._rows_of(ids[order])
             return rows
         return self._rows_of(ids)
+
+    def rows_present(self, ids: np.ndarray) -> np.ndarray:
+        """The sorted, unique rows of those ids that are in the index (a filter's or a removal's rows):
+        one sort of the ids, sorted probes, and a second sort only where rows do not follow id order."""
+        ordered = np.sort(np.asarray(ids, dtype=np.int64))
+        if len(ordered) > 1:
+            ordered = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+        rows = self._rows_of(ordered)
+        rows = rows[rows >= 0]
+        if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+            rows.sort()
+        return rows
 
     def _rows_of(self, ids: np.ndarray) -> np.ndarray:
         serials = self._serials_of(ids)

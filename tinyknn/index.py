@@ -110,7 +110,7 @@ class Index:
         wanted = _ops.id_list(ids, "ids to remove")
         searcher = self._open_searcher()
         with self._add_lock, self._view:
-            rows = _groups.filter_rows(self._ids.rows_of(wanted))
+            rows = self._ids.rows_present(wanted)
             if not len(rows):
                 return 0
             moved_from, moved_to = searcher.remove_rows(rows)
@@ -224,7 +224,7 @@ class Index:
     def _groups(self, queries, filter, labels) -> list[_groups.Group]:
         """The searcher calls of a filtered search (call under _view: rows are only valid there)."""
         n_queries = queries.shape[0]
-        allowed = None if filter is None else _groups.filter_rows(self._ids.rows_of(_ops.id_list(filter, "filter")))
+        allowed = None if filter is None else self._ids.rows_present(_ops.id_list(filter, "filter"))
         query_labels = None if labels is None else _ops.labels(labels, n_queries, "labels (one per query)")
         parts = _groups.groups(n_queries, allowed, query_labels, self._labels.rows_of)
         if isinstance(queries, _validate.DeviceArray) and (len(parts) > 1 or parts[0].queries is not None):
