@@ -35,9 +35,15 @@ def groups(n_queries: int, allowed: np.ndarray | None, query_labels: np.ndarray 
 
 
 def _allowed(label_rows: np.ndarray, allowed: np.ndarray | None) -> np.ndarray:
+    """A label's rows that the filter allows: both sorted and unique, so the smaller one is looked up
+    in the larger (O(small log large), no sort)."""
     if allowed is None:
         return label_rows
-    return np.intersect1d(label_rows, allowed, assume_unique=True)
+    small, large = (label_rows, allowed) if len(label_rows) <= len(allowed) else (allowed, label_rows)
+    if not len(small) or not len(large):
+        return _EMPTY
+    where = np.minimum(np.searchsorted(large, small), len(large) - 1)
+    return small[large[where] == small]
 
 
 def knn(search, queries, n_queries: int, k: int, parts: list[Group]):
