@@ -1,11 +1,16 @@
 """Runs one fuzz case (a JSON program on stdin) against tinyknn and a float64 model; exit 0 when every
 check held. test_fuzz.py starts one process per case, so a crash is a failed case, not a dead suite.
 
-Program: {"dim", "metric", "dtype", "device", "ops": [...]}; ops:
-  {"op": "add", "n", "ids": "auto" | "fresh" | "taken", "seed", "values": optional palette indices}
-  {"op": "search", "nq", "k", "seed", "values": optional palette indices}
+Program: {"dim", "metric", "dtype", "device" ("cpu", "cuda" or "model": tests/model_searcher.py), "ops": [...]}; ops:
+  {"op": "add", "n", "ids": "auto" | "fresh" | "taken", "seed", "values": optional palette indices,
+   "labels": optional bool (one of 3 labels per row)}
+  {"op": "search", "nq", "k", "seed", "values": optional palette indices, "filter": optional bool (a random
+   half of the ids, plus ids not in the index), "labels": optional bool (a label per query)}
+  {"op": "range", "nq", "seed", "filter", "labels"}: range_search at the radius of the oracle's 3rd nearest
   {"op": "reset"} | {"op": "round_trip", "how": "file" | "pickle"}
-  {"op": "remove" | "get", "count", "seed"} (only where the Index has them)
+  {"op": "remove" | "get", "count", "seed"}
+  filter, labels, range, remove and get run where the device's searcher has the protocol's new methods
+  (remove_rows, get_rows, range_search); elsewhere they are skipped.
   {"op": "bad", "kind"}: a call that must raise ValueError/TypeError and change nothing (BAD_KINDS);
   {"op": "segfault"}: crash on purpose (the harness's own test).
 """
@@ -23,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tinyknn  # noqa: E402
-from reference import assert_exact, check_search  # noqa: E402
+from reference import LARGER_IS_BETTER, assert_exact, check_search, contract_distances, searched, stored  # noqa: E402
 from tinyknn import _validate  # noqa: E402
 
 # Devices whose searches are compared bit for bit with the float64 oracle (reference.assert_exact);
@@ -41,21 +46,48 @@ class Model:
         self.dim, self.dtype = dim, dtype
         self.ids: list[int] = []
         self.rows: list[np.ndarray] = []
+        self.labels: list[int | None] = []
         self.next_auto = 0
 
-    def arrays(self):
-        rows = np.array(self.rows, dtype=np.float64).reshape(len(self.rows), self.dim)
-        return rows, np.array(self.ids, dtype=np.int64)
+    def arrays(self, allowed=None, label=None):
+        """(rows float64, ids) of everything held, or of the allowed ids / one label's rows only."""
+        keep = [i for i, user_id in enumerate(self.ids)
+                if (allowed is None or user_id in allowed) and (label is None or self.labels[i] == label)]
+        rows = np.array([self.rows[i] for i in keep], dtype=np.float64).reshape(len(keep), self.dim)
+        return rows, np.array([self.ids[i] for i in keep], dtype=np.int64)
+
+    def remove(self, chosen) -> None:
+        keep = [i for i, user_id in enumerate(self.ids) if user_id not in set(chosen)]
+        self.ids, self.rows, self.labels = ([column[i] for i in keep] for column in (self.ids, self.rows, self.labels))
 
     def accepts(self, values: np.ndarray) -> bool:
         """The definition of valid values (README): finite, |x| <= 2**50, and float16-representable."""
         limit = _validate.FLOAT16_MAX if self.dtype == "float16" else _validate.MAX_ABS_VALUE
         return bool(np.all(np.isfinite(values)) and (values.size == 0 or np.max(np.abs(values)) <= limit))
 
-    def add(self, values: np.ndarray, ids: list[int]) -> None:
+    def add(self, values: np.ndarray, ids: list[int], labels=None) -> None:
         self.rows.extend(values.astype(self.dtype).astype(np.float64))
         self.ids.extend(ids)
+        self.labels.extend([None] * len(ids) if labels is None else [int(label) for label in labels])
         self.next_auto = max([self.next_auto] + [i + 1 for i in ids])
+
+
+def has_operations(index) -> bool:
+    """Whether the device's searcher implements remove_rows, get_rows and range_search."""
+    return all(hasattr(index._searcher, name) for name in ("remove_rows", "get_rows", "range_search"))
+
+
+def selection(index, model: Model, op: dict, nq: int) -> dict:
+    """The filter / labels keyword arguments an op asks for (none where the searcher lacks them)."""
+    rng, kwargs = np.random.default_rng(op.get("seed", 0) + 1), {}
+    if not has_operations(index):
+        return kwargs
+    if op.get("filter"):
+        held = np.array(model.ids, dtype=np.int64)
+        kwargs["filter"] = np.concatenate([rng.permutation(held)[:len(held) // 2], [10**17, 5 * 10**17]]).astype(np.int64)
+    if op.get("labels"):
+        kwargs["labels"] = rng.integers(0, 3, nq)
+    return kwargs
 
 
 def values_of(op: dict, shape: tuple[int, int]) -> np.ndarray:
@@ -69,12 +101,43 @@ def values_of(op: dict, shape: tuple[int, int]) -> np.ndarray:
     return values
 
 
-def check_results(index, model: Model, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    distances, ids = index.search(queries, k)
-    rows, user_ids = model.arrays()
+def check_results(index, model: Model, queries: np.ndarray, k: int, **kwargs) -> tuple[np.ndarray, np.ndarray]:
+    distances, ids = index.search(queries, k, **kwargs)
     compare = assert_exact if index.device in EXACT_DEVICES else check_search
-    compare(distances, ids, rows, queries, k, index.metric, index.dtype, id_map=user_ids)
+    if not kwargs:
+        rows, user_ids = model.arrays()
+        compare(distances, ids, rows, queries, k, index.metric, index.dtype, id_map=user_ids)
+        return distances, ids
+    allowed = None if kwargs.get("filter") is None else set(kwargs["filter"].tolist())
+    for i in range(len(queries)):                      # each query against its own allowed set
+        label = None if kwargs.get("labels") is None else int(kwargs["labels"][i])
+        rows, user_ids = model.arrays(allowed, label)
+        compare(distances[i:i + 1], ids[i:i + 1], rows, queries[i:i + 1], k, index.metric, index.dtype, id_map=user_ids)
     return distances, ids
+
+
+def check_ranges(index, model: Model, queries: np.ndarray, **kwargs) -> None:
+    """range_search at the radius of each call's 3rd nearest row against the oracle's (lims, distances, ids)."""
+    larger = LARGER_IS_BETTER[index.metric]
+    allowed = None if kwargs.get("filter") is None else set(kwargs["filter"].tolist())
+    answers, radius = [], None
+    for i in range(len(queries)):
+        rows, user_ids = model.arrays(allowed, None if kwargs.get("labels") is None else int(kwargs["labels"][i]))
+        d = contract_distances(stored(rows, index.dtype), searched(queries[i:i + 1]), index.metric)[0] \
+            if len(user_ids) else np.zeros(0)
+        answers.append((d, user_ids))
+        if radius is None and len(d) >= 3:
+            radius = float(np.sort(-d if larger else d)[2]) * (-1 if larger else 1)
+    radius = (0.0 if index.metric == "l2" else 0.5) if radius is None else radius
+    lims, distances, ids = index.range_search(queries, radius, **kwargs)
+    start = 0
+    for i, (d, user_ids) in enumerate(answers):
+        hits = np.flatnonzero(d > radius if larger else d < radius)
+        order = hits[np.lexsort((user_ids[hits], -d[hits] if larger else d[hits]))]
+        assert lims[i] == start and lims[i + 1] == start + len(order), (i, lims, len(order))
+        assert np.array_equal(ids[start:lims[i + 1]], user_ids[order]), (i, ids[start:lims[i + 1]], user_ids[order])
+        assert np.array_equal(distances[start:lims[i + 1]].view(np.uint32), d[order].astype(np.float32).view(np.uint32))
+        start += len(order)
 
 
 def do_add(index, model: Model, op: dict) -> None:
@@ -89,11 +152,12 @@ def do_add(index, model: Model, op: dict) -> None:
         wanted = (np.random.default_rng(op["seed"]).choice(10**6, n, replace=False) + 10**12 + 10**6 * len(model.ids))
         ids = wanted = wanted.tolist()
     collides = len(set(wanted)) < n or bool(set(wanted) & set(model.ids))
+    labels = np.random.default_rng(op["seed"] + 2).integers(0, 3, n) if op.get("labels") else None
     if collides or not model.accepts(values):
-        expect_refusal(index, model, lambda: index.add(values, ids=ids))
+        expect_refusal(index, model, lambda: index.add(values, ids=ids, labels=labels))
         return
-    index.add(values, ids=ids)
-    model.add(values, wanted)
+    index.add(values, ids=ids, labels=labels)
+    model.add(values, wanted, labels)
     assert index.ntotal == len(model.ids), (index.ntotal, len(model.ids))
 
 
@@ -124,6 +188,8 @@ BAD_KINDS = (
     "nan", "inf", "huge", "float16_range", "wrong_dim", "one_d", "three_d", "ints", "bools", "complex", "strings",
     "ragged", "masked", "ids_length", "ids_repeat", "ids_negative", "ids_float", "ids_int64", "ids_taken",
     "query_nan", "query_dim", "k_zero", "k_negative", "k_float", "k_bool",
+    "labels_length", "labels_float", "labels_bool", "filter_float", "filter_2d", "query_labels_length",
+    "radius_nan", "radius_negative", "remove_float", "get_missing",
 )
 
 
@@ -148,6 +214,15 @@ def bad_call(index, model: Model, kind: str):
         "query_nan": lambda: index.search(nan, 1), "query_dim": lambda: index.search(np.ones((1, dim + 2)), 1),
         "k_zero": lambda: index.search(good, 0), "k_negative": lambda: index.search(good, -3),
         "k_float": lambda: index.search(good, 1.5), "k_bool": lambda: index.search(good, True),
+        "labels_length": lambda: index.add(good, labels=[1]), "labels_float": lambda: index.add(good, labels=[1.0, 2.0]),
+        "labels_bool": lambda: index.add(good, labels=np.array([True, False])),
+        "filter_float": lambda: index.search(good, 1, filter=np.array([1.0])),
+        "filter_2d": lambda: index.search(good, 1, filter=np.array([[1]])),
+        "query_labels_length": lambda: index.search(good, 1, labels=[1, 2, 3]),
+        "radius_nan": lambda: index.range_search(good, float("nan")),
+        "radius_negative": lambda: index.range_search(good, -1.0) if model.metric == "l2" else index.range_search(good, np.inf),
+        "remove_float": lambda: index.remove(np.array([1.5])),
+        "get_missing": lambda: index.get([10**18]),
     }
     assert tuple(calls) == BAD_KINDS
     return calls[kind]
@@ -167,8 +242,16 @@ def round_trip(index, how: str):
 
 def run(program: dict) -> None:
     dim, dtype = program["dim"], program["dtype"]
-    index = tinyknn.Index(dim, metric=program["metric"], dtype=dtype, device=program.get("device", "cpu"))
+    device = program.get("device", "cpu")
+    if device == "model":                    # the Index's own logic over tests/model_searcher.py
+        import tinyknn.index as index_module
+        from model_searcher import ModelSearcher
+
+        index_module._make_searcher = lambda _device, *args: ModelSearcher(*args)
+        device = "cpu"
+    index = tinyknn.Index(dim, metric=program["metric"], dtype=dtype, device=device)
     model = Model(dim, dtype)
+    model.metric = index.metric
     for op in program["ops"]:
         kind = op["op"]
         if kind == "add":
@@ -178,20 +261,22 @@ def run(program: dict) -> None:
             if not np.all(np.isfinite(queries)) or np.max(np.abs(queries), initial=0) > _validate.MAX_ABS_VALUE:
                 expect_refusal(index, model, lambda: index.search(queries, op["k"]))
             else:
-                check_results(index, model, queries, op["k"])
+                check_results(index, model, queries, op["k"], **selection(index, model, op, op["nq"]))
+        elif kind == "range" and has_operations(index):
+            check_ranges(index, model, values_of(op, (op["nq"], dim)), **selection(index, model, op, op["nq"]))
         elif kind == "reset":
             index.reset()
             model = Model(dim, dtype)
+            model.metric = index.metric
         elif kind == "round_trip":
             index = round_trip(index, op["how"])
             model.next_auto = max(model.ids, default=-1) + 1      # a file keeps the ids, not their history
-        elif kind == "remove" and hasattr(index, "remove") and model.ids:
+        elif kind == "remove" and has_operations(index) and model.ids:
             chosen = sorted(set(np.random.default_rng(op["seed"]).choice(model.ids, op["count"]).tolist()))
             assert index.remove(np.array(chosen + [10**18])) == len(chosen)
-            keep = [i for i, user_id in enumerate(model.ids) if user_id not in set(chosen)]
-            model.ids = [model.ids[i] for i in keep]
-            model.rows = [model.rows[i] for i in keep]
-        elif kind == "get" and hasattr(index, "get") and model.ids:
+            assert not index.contains(chosen).any()
+            model.remove(chosen)
+        elif kind == "get" and has_operations(index) and model.ids:
             chosen = np.random.default_rng(op["seed"]).choice(model.ids, op["count"])
             rows = dict(zip(model.ids, model.rows))
             got = np.asarray(index.get(chosen), dtype=np.float64)
@@ -202,7 +287,7 @@ def run(program: dict) -> None:
             import ctypes
 
             ctypes.string_at(0)
-        elif kind not in ("remove", "get"):
+        elif kind not in ("remove", "get", "range"):
             raise ValueError(f"unknown fuzz operation {kind!r}")
         assert index.ntotal == len(model.ids), (kind, index.ntotal, len(model.ids))
     if model.ids:

@@ -41,18 +41,20 @@ def run_case(program: dict) -> None:
 seeds = st.integers(0, 2**31 - 1)
 palette = st.lists(st.integers(0, len(PALETTE) - 1), min_size=1, max_size=12)
 adds = st.fixed_dictionaries({"op": st.just("add"), "n": st.integers(0, 40), "seed": seeds,
-                              "ids": st.sampled_from(["auto", "auto", "fresh", "taken"])})
+                              "ids": st.sampled_from(["auto", "auto", "fresh", "taken"]), "labels": st.booleans()})
 searches = st.fixed_dictionaries({"op": st.just("search"), "nq": st.integers(0, 5), "k": st.integers(1, 60),
-                                  "seed": seeds})
+                                  "seed": seeds, "filter": st.booleans(), "labels": st.booleans()})
+ranges = st.fixed_dictionaries({"op": st.just("range"), "nq": st.integers(0, 4), "seed": seeds,
+                                "filter": st.booleans(), "labels": st.booleans()})
 operations = st.one_of(
-    adds, adds, searches,
+    adds, adds, searches, ranges,
     st.just({"op": "reset"}),
     st.fixed_dictionaries({"op": st.just("round_trip"), "how": st.sampled_from(["file", "pickle"])}),
     st.fixed_dictionaries({"op": st.sampled_from(["remove", "get"]), "count": st.integers(1, 5), "seed": seeds}),
 )
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", ["cpu", "model", pytest.param("cuda", marks=pytest.mark.gpu)])
 @FUZZ
 @given(dim=st.integers(1, 40), metric=st.sampled_from(METRICS), dtype=st.sampled_from(DTYPES),
        ops=st.lists(operations, min_size=1, max_size=12))

@@ -86,7 +86,7 @@ def test_closed_index_refuses_work(index):
     (np.full((2, 8), np.nan, np.float32), ValueError, "NaN"),
     (np.full((2, 8), np.inf, np.float32), ValueError, "infinity"),
     (np.full((2, 8), 2.0**60, np.float64), ValueError, "2\\*\\*50"),
-    (np.zeros((2, 8), np.int32), TypeError, "float16, float32 or float64; got dtype int32"),
+    (np.zeros((2, 8), np.int32), TypeError, "float16, float32, float64 or bfloat16; got dtype int32"),
     (np.zeros((2, 8), np.complex64), TypeError, "got dtype complex64"),
     (np.zeros((2, 8), bool), TypeError, "got dtype bool"),
     (np.array([["a"] * 8]), TypeError, "got dtype <U1"),
@@ -102,9 +102,9 @@ def test_bad_vectors_and_queries(index, bad, error, text):
 
 
 @pytest.mark.parametrize("k, error, text", [
-    (0, ValueError, "k must be between 1 and 2048; got 0"),
+    (0, ValueError, "k must be between 1 and 2147483647; got 0"),
     (-3, ValueError, "got -3"),
-    (2049, ValueError, "got 2049"),
+    (2**31, ValueError, "got 2147483648"),
     (3.0, TypeError, "k must be a positive integer; got 3.0"),
     ("3", TypeError, "got '3'"),
     (True, TypeError, "got True"),

@@ -72,8 +72,8 @@ def test_the_file_is_a_plain_npz(tmp_path, index):
     index.save(tmp_path / "saved")
     with np.load(tmp_path / "saved", allow_pickle=False) as archive:
         header = json.loads(bytes(archive["header"]).decode())
-        assert header == {"format": "tinyknn.index", "version": 1, "dim": 8, "metric": "l2", "dtype": "float32",
-                          "ntotal": 50}
+        assert header == {"format": "tinyknn.index", "version": 2, "dim": 8, "metric": "l2", "dtype": "float32",
+                          "ntotal": 50, "labels": False}
         assert np.array_equal(archive["ids"], np.arange(50)) and archive["vectors"].shape == (50, 8)
 
 
@@ -119,7 +119,7 @@ def saved(tmp_path, index):
 
 def test_load_refuses_another_version(saved):
     _rewrite(saved, header={"version": 99})
-    with pytest.raises(ValueError, match="format version 99; this tinyknn reads version 1"):
+    with pytest.raises(ValueError, match="format version 99; this tinyknn reads versions 1 and 2"):
         tinyknn.Index.load(saved)
 
 
@@ -418,3 +418,76 @@ def test_a_file_of_a_dtype_the_device_lacks_says_so(saved, monkeypatch):
     with pytest.raises(ValueError, match="dtype 'float32' is not available on device='cpu'") as caught:
         tinyknn.Index.load(saved)
     assert "not a readable" not in str(caught.value)
+
+
+# -- format version 2: labels, removals, every storage dtype -----------------------------------------
+def test_labels_survive_save_load_and_pickle(tmp_path, rng):
+    built = tinyknn.Index(4, metric="ip")
+    built.add(rng.standard_normal((30, 4)), labels=np.arange(30) % 3)
+    built.add(rng.standard_normal((5, 4)))                          # no labels
+    built.add(rng.standard_normal((5, 4)), labels=[-7] * 5, ids=np.arange(100, 105))
+    built.save(tmp_path / "labelled")
+    with np.load(tmp_path / "labelled") as archive:
+        assert json.loads(bytes(archive["header"]).decode())["labels"] is True
+        assert archive["labels"].tolist() == (np.arange(30) % 3).tolist() + [0] * 5 + [-7] * 5
+        assert archive["has_label"].tolist() == [True] * 30 + [False] * 5 + [True] * 5
+    for again in (tinyknn.Index.load(tmp_path / "labelled"), pickle.loads(pickle.dumps(built))):
+        assert_same(built, again)
+        assert again._labels.column()[0].tolist() == built._labels.column()[0].tolist()
+        assert again._labels.column()[1].tolist() == built._labels.column()[1].tolist()
+        assert again._labels.rows_of(-7).tolist() == list(range(35, 40))
+        assert again._labels.rows_of(1).tolist() == list(range(1, 30, 3))
+
+
+def test_a_version_1_file_still_loads(tmp_path, rng):
+    """Version 1, as the first wave wrote it (np.savez of header, vectors, ids; no labels)."""
+    vectors = rng.standard_normal((6, 3)).astype(np.float16)
+    header = {"format": "tinyknn.index", "version": 1, "dim": 3, "metric": "cosine", "dtype": "float16", "ntotal": 6}
+    with open(tmp_path / "v1", "wb") as handle:
+        np.savez(handle, header=np.frombuffer(json.dumps(header).encode(), np.uint8), vectors=vectors,
+                 ids=np.arange(10, 16))
+    again = tinyknn.Index.load(tmp_path / "v1")
+    assert (again.dim, again.metric, again.dtype, again.ntotal) == (3, "cosine", "float16", 6)
+    exported, ids = again._searcher.export()
+    assert np.array_equal(exported, vectors) and ids.tolist() == list(range(10, 16))
+    assert again._labels.column() is None
+    again.add(np.ones((1, 3)))
+    assert again._searcher.export()[1][-1] == 16
+
+
+@pytest.mark.parametrize("changes, text", [
+    ({"header": {"labels": "yes"}}, "its header's labels is 'yes'; expected true or false"),
+    ({"header": {"labels": True}}, "it lacks labels.npy, has_label.npy"),
+    ({"header": {"labels": True}, "labels": np.zeros(50, np.float64), "has_label": np.ones(50, bool)},
+     "labels.npy holds a float64 array of shape \\(50,\\); expected int64 of shape \\(50,\\)"),
+    ({"header": {"labels": True}, "labels": np.zeros(50, np.int64), "has_label": np.ones(49, bool)},
+     "has_label.npy holds a bool array of shape \\(49,\\)"),
+])
+def test_damaged_label_members_are_refused(saved, changes, text):
+    _rewrite(saved, **changes)
+    with pytest.raises(ValueError, match=text):
+        tinyknn.Index.load(saved)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "uint8", "float16", "float32"])
+def test_every_storage_dtype_round_trips_bit_for_bit(tmp_path, monkeypatch, dtype):
+    """bfloat16 is saved as its uint16 bits (NumPy reads the file without ml_dtypes), the header naming
+    bfloat16; removals leave nothing but the rows. The model searcher stands in for the device."""
+    from model_searcher import use_model
+
+    use_model(monkeypatch)
+    values = np.arange(-40, 40, dtype=np.float64).reshape(20, 4) * (1 if dtype in ("int8", "uint8") else 1.37)
+    built = tinyknn.Index(4, dtype=dtype)
+    built.add(values + 40 if dtype == "uint8" else values, labels=np.arange(20) % 2)
+    assert built.remove([3, 17]) == 2
+    built.save(tmp_path / "saved")
+    with np.load(tmp_path / "saved") as archive:
+        header = json.loads(bytes(archive["header"]).decode())
+        assert header["dtype"] == dtype and header["ntotal"] == 18
+        assert archive["vectors"].dtype == (np.uint16 if dtype == "bfloat16" else np.dtype(dtype))
+    again = tinyknn.Index.load(tmp_path / "saved")
+    assert again.dtype == dtype
+    (a, a_ids), (b, b_ids) = built._searcher.export(), again._searcher.export()
+    assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)) and np.array_equal(a_ids, b_ids)
+    assert again._labels.rows_of(1).tolist() == built._labels.rows_of(1).tolist()
+    assert again.get([4, 19]).tobytes() == built.get([4, 19]).tobytes()

@@ -64,3 +64,90 @@ def test_non_contiguous_input_is_checked_too():
     values[::2, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         _validate.check_values(values[::2], "queries", "float32")
+
+
+# -- the storage dtypes' input rules (issue 13 item 3) -------------------------------------------------
+def bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """float64 -> float32 (NumPy, to nearest) -> bfloat16 by integer arithmetic: round the float32 bits
+    to their upper 16, to nearest, ties to even (kernels/ingest.cuh's cvt.rn.bf16.f32)."""
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def test_bfloat16_storage_rounds_through_float32(rng):
+    import ml_dtypes
+
+    values = np.concatenate([rng.standard_normal(5000) * 10.0 ** rng.integers(-30, 15, 5000),
+                             [1 + 2**-8 + 2**-30, -(1 + 2**-8 + 2**-40), 3 * 2**-9 + 2**-35]])   # double rounding cases
+    out = np.empty(values.shape, dtype=ml_dtypes.bfloat16)
+    _validate.to_storage(values, out)
+    assert np.array_equal(out.view(np.uint16), bfloat16_bits(values))
+    assert out.view(np.uint16)[-3] == 0x3F80                   # 1 + 2**-8 + 2**-30: a float32 tie, to even
+    for source in (np.float16, np.float32, ml_dtypes.bfloat16):
+        small = np.clip(values[:100], -6e4, 6e4).astype(source)
+        assert np.array_equal(_validate.as_storage(small, out.dtype).view(np.uint16),
+                              bfloat16_bits(small.astype(np.float64)))
+
+
+def test_bfloat16_input_is_accepted_and_checked():
+    import ml_dtypes
+
+    rows = _validate.host_rows(np.ones((2, 3), ml_dtypes.bfloat16), 3, "bfloat16")
+    assert rows.dtype.name == "bfloat16"
+    assert _validate.host_queries(np.ones((2, 3), ml_dtypes.bfloat16), 3, True).dtype == np.float32
+    with pytest.raises(ValueError, match="contains NaN"):
+        _validate.host_rows(np.full((1, 3), np.nan, ml_dtypes.bfloat16), 3, "float32")
+    with pytest.raises(ValueError, match="holds 2.2518e\\+15; tinyknn accepts \\|value\\| <= 2\\*\\*50"):
+        _validate.host_rows(np.full((1, 3), 2.0**51), 3, "bfloat16")
+    with pytest.raises(TypeError, match="float16, float32, float64 or bfloat16; got dtype int64"):
+        _validate.host_rows(np.ones((1, 3), np.int64), 3, "bfloat16")
+
+
+@pytest.mark.parametrize("storage", ["int8", "uint8"])
+@pytest.mark.parametrize("kind", ["rows", "queries"])
+def test_an_eight_bit_index_takes_integers_in_its_range(storage, kind):
+    check = (lambda x: _validate.host_rows(x, 2, storage)) if kind == "rows" else \
+        (lambda x: _validate.host_queries(x, 2, True, storage))
+    info = np.iinfo(storage)
+    what = "vectors to add" if kind == "rows" else "queries"
+    for good in (np.array([[info.min, info.max]], np.int64), np.array([[info.min, 3]], np.float64),
+                 np.array([[5, 7]], np.uint8), np.array([[0, 1]], np.float16), [[1, 2]]):
+        out = check(good)
+        if kind == "queries":
+            assert out.dtype == np.float32 and np.array_equal(out, np.asarray(good, np.float64).astype(np.float32))
+    for bad, value in ((np.array([[1.0, 2.5]]), "2.5"), (np.array([[info.max + 1, 0]], np.int32), str(info.max + 1)),
+                       (np.array([[0.0, info.min - 1.0]]), str(float(info.min - 1))),
+                       (np.array([[0.0, np.nan]]), "nan"), (np.array([[np.inf, 0.0]]), "inf")):
+        with pytest.raises(ValueError, match=f"{what} holds .*{value}.* at row 0, column [01]; an {storage} index "
+                                             f"takes integers in {info.min} .. {info.max} only"):
+            check(bad)
+    with pytest.raises(TypeError, match="integers \\(an 8-bit index\\) or float16"):
+        check(np.ones((1, 2), bool))
+    with pytest.raises(TypeError, match="got dtype complex128"):
+        check(np.ones((1, 2), complex))
+
+
+def test_the_offending_value_is_named_by_its_position():
+    values = np.zeros((4, 3))
+    values[2, 1] = 0.25
+    with pytest.raises(ValueError, match="holds 0.25 at row 2, column 1"):
+        _validate.host_rows(values, 3, "int8")
+
+
+class FakeCuda:
+    def __init__(self, typestr):
+        self.__cuda_array_interface__ = {"shape": (2, 3), "typestr": typestr, "data": (1 << 20, False),
+                                         "version": 3, "strides": None}
+
+
+def test_eight_bit_cuda_inputs():
+    """CUDA vectors of floats or int8/uint8 (the ingest kernel checks values); CUDA queries of the index's
+    own dtype only (values need no check then)."""
+    assert _validate.device_matrix(FakeCuda("|i1"), 3, "vectors to add", "int8").dtype == np.int8
+    assert _validate.device_matrix(FakeCuda("<f4"), 3, "vectors to add", "uint8").dtype == np.float32
+    assert _validate.device_matrix(FakeCuda("|u1"), 3, "queries", "uint8", queries=True).dtype == np.uint8
+    with pytest.raises(TypeError, match="queries for a uint8 index on the GPU must be uint8 CUDA arrays"):
+        _validate.device_matrix(FakeCuda("<f4"), 3, "queries", "uint8", queries=True)
+    with pytest.raises(TypeError, match="got dtype int8"):
+        _validate.device_matrix(FakeCuda("|i1"), 3, "vectors to add", "float32")

@@ -1,6 +1,7 @@
 """IdMap: which user id lives in which searcher row, without sorting every id on every add.
 
-Ids are the user's currency, rows are the searcher's (row r is the r-th vector added). Three stores:
+Ids are the user's currency, rows are the searcher's. Each id gets a serial number when it is first
+added (0, 1, 2, ... in the order of adds); three stores map id -> serial:
 - runs: (first id, first row, length) of consecutive ids in consecutive rows. Auto ids always form one
   (they continue after the largest id the index has held), so an index of auto ids costs ~0 bytes per id;
 - sorted segments: pairs of int64 arrays (ids sorted, their rows), 16 bytes per id, searched with
@@ -10,6 +11,12 @@ Ids are the user's currency, rows are the searcher's (row r is the r-th vector a
   holds RECENT_LIMIT ids, so an add of one id costs a dict insert and O(log n) searches.
 A batch is checked against all three before anything is committed (`check_new`), then committed
 after the searcher has taken the rows (`commit`), so a failed add leaves the map as it was.
+
+Until the first removal serial == row, and no more is stored. A removal (the searcher swap-removes: rows
+from the end move into the holes) creates two int64 columns, serial -> row (-1: removed) and row ->
+serial, and updates them in O(removed) (`apply_removal`); the stores never change for it. An id added
+again after its removal gets its old serial back, so no store ever holds an id twice. Once removed
+serials outnumber the rows held, the stores are rebuilt from the live rows (serial == row again).
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ class IdMap:
     def reset(self) -> None:
         self.count = 0                 # rows held (== the searcher's rows)
         self.next_auto = 0             # the first auto id: 1 + the largest id held since creation/reset
+        self.next_serial = 0           # serials issued (== count until the first removal)
+        self._row_of_serial: np.ndarray | None = None    # None: serial == row (nothing removed yet)
+        self._serial_of_row: np.ndarray | None = None
+        self._dead = 0                 # serials whose id is not in the index now
         self._run_start: list[int] = []   # sorted by first id; runs never overlap
         self._run_row: list[int] = []
         self._run_len: list[int] = []
@@ -52,14 +63,35 @@ class IdMap:
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The row of each id, -1 where the id is not in the index."""
         ids = np.asarray(ids, dtype=np.int64)
-        if ids.size > 256:   # sorted probes walk each segment in order instead of missing the cache
-            order = np.argsort(ids, kind="stable")
+        if ids.size > 256 and self._segments:   # sorted probes walk each segment in order, not missing the cache
+            order = np.argsort(ids)
             rows = np.empty(ids.shape, dtype=np.int64)
             rows[order] = self._rows_of(ids[order])
             return rows
         return self._rows_of(ids)
 
+    def rows_present(self, ids: np.ndarray) -> np.ndarray:
+        """The sorted, unique rows of those ids that are in the index (a filter's or a removal's rows):
+        one sort of the ids, sorted probes, and a second sort only where rows do not follow id order."""
+        ordered = np.sort(np.asarray(ids, dtype=np.int64))
+        if len(ordered) > 1:
+            ordered = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+        rows = self._rows_of(ordered)
+        rows = rows[rows >= 0]
+        if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+            rows.sort()
+        return rows
+
     def _rows_of(self, ids: np.ndarray) -> np.ndarray:
+        serials = self._serials_of(ids)
+        if self._row_of_serial is None:
+            return serials
+        known = serials >= 0
+        serials[known] = self._row_of_serial[serials[known]]
+        return serials
+
+    def _serials_of(self, ids: np.ndarray) -> np.ndarray:
+        """The serial of each id in the stores (also of removed ids), -1 where an id was never held."""
         rows = np.full(ids.shape, -1, dtype=np.int64)
         if not ids.size:
             return rows
@@ -101,7 +133,68 @@ class IdMap:
         n = len(ids)
         if n == 0:
             return
-        first_row = self.count
+        if self._row_of_serial is None:
+            self._store(ids, self.next_serial)
+            self.next_serial += n
+        else:
+            serials = self._serials_of(ids)        # ids held before keep their serial (check_new: all removed)
+            fresh = serials < 0
+            n_fresh = int(np.count_nonzero(fresh))
+            if n_fresh:
+                self._store(ids if n_fresh == n else ids[fresh], self.next_serial)
+                serials[fresh] = np.arange(self.next_serial, self.next_serial + n_fresh, dtype=np.int64)
+                self.next_serial += n_fresh
+            self._dead -= n - n_fresh
+            self._row_of_serial = _grown(self._row_of_serial, self.next_serial)
+            self._row_of_serial[serials] = np.arange(self.count, self.count + n, dtype=np.int64)
+            self._serial_of_row = _grown(self._serial_of_row, self.count + n)
+            self._serial_of_row[self.count:self.count + n] = serials
+        self.count += n
+        self.next_auto = max(self.next_auto, int(ids.max()) + 1)
+
+    def apply_removal(self, rows: np.ndarray, moved_from: np.ndarray, moved_to: np.ndarray) -> None:
+        """The searcher removed `rows` (sorted, unique) and moved rows moved_from[i] -> moved_to[i]."""
+        if len(rows) == 0:
+            return
+        if self._row_of_serial is None:
+            self._row_of_serial = np.arange(max(self.next_serial, 16), dtype=np.int64)
+            self._serial_of_row = np.arange(max(self.count, 16), dtype=np.int64)
+        gone, moving = self._serial_of_row[rows], self._serial_of_row[moved_from]
+        self._row_of_serial[gone] = -1
+        self._row_of_serial[moving] = moved_to
+        self._serial_of_row[moved_to] = moving
+        self.count -= len(rows)
+        self._dead += len(rows)
+        if self._dead > max(RECENT_LIMIT, self.count):
+            self._rebuild()
+
+    def ids_of_rows(self) -> np.ndarray:
+        """The id of every row (row order), from the stores: O(ids ever held since the last rebuild)."""
+        starts, first_serials, lengths = self._runs() if self._run_start else (_EMPTY, _EMPTY, _EMPTY)
+        total = int(lengths.sum()) if len(lengths) else 0
+        offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        run_ids = np.repeat(starts, lengths) + offsets
+        run_serials = np.repeat(first_serials, lengths) + offsets
+        recent_ids, recent_serials = _sorted_pairs(self._recent) if self._recent else (_EMPTY, _EMPTY)
+        all_ids = np.concatenate([run_ids, recent_ids, *(ids for ids, _ in self._segments)])
+        serials = np.concatenate([run_serials, recent_serials, *(s for _, s in self._segments)])
+        rows = serials if self._row_of_serial is None else self._row_of_serial[serials]
+        live = rows >= 0
+        by_row = np.empty(self.count, dtype=np.int64)
+        by_row[rows[live]] = all_ids[live]
+        return by_row
+
+    def _rebuild(self) -> None:
+        """Fresh stores over the live rows only (serial == row again): frees what removed ids held."""
+        by_row, next_auto = self.ids_of_rows(), self.next_auto
+        self.reset()
+        self.commit(by_row)
+        self.next_auto = max(self.next_auto, next_auto)
+
+    def _store(self, ids: np.ndarray, first_serial: int) -> None:
+        """Put ids (never held before) with serials first_serial, first_serial + 1, ... into the stores."""
+        n = len(ids)
+        first_row = first_serial
         first, last = int(ids[0]), int(ids[-1])
         consecutive = last - first == n - 1 and (n <= 2 or bool(np.all(np.diff(ids) == 1)))
         if consecutive and (n >= MIN_RUN or self._extends_last_run(first, first_row)):
@@ -114,8 +207,6 @@ class IdMap:
         else:
             order = np.argsort(ids, kind="stable")
             self._add_segment(ids[order], (first_row + order).astype(np.int64))
-        self.count += n
-        self.next_auto = max(self.next_auto, int(ids.max()) + 1)
 
     def _extends_last_run(self, first_id: int, first_row: int) -> bool:
         return bool(self._run_start) and (self._run_start[-1] + self._run_len[-1] == first_id
@@ -147,8 +238,18 @@ class IdMap:
 
     def nbytes(self) -> int:
         """Approximate memory the map holds (for the README's footprint table and tests)."""
+        columns = sum(column.nbytes for column in (self._row_of_serial, self._serial_of_row) if column is not None)
         return (sum(ids.nbytes + rows.nbytes for ids, rows in self._segments) + 100 * len(self._recent)
-                + 3 * 36 * len(self._run_start))
+                + 3 * 36 * len(self._run_start) + columns)
+
+
+def _grown(column: np.ndarray, size: int) -> np.ndarray:
+    """column itself when it holds `size` entries, else a copy with room for twice as many."""
+    if len(column) >= size:
+        return column
+    grown = np.empty(max(size, 2 * len(column)), dtype=column.dtype)
+    grown[:len(column)] = column
+    return grown
 
 
 def _sorted_pairs(mapping: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,11 @@
 """Saving and loading an Index (format: README 'File format'), and pickling through the same bytes.
 
 The file is an uncompressed NumPy .npz (np.load reads it): header.npy (uint8, UTF-8 JSON: format,
-version, dim, metric, dtype, ntotal), vectors.npy ((ntotal, dim) in the storage dtype), ids.npy
-((ntotal,) int64). Loading trusts nothing: every zip member, .npy header and header field is checked,
+version, dim, metric, dtype, ntotal, labels), vectors.npy ((ntotal, dim) in the storage dtype; bfloat16
+as its uint16 bits, so that NumPy reads the file without ml_dtypes), ids.npy ((ntotal,) int64) and, when
+the header's "labels" is true, labels.npy ((ntotal,) int64) and has_label.npy ((ntotal,) bool: which
+rows have a label). Version 2; version 1 (no "labels", no label members) still loads. Rows are in the
+index's row order; removals leave nothing behind (the searcher swap-removes), so there is no other state. Loading trusts nothing: every zip member, .npy header and header field is checked,
 and array sizes are compared with the header before any large array is read; the vectors are then
 streamed into the index CHUNK_BYTES at a time. Anything wrong is a ValueError naming the file.
 Saving writes a uniquely named temporary file beside the target and renames it over the target, so
@@ -29,9 +32,11 @@ from ._validate import CHUNK_BYTES
 from .spec import DTYPES, MAX_DIM, METRICS, numpy_dtype
 
 FILE_FORMAT = "tinyknn.index"
-FILE_VERSION = 1
+FILE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 HEADER_LIMIT = 1 << 16            # bytes; a real header is about 100
 MEMBERS = ("header.npy", "vectors.npy", "ids.npy")
+LABEL_MEMBERS = ("labels.npy", "has_label.npy")
 
 # What a damaged file can make zipfile, NumPy's .npy parser (ast, tokenize) or json raise.
 _DAMAGE = (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, ValueError, KeyError, IndexError,
@@ -44,11 +49,15 @@ class _Damaged(ValueError):
 
 
 # -- saving ------------------------------------------------------------------------------------------
-def write(handle, dim: int, metric: str, dtype: str, vectors: np.ndarray, ids: np.ndarray) -> None:
-    """The file's bytes onto a binary handle."""
+def write(handle, dim: int, metric: str, dtype: str, vectors: np.ndarray, ids: np.ndarray,
+          labels: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """The file's bytes onto a binary handle; `labels` is (int64 label, has-label bool) per row, or None."""
     header = {"format": FILE_FORMAT, "version": FILE_VERSION, "dim": dim, "metric": metric, "dtype": dtype,
-              "ntotal": int(len(ids))}
-    arrays = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), "vectors": vectors, "ids": ids}
+              "ntotal": int(len(ids)), "labels": labels is not None}
+    arrays = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+              "vectors": vectors.view(np.uint16) if dtype == "bfloat16" else vectors, "ids": ids}
+    if labels is not None:
+        arrays["labels"], arrays["has_label"] = labels
     with zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, array in arrays.items():
             with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
@@ -98,10 +107,14 @@ def load(source, make_index):
                 header = _read_header(archive, size)
                 ntotal, dim, dtype = header["ntotal"], header["dim"], numpy_dtype(header["dtype"])
                 ids = _read_whole(*_open_array(archive, "ids.npy", size, np.dtype(np.int64), (ntotal,)))
+                labels = None
+                if header.get("labels"):
+                    labels = (_read_whole(*_open_array(archive, "labels.npy", size, np.dtype(np.int64), (ntotal,))),
+                              _read_whole(*_open_array(archive, "has_label.npy", size, np.dtype(bool), (ntotal,))))
             index = make_index(dim, header["metric"], header["dtype"])
             try:
                 with _as_value_errors(name):
-                    _stream_rows(archive, size, index, ids, dtype)
+                    _stream_rows(archive, size, index, ids, dtype, labels)
             except BaseException:
                 index.close()
                 raise
@@ -111,15 +124,19 @@ def load(source, make_index):
             handle.close()
 
 
-def _stream_rows(archive: zipfile.ZipFile, size: int, index, ids: np.ndarray, dtype: np.dtype) -> None:
-    """vectors.npy into the index CHUNK_BYTES at a time, with their ids."""
+def _stream_rows(archive: zipfile.ZipFile, size: int, index, ids: np.ndarray, dtype: np.dtype,
+                 labels: tuple[np.ndarray, np.ndarray] | None) -> None:
+    """vectors.npy into the index CHUNK_BYTES at a time, with their ids and labels."""
     ntotal, dim = len(ids), index.dim
     step = max(1, CHUNK_BYTES // (dim * dtype.itemsize))
-    with _open_array(archive, "vectors.npy", size, dtype, (ntotal, dim))[0] as vectors:
+    file_dtype = np.dtype(np.uint16) if dtype.name == "bfloat16" else dtype
+    with _open_array(archive, "vectors.npy", size, file_dtype, (ntotal, dim))[0] as vectors:
         for start in range(0, ntotal, step):
             rows = min(step, ntotal - start)
             data = _read_exactly(vectors, rows * dim * dtype.itemsize)
-            index.add(np.frombuffer(data, dtype=dtype).reshape(rows, dim), ids=ids[start:start + rows])
+            piece = slice(start, start + rows)
+            values, has = (None, None) if labels is None else (labels[0][piece], labels[1][piece])
+            index._add(np.frombuffer(data, dtype=dtype).reshape(rows, dim), ids[piece], values, has)
         _read_exactly(vectors, 0)
 
 
@@ -136,10 +153,21 @@ def _as_value_errors(name: str):
 
 def _read_header(archive: zipfile.ZipFile, size: int) -> dict:
     found = {info.filename: info for info in archive.infolist()}
-    missing = [member for member in MEMBERS if member not in found]
+    _check_members(found, MEMBERS, size)
+    if found["header.npy"].file_size > HEADER_LIMIT:
+        raise _Damaged(f"header.npy holds {found['header.npy'].file_size} bytes; a header is under {HEADER_LIMIT}")
+    raw = _read_whole(*_open_array(archive, "header.npy", size, np.dtype(np.uint8)))
+    header = _checked_header(json.loads(raw.tobytes().decode("utf-8")))
+    if header.get("labels"):
+        _check_members(found, LABEL_MEMBERS, size)
+    return header
+
+
+def _check_members(found: dict, members: tuple[str, ...], size: int) -> None:
+    missing = [member for member in members if member not in found]
     if missing:
         raise _Damaged(f"it lacks {', '.join(missing)} (it holds {sorted(found)[:5]})")
-    for member in MEMBERS:
+    for member in members:
         info = found[member]
         if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
             raise _Damaged(f"{member} is compressed or encrypted (zip method {info.compress_type}, flags "
@@ -147,11 +175,6 @@ def _read_header(archive: zipfile.ZipFile, size: int) -> dict:
         if info.compress_size != info.file_size or info.header_offset + info.compress_size > size:
             raise _Damaged(f"{member} claims {info.file_size} bytes at offset {info.header_offset}, "
                            f"beyond the {size} bytes there are")
-    if found["header.npy"].file_size > HEADER_LIMIT:
-        raise _Damaged(f"header.npy holds {found['header.npy'].file_size} bytes; a header is under {HEADER_LIMIT}")
-    raw = _read_whole(*_open_array(archive, "header.npy", size, np.dtype(np.uint8)))
-    header = json.loads(raw.tobytes().decode("utf-8"))
-    return _checked_header(header)
 
 
 def _checked_header(header) -> dict:
@@ -159,8 +182,11 @@ def _checked_header(header) -> dict:
         raise _Damaged(f"its header is a JSON {type(header).__name__}, not an object")
     if header.get("format") != FILE_FORMAT:
         raise _Damaged(f"its header names format {header.get('format')!r}, not {FILE_FORMAT!r}")
-    if type(header.get("version")) is not int or header["version"] != FILE_VERSION:
-        raise _Damaged(f"it is format version {header.get('version')!r}; this tinyknn reads version {FILE_VERSION}")
+    if type(header.get("version")) is not int or header["version"] not in READABLE_VERSIONS:
+        raise _Damaged(f"it is format version {header.get('version')!r}; this tinyknn reads versions "
+                       f"{' and '.join(map(str, READABLE_VERSIONS))}")
+    if header["version"] >= 2 and type(header.get("labels")) is not bool:
+        raise _Damaged(f"its header's labels is {header.get('labels')!r}; expected true or false")
     missing = [key for key in ("dim", "metric", "dtype", "ntotal") if key not in header]
     if missing:
         raise _Damaged(f"its header lacks {', '.join(missing)}")

@@ -7,8 +7,13 @@ Conversion policy (also in README and the Index docstrings):
   (`np.ascontiguousarray(x, dtype)`); a C-contiguous input already in that dtype is used without a copy
   for queries (the index's stored database is always its own copy). Read-only inputs are fine: tinyknn
   never writes to an input.
-- Integer, boolean, complex and object arrays are refused (TypeError): silently casting ids or pixel
-  counts is more often a bug than an intent.
+- Integer, boolean, complex and object arrays are refused (TypeError) by a float index: silently casting
+  ids or pixel counts is more often a bug than an intent. bfloat16 (ml_dtypes) input is accepted too.
+- Storage dtypes (spec.DTYPES): float32, float16, bfloat16 take float16/32/64 and bfloat16 input; a
+  bfloat16 index stores float64 -> float32 -> bfloat16, each rounding to nearest (what the GPU ingest
+  does, kernels/ingest.cuh), |x| <= 2**50. An int8/uint8 index takes integer arrays and float arrays whose
+  values are integers, within the type's range (else a ValueError naming the offending value's position),
+  for its vectors and for its queries alike; queries are searched as float32 (exact for 8-bit values).
 - NaN or infinity anywhere is refused (ValueError), as is a float32 magnitude above MAX_ABS_VALUE
   (squared distances would overflow float32) and, for a float16 index, a value float16 cannot hold.
 - DLPack: a CPU object with __dlpack__ (NumPy >= 1.22, torch, JAX on the CPU) is read in place with
@@ -38,6 +43,7 @@ INT64_MAX = int(np.iinfo(np.int64).max)
 CHUNK_BYTES = 64 << 20
 
 _ACCEPTED_FLOATS = (np.float16, np.float32, np.float64)
+EIGHT_BIT = ("int8", "uint8")
 
 
 @dataclass(frozen=True)
@@ -115,9 +121,10 @@ def _name_of(x) -> str:
     return f"{type(x).__module__}.{type(x).__name__}"
 
 
-def to_host_array(x, what: str) -> np.ndarray:
+def to_host_array(x, what: str, integers: bool = False) -> np.ndarray:
     """Turn a host input into an ndarray without copying when possible; refuse CUDA arrays, non-floats
-    and inputs that would silently lose information (masked arrays, sparse matrices)."""
+    (integers too unless `integers`: an 8-bit index) and inputs that would silently lose information
+    (masked arrays, sparse matrices)."""
     if is_device_array(x):
         raise TypeError(
             f"{what} is a CUDA array ({_name_of(x)}) but this index lives on the CPU; "
@@ -138,7 +145,9 @@ def to_host_array(x, what: str) -> np.ndarray:
             array = np.asarray(x)
         except Exception as exc:  # noqa: BLE001 - anything that is not array-like
             raise TypeError(f"{what} must be an array of floats; got {_name_of(x)} ({exc})") from None
-    check_float_dtype(array.dtype, what)
+    if integers and array.dtype.kind in "iu":
+        return array
+    check_float_dtype(array.dtype, what, integers)
     return array
 
 
@@ -153,9 +162,52 @@ def _from_dlpack(x, what: str) -> np.ndarray | None:
                         "(its dtype or layout); pass a NumPy array") from None
 
 
-def check_float_dtype(dtype: np.dtype, what: str) -> None:
-    if dtype.type not in _ACCEPTED_FLOATS:
-        raise TypeError(f"{what} must be float16, float32 or float64; got dtype {dtype}")
+def check_float_dtype(dtype: np.dtype, what: str, integers: bool = False) -> None:
+    if dtype.type not in _ACCEPTED_FLOATS and dtype.name != "bfloat16":
+        allowed = "integers (an 8-bit index) or float16, float32, float64, bfloat16" if integers else \
+            "float16, float32, float64 or bfloat16"
+        raise TypeError(f"{what} must be {allowed}; got dtype {dtype}")
+
+
+def check_integral(array: np.ndarray, what: str, storage_dtype: str) -> None:
+    """An 8-bit index's values: integers within int8's or uint8's range (floats holding integers too);
+    otherwise a ValueError naming the first offending value and where it is."""
+    if array.size == 0:
+        return
+    info = np.iinfo(storage_dtype)
+    if array.dtype.kind in "iu":
+        if int(array.min()) >= info.min and int(array.max()) <= info.max:
+            return
+        bad = (array < info.min) | (array > info.max)
+    else:
+        wide = array.astype(np.float64)      # bfloat16 and float16 widen exactly
+        with np.errstate(invalid="ignore"):
+            bad = ~((wide >= info.min) & (wide <= info.max) & (wide == np.trunc(wide)))
+        if not bad.any():
+            return
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    place = f"row {where[0]}, column {where[1]}" if len(where) == 2 else f"position {where}"
+    value = array[where]
+    shown = int(value) if array.dtype.kind in "iu" else float(value)
+    raise ValueError(f"{what} holds {shown!r} at {place}; an {storage_dtype} index takes integers in "
+                     f"{info.min} .. {info.max} only")
+
+
+def to_storage(source: np.ndarray, out: np.ndarray) -> None:
+    """source's values into out (the storage dtype), rounding as the GPU ingest does: bfloat16 through
+    float32 (float64 -> float32 -> bfloat16, each to nearest), everything else in one rounding."""
+    if out.dtype.name == "bfloat16" and source.dtype not in (np.float32, out.dtype):
+        source = source.astype(np.float32)
+    np.copyto(out, source, casting="unsafe")
+
+
+def as_storage(source: np.ndarray, storage: np.dtype) -> np.ndarray:
+    """source in the storage dtype, C-contiguous (itself when it already is)."""
+    if source.dtype == storage and source.flags.c_contiguous:
+        return source
+    out = np.empty(source.shape, dtype=storage)
+    to_storage(source, out)
+    return out
 
 
 def check_matrix_shape(shape: tuple[int, ...], dim: int, what: str) -> None:
@@ -196,28 +248,45 @@ def check_values(array: np.ndarray, what: str, storage_dtype: str) -> None:
 def host_rows(x, dim: int, storage_dtype: str) -> np.ndarray:
     """Vectors to add: (n, dim), every value checked, NOT yet converted: the index converts and hands
     them over CHUNK_BYTES at a time, so an add never holds a second full copy of the input."""
-    array = to_host_array(x, "vectors to add")
+    eight_bit = storage_dtype in EIGHT_BIT
+    array = to_host_array(x, "vectors to add", integers=eight_bit)
     check_matrix_shape(array.shape, dim, "vectors to add")
-    check_values(array, "vectors to add", storage_dtype)
+    if eight_bit:
+        check_integral(array, "vectors to add", storage_dtype)
+    else:
+        check_values(array, "vectors to add", storage_dtype)
     return array
 
 
-def host_queries(q, dim: int, check: bool = True) -> np.ndarray:
+def host_queries(q, dim: int, check: bool = True, storage_dtype: str = "float32") -> np.ndarray:
     """Queries: (n_queries, dim), finite, C-contiguous float32 (a copy only when needed).
 
     check=False leaves the values of float32 input unchecked: the GPU searcher checks them itself
-    while the device works (other dtypes are checked here, before any conversion)."""
-    array = to_host_array(q, "queries")
+    while the device works (other dtypes are checked here, before any conversion). An 8-bit index
+    takes queries by its own rule (check_integral), always checked here."""
+    eight_bit = storage_dtype in EIGHT_BIT
+    array = to_host_array(q, "queries", integers=eight_bit)
     check_matrix_shape(array.shape, dim, "queries")
-    if check or array.dtype != np.float32:
+    if eight_bit:
+        check_integral(array, "queries", storage_dtype)
+    elif check or array.dtype != np.float32:
         check_values(array, "queries", "float32")
+    if array.dtype.name == "bfloat16":
+        return array.astype(np.float32)
     return np.ascontiguousarray(array, dtype=np.float32)
 
 
-def device_matrix(x, dim: int, what: str) -> DeviceArray:
-    """Shape and dtype checks of a CUDA array; values (NaN) are checked on the device by the searcher."""
+def device_matrix(x, dim: int, what: str, storage_dtype: str = "float32", queries: bool = False) -> DeviceArray:
+    """Shape and dtype checks of a CUDA array; values (NaN, 8-bit ranges) are checked on the device by the
+    searcher. An 8-bit index takes CUDA vectors of floats or int8/uint8 (the ingest checks their values)
+    and CUDA queries of its own dtype only (their values need no check)."""
     described = describe_device_array(x)
-    check_float_dtype(described.dtype, what)
+    if storage_dtype in EIGHT_BIT and queries:
+        if described.dtype.name != storage_dtype:
+            raise TypeError(f"{what} for a {storage_dtype} index on the GPU must be {storage_dtype} CUDA arrays "
+                            f"(or host arrays of integers); got dtype {described.dtype}")
+    elif not (storage_dtype in EIGHT_BIT and described.dtype.name in EIGHT_BIT):
+        check_float_dtype(described.dtype, what, storage_dtype in EIGHT_BIT)
     check_matrix_shape(described.shape, dim, what)
     return described
 

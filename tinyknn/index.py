@@ -1,79 +1,48 @@
-"""Index: owns the database and its ids, validates every input, and hands the work to a searcher.
+"""Index: owns the database's ids and labels, validates every input, and hands the work to a searcher.
 
-No CUDA and no ctypes here: the CPU searcher (tinyknn.cpu) and the GPU searcher (tinyknn.gpu) are
-imported lazily, so `import tinyknn` works on a machine with no GPU, driver or compiler.
+Ids and labels map onto row positions here (tinyknn._ids, tinyknn._labels); a filtered or labelled
+search becomes searcher calls over the allowed rows (tinyknn._groups). No CUDA and no ctypes here: the
+searchers (tinyknn._backends) are imported lazily, so `import tinyknn` works on a machine with no GPU,
+driver or compiler.
 """
 
 from __future__ import annotations
 
 import io
 import threading
-from typing import Protocol
 
 import numpy as np
 
-from . import _persist, _validate
+from . import _groups, _persist, _validate
+from . import _validate_ops as _ops
+from ._backends import DEVICES, Searcher, parse_device  # noqa: F401 - DEVICES re-exported
+from ._backends import make_searcher as _make_searcher  # tests replace it with a model searcher
 from ._ids import IdMap
+from ._labels import Labels
 from ._persist import FILE_FORMAT, FILE_VERSION  # noqa: F401 - re-exported for callers and tests
 from .spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
-
-DEVICES = ("cpu", "cuda")
-
-
-class Searcher(Protocol):
-    """What a backend provides. Inputs arrive validated (host ndarrays or _validate.DeviceArray).
-
-    Rows are numbered in the order they were added. `add` copies its rows before it returns (the
-    caller reuses the array), and either takes all of them or raises with the searcher unchanged;
-    `truncate(n_rows)` drops every row from n_rows on (the newest), so that an add handed over in
-    several pieces can be undone when a later piece fails."""
-
-    def add(self, vectors, ids: np.ndarray) -> None: ...
-    def truncate(self, n_rows: int) -> None: ...
-    def search(self, queries, k: int): ...
-    def reset(self) -> None: ...
-    def export(self) -> tuple[np.ndarray, np.ndarray]: ...
-    def close(self) -> None: ...
-
-
-def parse_device(device) -> str:
-    text = str(device).lower() if isinstance(device, str) else device
-    if text in DEVICES:
-        return text
-    if isinstance(text, str) and text.startswith("cuda:"):
-        raise ValueError(f"device must be 'cpu' or 'cuda' (tinyknn uses the current CUDA device); got {device!r}")
-    raise ValueError(f"device must be one of 'cpu', 'cuda'; got {device!r}")
-
-
-def _make_searcher(device: str, dim: int, metric: str, dtype: str) -> Searcher:
-    if device == "cpu":
-        from .cpu.library import DTYPE_CODES
-        from .cpu.searcher import CpuSearcher
-
-        if dtype not in DTYPE_CODES:
-            raise ValueError(f"dtype {dtype!r} is not available on device='cpu' (it stores "
-                             f"{', '.join(map(repr, DTYPE_CODES))}); use one of those or device='cuda'")
-        return CpuSearcher(dim=dim, metric=metric, dtype=dtype)
-    from .gpu.searcher import GpuSearcher
-
-    return GpuSearcher(dim=dim, metric=metric, dtype=dtype)
 
 
 class Index:
     """Exact k-nearest-neighbour index.
 
-    Index(dim, metric="l2" | "ip" | "cosine", dtype="float32" | "float16", device="cpu" | "cuda")
+    Index(dim, metric="l2" | "ip" | "cosine", dtype="float32" | "float16" | "bfloat16" | "int8" | "uint8",
+    device="cpu" | "cuda")
 
     - `l2` reports squared Euclidean distances (smallest first), `ip` inner products (largest first),
       `cosine` the cosine similarity (largest first); a zero vector has similarity 0 with everything.
-    - The database is stored in `dtype`; distances are accumulated in float32. Queries are searched
-      in float32 whatever the index's dtype.
-    - Input conversion: see `tinyknn._validate` (float16/32/64 NumPy arrays and DLPack/CUDA arrays
-      accepted, copied only when the dtype or layout differs; NaN, infinity, |x| > 2**50, masked
-      arrays and non-float arrays refused).
+    - The database is stored in `dtype`; queries are searched in float32 whatever the index's dtype.
+      Answers follow the exactness contract (README "Exactness"): the float64 order, ties by the smaller id.
+    - Input conversion: see `tinyknn._validate` (float16/32/64 and bfloat16 arrays, and for an 8-bit
+      index integer arrays, NumPy or DLPack/CUDA; NaN, infinity, |x| > 2**50, masked arrays refused).
     - Ids: int64 in 0 .. 2**63 - 1, unique in the index. Without ids, an add numbers its rows on from
       the largest id the index has held since it was created, loaded or reset (0, 1, 2, ... for an
-      index of automatic ids), so automatic ids never collide with given ones.
+      index of automatic ids), so automatic ids never collide with given ones. Removed ids may be
+      added again; updating a vector is `remove` then `add`.
+    - Labels: one optional int64 per vector (`add(..., labels=)`); a search with `labels=` (one per
+      query) sees only the vectors of each query's label.
+    - Threads: calls may come from any number of threads; a search never sees half of an add or of a
+      removal.
     - An Index pickles and deep-copies (through the save format, in memory) onto the same device kind.
     """
 
@@ -84,7 +53,11 @@ class Index:
         self._storage = numpy_dtype(self.dtype)
         self.device = parse_device(device)
         self._ids = IdMap()
-        self._add_lock = threading.Lock()
+        self._labels = Labels()
+        self._add_lock = threading.Lock()      # one change (add, remove, reset, save) at a time
+        # ids/labels -> rows and the searcher call that uses the rows happen under _view, so that a
+        # removal (which moves rows) can never come between them; unfiltered searches need neither.
+        self._view = threading.Lock()
         self._searcher: Searcher | None = _make_searcher(self.device, self.dim, self.metric, self.dtype)
 
     # -- the database -------------------------------------------------------------------------
@@ -100,27 +73,79 @@ class Index:
         return (f"tinyknn.Index(dim={self.dim}, metric={self.metric!r}, dtype={self.dtype!r}, "
                 f"device={self.device!r}, ntotal={self.ntotal})")
 
-    def add(self, x, ids=None) -> None:
-        """Add vectors x of shape (n, dim); `ids` are optional int64 ids (default: see the class doc).
+    def add(self, x, ids=None, labels=None) -> None:
+        """Add vectors x of shape (n, dim); `ids` are optional int64 ids (default: see the class doc),
+        `labels` an optional int64 label per vector (any integer array-like of shape (n,)).
 
         Host input is checked whole, then converted to the index's dtype and handed over in pieces
         of _validate.CHUNK_BYTES (no second full copy); CUDA input (device='cuda' only) is copied
         device to device without visiting the host. A failed add leaves the index as it was.
         """
+        self._add(x, ids, labels)
+
+    def _add(self, x, ids, labels, has_label: np.ndarray | None = None) -> None:
+        """add(), and for load(): `has_label` says which rows of `labels` have one."""
         searcher = self._open_searcher()
         if self.device == "cuda" and _validate.is_device_array(x):
-            vectors = _validate.device_matrix(x, self.dim, "vectors to add")
+            vectors = _validate.device_matrix(x, self.dim, "vectors to add", self.dtype)
         else:
             vectors = _validate.host_rows(x, self.dim, self.dtype)
         n = vectors.shape[0]
         given = None if ids is None else _validate.user_ids(ids, n)
+        row_labels = None if labels is None else _ops.labels(labels, n, "labels (one per added vector)")
         with self._add_lock:
             new = self._ids.auto_ids(n) if given is None else given
             self._ids.check_new(new, given=given is not None)
             if n == 0:
                 return
             self._hand_over(searcher, vectors, new)
-            self._ids.commit(new)
+            with self._view:
+                self._ids.commit(new)
+                self._labels.append(n, row_labels, has_label)
+
+    def remove(self, ids) -> int:
+        """Remove the vectors of `ids` (a 1-D integer array-like; ids not in the index are ignored) and
+        return how many were removed. The ids may be added again afterwards. The searcher fills the
+        holes with the last rows at once (O(removed x dim)): nothing is left to compact later."""
+        wanted = _ops.id_list(ids, "ids to remove")
+        searcher = self._open_searcher()
+        with self._add_lock, self._view:
+            rows = self._ids.rows_present(wanted)
+            if not len(rows):
+                return 0
+            moved_from, moved_to = searcher.remove_rows(rows)
+            moved_from = np.asarray(moved_from, dtype=np.int64)
+            moved_to = np.asarray(moved_to, dtype=np.int64)
+            self._ids.apply_removal(rows, moved_from, moved_to)
+            self._labels.apply_removal(rows, moved_from, moved_to)
+        return len(rows)
+
+    def get(self, ids) -> np.ndarray:
+        """The stored vectors of `ids` (one id: shape (dim,); a 1-D array-like: (n, dim)) in the index's
+        dtype; a ValueError names the ids that are not in the index."""
+        one = np.ndim(ids) == 0
+        wanted = _ops.id_list([_ops.one_id(ids, "id")] if one else ids, "ids to get")
+        searcher = self._open_searcher()
+        with self._view:
+            rows = self._ids.rows_of(wanted)
+            missing = wanted[rows < 0]
+            if len(missing):
+                shown = np.unique(missing)
+                raise ValueError(f"get: {len(shown)} of the ids asked for are not in the index: "
+                                 f"{shown[:10].tolist()}{' ...' if len(shown) > 10 else ''}")
+            vectors = searcher.get_rows(rows)
+        return vectors[0] if one else vectors
+
+    def contains(self, ids) -> np.ndarray:
+        """A bool per id of the 1-D integer array-like `ids`: whether the index holds it."""
+        wanted = _ops.id_list(ids, "ids")
+        with self._view:
+            return self._ids.rows_of(wanted) >= 0
+
+    def __contains__(self, item) -> bool:
+        wanted = np.array([_ops.one_id(item, "the id in `id in index`")], dtype=np.int64)
+        with self._view:
+            return bool(self._ids.rows_of(wanted)[0] >= 0)
 
     def _hand_over(self, searcher: Searcher, vectors, ids: np.ndarray) -> None:
         """Give the rows to the searcher; undo what it took if that fails part way.
@@ -137,39 +162,82 @@ class Index:
         step = max(1, _validate.CHUNK_BYTES // (self.dim * self._storage.itemsize))
         try:
             if not convert or truncate is None or n <= step:
-                searcher.add(np.ascontiguousarray(vectors, dtype=self._storage) if convert else vectors, ids)
+                searcher.add(_validate.as_storage(vectors, self._storage) if convert else vectors, ids)
                 return
             buffer = np.empty((step, self.dim), dtype=self._storage)
             for start in range(0, n, step):
                 piece = buffer[:min(step, n - start)]
-                np.copyto(piece, vectors[start:start + step], casting="unsafe")   # as ascontiguousarray does
+                _validate.to_storage(vectors[start:start + step], piece)
                 searcher.add(piece, ids[start:start + step])
         except BaseException:
             if truncate is not None:
                 truncate(n_before)
             raise
 
-    def search(self, q, k: int):
+    def search(self, q, k: int, *, filter=None, labels=None):
         """The k nearest database vectors of each query: (distances float32 (nq, k), ids int64 (nq, k)).
 
-        Nearest first. Where k exceeds ntotal the rows are padded with id -1 and distance +inf
-        (-inf for 'ip' and 'cosine'). Host input gives NumPy output; CuPy or torch CUDA input gives
-        results of the same framework on the GPU, ordered after the caller's current stream.
+        Nearest first. Where a query may see fewer than k vectors the rows are padded with id -1 and
+        distance +inf (-inf for 'ip' and 'cosine'). Any k >= 1, but k beyond 2,048 (the kernels' own
+        limit) is a slower path: every allowed row's float64 distance is computed and the k best selected
+        outside the selection kernels (on the GPU: on the host, host queries only), so it costs about an
+        exact scan plus O(rows) per query whatever k is; results take 12 bytes per (query, k). `filter`: a 1-D integer array of the ids that may
+        be returned (ids not in the index are ignored); `labels`: one int64 per query, each query seeing
+        only the vectors added with its label; both together intersect. A filtered search reads only
+        the allowed rows (one searcher call per distinct query label). Host input gives NumPy output;
+        CuPy or torch CUDA input gives results of the same framework on the GPU, ordered after the
+        caller's current stream (with `labels`, CUDA queries must all carry one label).
         """
         searcher = self._open_searcher()
-        k = _validate.check_k(k)
+        k = _ops.search_k(k)
+        queries = self._queries(q)
+        if filter is None and labels is None:
+            return searcher.search(queries, k)          # the unfiltered path: nothing in between
+        with self._view:
+            parts = self._groups(queries, filter, labels)
+            return _groups.knn(searcher.search, queries, queries.shape[0], k, parts)
+
+    def range_search(self, q, radius, *, filter=None, labels=None):
+        """Every vector within `radius` of each query, in FAISS's layout: (lims int64 (nq + 1,),
+        distances float32, ids int64), query i's hits at lims[i]:lims[i + 1], nearest first (ties by
+        the smaller id). Within means distance < radius for 'l2' (squared distances: radius >= 0) and
+        similarity > radius for 'ip' and 'cosine'. No cap on the number of hits. `filter` and `labels`
+        as in search()."""
+        searcher = self._open_searcher()
+        radius = _ops.radius(radius, self.metric)
+        queries = self._queries(q)
+        if isinstance(queries, _validate.DeviceArray):
+            raise TypeError("range_search takes host (NumPy) queries; its results are host arrays of "
+                            "varying length: pass q.get() (CuPy) or q.cpu().numpy() (torch)")
+        if filter is None and labels is None:
+            return searcher.range_search(queries, radius, None)
+        with self._view:
+            parts = self._groups(queries, filter, labels)
+            return _groups.ranges(searcher.range_search, queries, queries.shape[0], radius, parts)
+
+    def _queries(self, q):
         if self.device == "cuda" and _validate.is_device_array(q):
-            queries = _validate.device_matrix(q, self.dim, "queries")
-        else:
-            # The GPU searcher checks host float32 values itself, on the host while the device works.
-            queries = _validate.host_queries(q, self.dim, self.device == "cpu")
-        return searcher.search(queries, k)
+            return _validate.device_matrix(q, self.dim, "queries", self.dtype, queries=True)
+        # The GPU searcher checks host float32 values itself, on the host while the device works.
+        return _validate.host_queries(q, self.dim, self.device == "cpu", self.dtype)
+
+    def _groups(self, queries, filter, labels) -> list[_groups.Group]:
+        """The searcher calls of a filtered search (call under _view: rows are only valid there)."""
+        n_queries = queries.shape[0]
+        allowed = None if filter is None else self._ids.rows_present(_ops.id_list(filter, "filter"))
+        query_labels = None if labels is None else _ops.labels(labels, n_queries, "labels (one per query)")
+        parts = _groups.groups(n_queries, allowed, query_labels, self._labels.rows_of)
+        if isinstance(queries, _validate.DeviceArray) and (len(parts) > 1 or parts[0].queries is not None):
+            raise ValueError("labels with CUDA queries must be one label for all of them; pass host queries "
+                             "or search each label's queries on their own")
+        return parts
 
     def reset(self) -> None:
         """Remove every vector (the index keeps its dim, metric, dtype and device)."""
-        with self._add_lock:
+        with self._add_lock, self._view:
             self._open_searcher().reset()
             self._ids.reset()
+            self._labels.reset()
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
@@ -191,7 +259,7 @@ class Index:
 
     # -- persistence --------------------------------------------------------------------------
     def save(self, path) -> None:
-        """Write the index to `path` (format: README 'File format'; an uncompressed NumPy .npz, version 1),
+        """Write the index to `path` (format: README 'File format'; an uncompressed NumPy .npz, version 2),
         or onto a binary file object (e.g. io.BytesIO) as it is.
 
         A path is written to a temporary file beside it and renamed over it: a failed save leaves no
@@ -204,14 +272,15 @@ class Index:
     def _write(self, handle) -> None:
         with self._add_lock:
             vectors, ids = self._open_searcher().export()
-        _persist.write(handle, self.dim, self.metric, self.dtype, vectors, ids)
+            labels = self._labels.column()
+        _persist.write(handle, self.dim, self.metric, self.dtype, vectors, ids, labels)
 
     @classmethod
     def load(cls, path, device: str = "cpu") -> "Index":
         """Read an index written by save() from a path or a binary file object.
 
-        A damaged file, a file of another format version or one whose sizes disagree with its
-        header is a ValueError (nothing larger than the file is allocated to find out)."""
+        Files of format versions 1 (no labels) and 2 load. A damaged file, a file of another format
+        version or one whose sizes disagree with its header is a ValueError (nothing larger than the file is allocated to find out)."""
         device = parse_device(device)
         return _persist.load(path, lambda dim, metric, dtype: cls(dim, metric=metric, dtype=dtype, device=device))
 
