@@ -107,6 +107,24 @@ class Panels {
     }
   }
 
+  // Appends rows rows[0 .. n) of `source` (same dim) into the blocks of `growth` (from reserve(n)).
+  void append_rows(const Panels& source, const int64_t* rows, int64_t n, Growth& growth) noexcept {
+    for (auto& block : growth.blocks) blocks_.push_back(std::move(block));
+    growth.blocks.clear();
+    for (int64_t i = 0; i < n; ++i, ++rows_) {
+      const Storage* from = source.slot_of(rows[i]);
+      Storage* slot = slot_of(rows_);
+      for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = from[d * kPanel];
+    }
+  }
+
+  // Row `from`'s elements over row `to`'s (both < rows()): remove's swap.
+  void copy_row(int64_t from, int64_t to) noexcept {
+    const Storage* source = slot_of(from);
+    Storage* target = slot_of(to);
+    for (int64_t d = 0; d < dim_; ++d) target[d * kPanel] = source[d * kPanel];
+  }
+
   Storage at(int64_t row, int64_t d) const { return slot_of(row)[d * kPanel]; }
   void row_to(int64_t row, Storage* out) const {
     const Storage* slot = slot_of(row);
@@ -118,7 +136,7 @@ class Panels {
     if (n >= rows_) return;
     for (int64_t row = n; row < std::min<int64_t>(rows_, (n + kPanel - 1) / kPanel * kPanel); ++row) {
       Storage* slot = slot_of(row);
-      for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = Storage(0);
+      for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = Storage{};
     }
     rows_ = n;
     const int64_t blocks_needed = (count() + block_panels_ - 1) / block_panels_;
@@ -213,6 +231,28 @@ class Database {
         tiny_rows_ += std::isinf(inverse_norms_[first + i]) ? 1 : 0;
       }
     }
+  }
+
+  // A database of rows rows[0 .. n) of `source` (sorted, in range), ids and inverse norms copied, the
+  // largest norm kept (a bound for the subset too): what a filtered search searches (search.h).
+  void assign_rows(const Database& source, const int64_t* rows, int64_t n, bool with_norms) {
+    auto growth = panels_.reserve(n);
+    ids_.resize(n);
+    if (with_norms) inverse_norms_.assign((std::size_t)((n + kPanel - 1) / kPanel * kPanel), 0.0f);
+    panels_.append_rows(source.panels_, rows, n, growth);
+    for (int64_t i = 0; i < n; ++i) ids_[i] = source.ids_[rows[i]];
+    if (with_norms) {
+      for (int64_t i = 0; i < n; ++i) inverse_norms_[i] = source.inverse_norms_[rows[i]];
+      tiny_rows_ = std::count_if(inverse_norms_.begin(), inverse_norms_.end(), [](float w) { return std::isinf(w); });
+    }
+    largest_norm_ = source.largest_norm_;
+  }
+
+  // Row `from` (its elements, id and inverse norm) over row `to`: remove's swap, then truncate().
+  void move_row(int64_t from, int64_t to) noexcept {
+    panels_.copy_row(from, to);
+    ids_[to] = ids_[from];
+    if (!inverse_norms_.empty()) inverse_norms_[to] = inverse_norms_[from];
   }
 
   // Keeps rows [0, n). The largest norm stays that of the rows once held (a bound, still honest).
