@@ -1,6 +1,8 @@
 // The extern "C" boundary: every entry point runs its body inside guarded(), which turns any C++
 // exception (including those rethrown from worker threads by ThreadPool) into a status code and a
 // thread-local message. Nothing throws across ctypes.
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <new>
@@ -15,6 +17,10 @@ using namespace tinyknn;
 
 struct tk_index {
   std::unique_ptr<AnyIndex> impl;
+};
+
+struct tk_range {
+  RangeAnswer answer;
 };
 
 namespace {
@@ -189,6 +195,75 @@ __attribute__((visibility("default"))) int tk_index_search(tk_index* index, cons
     require(nq == 0 || (queries != nullptr && distances != nullptr && ids != nullptr), "a pointer is null");
     open(index).search(queries, nq, k, threads < 1 ? 1 : threads, distances, ids);
   });
+}
+
+__attribute__((visibility("default"))) int tk_index_search_rows(tk_index* index, const float* queries, int64_t nq,
+                                                                int64_t k, int threads, const int64_t* rows,
+                                                                int64_t n_rows, float* distances, int64_t* ids) {
+  return guarded([&] {
+    require(nq >= 0 && n_rows >= 0, "the numbers of queries and rows must be >= 0");
+    require(k >= 1 && k <= ((int64_t)1 << 40), "k must be in [1, 2^40]");
+    require(nq == 0 || (queries != nullptr && distances != nullptr && ids != nullptr), "a pointer is null");
+    require(n_rows == 0 || rows != nullptr, "the rows pointer is null");
+    open(index).search_rows(queries, nq, k, threads < 1 ? 1 : threads, rows, n_rows, distances, ids);
+  });
+}
+
+__attribute__((visibility("default"))) int tk_index_remove_rows(tk_index* index, const int64_t* positions, int64_t n,
+                                                                int64_t* moved_from, int64_t* moved_to,
+                                                                int64_t* n_moved) {
+  return guarded([&] {
+    require(n >= 0, "n must be >= 0");
+    require(n_moved != nullptr && (n == 0 || (positions != nullptr && moved_from != nullptr && moved_to != nullptr)),
+            "a pointer is null");
+    *n_moved = open(index).remove_rows(positions, n, moved_from, moved_to);
+  });
+}
+
+__attribute__((visibility("default"))) int tk_index_get_rows(tk_index* index, const int64_t* positions, int64_t n,
+                                                             void* vectors) {
+  return guarded([&] {
+    require(n >= 0, "n must be >= 0");
+    require(n == 0 || (positions != nullptr && vectors != nullptr), "a pointer is null");
+    open(index).get_rows(positions, n, vectors);
+  });
+}
+
+__attribute__((visibility("default"))) int tk_index_range_search(tk_index* index, const float* queries, int64_t nq,
+                                                                 double radius, const int64_t* rows, int64_t n_rows,
+                                                                 int threads, tk_range** out) {
+  return guarded([&] {
+    require(out != nullptr, "output handle pointer is null");
+    *out = nullptr;
+    require(nq >= 0 && n_rows >= 0, "the numbers of queries and rows must be >= 0");
+    require(nq == 0 || queries != nullptr, "the queries pointer is null");
+    require(std::isfinite(radius), "radius must be finite");
+    std::unique_ptr<tk_range> range(new tk_range{});
+    open(index).range_search(queries, nq, radius, rows, n_rows, threads < 1 ? 1 : threads, range->answer);
+    *out = range.release();
+  });
+}
+
+__attribute__((visibility("default"))) int tk_range_total(tk_range* range, int64_t* total) {
+  return guarded([&] {
+    require(range != nullptr && total != nullptr, "a pointer is null");
+    *total = (int64_t)range->answer.ids.size();
+  });
+}
+
+__attribute__((visibility("default"))) int tk_range_copy(tk_range* range, int64_t* counts, float* distances,
+                                                         int64_t* ids) {
+  return guarded([&] {
+    require(range != nullptr, "range result handle is null");
+    const RangeAnswer& answer = range->answer;
+    std::copy(answer.counts.begin(), answer.counts.end(), counts);
+    std::copy(answer.distances.begin(), answer.distances.end(), distances);
+    std::copy(answer.ids.begin(), answer.ids.end(), ids);
+  });
+}
+
+__attribute__((visibility("default"))) int tk_range_free(tk_range* range) {
+  return guarded([&] { delete range; });
 }
 
 }  // extern "C"

@@ -107,6 +107,37 @@ class Panels {
     }
   }
 
+  // Rows [0, n) of a reused table (its blocks kept: no new pages to fault in), their elements left to
+  // gather_rows; padding rows of the last panel are zeroed here. growth: from reserve(n) on an empty table.
+  void resize_for_gather(int64_t n, Growth& growth) noexcept {
+    for (auto& block : growth.blocks) blocks_.push_back(std::move(block));
+    growth.blocks.clear();
+    rows_ = n;
+    for (int64_t row = n; row < count() * kPanel; ++row) {
+      Storage* slot = slot_of(row);
+      for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = Storage{};
+    }
+  }
+
+  // Rows rows[first .. first + n) of `source` (same dim) into rows first .. first + n - 1 of this table.
+  void gather_rows(const Panels& source, const int64_t* rows, int64_t first, int64_t n) noexcept {
+    for (int64_t i = first; i < first + n; ++i) {
+      const Storage* from = source.slot_of(rows[i]);
+      Storage* slot = slot_of(i);
+      for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = from[d * kPanel];
+    }
+  }
+
+  // No rows, the blocks kept for the next resize_for_gather (a filtered search's reused table).
+  void empty() noexcept { rows_ = 0; }
+
+  // Row `from`'s elements over row `to`'s (both < rows()): remove's swap.
+  void copy_row(int64_t from, int64_t to) noexcept {
+    const Storage* source = slot_of(from);
+    Storage* target = slot_of(to);
+    for (int64_t d = 0; d < dim_; ++d) target[d * kPanel] = source[d * kPanel];
+  }
+
   Storage at(int64_t row, int64_t d) const { return slot_of(row)[d * kPanel]; }
   void row_to(int64_t row, Storage* out) const {
     const Storage* slot = slot_of(row);
@@ -118,7 +149,7 @@ class Panels {
     if (n >= rows_) return;
     for (int64_t row = n; row < std::min<int64_t>(rows_, (n + kPanel - 1) / kPanel * kPanel); ++row) {
       Storage* slot = slot_of(row);
-      for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = Storage(0);
+      for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = Storage{};
     }
     rows_ = n;
     const int64_t blocks_needed = (count() + block_panels_ - 1) / block_panels_;
@@ -215,6 +246,36 @@ class Database {
     }
   }
 
+  // A database of rows rows[0 .. n) of `source` (sorted, in range), ids and inverse norms copied, the
+  // largest norm kept (a bound for the subset too): what a filtered search searches (search.h).
+  // The rows are gathered in pieces of whole panels by `run(pieces, fn(piece))` (the caller's threads).
+  template <class Run>
+  void assign_rows(const Database& source, const int64_t* rows, int64_t n, bool with_norms, Run run) {
+    panels_.empty();
+    auto growth = panels_.reserve(n);
+    ids_.resize(n);
+    if (with_norms) inverse_norms_.assign((std::size_t)((n + kPanel - 1) / kPanel * kPanel), 0.0f);
+    panels_.resize_for_gather(n, growth);
+    constexpr int64_t kPiece = 64 * kPanel;
+    run((int)((n + kPiece - 1) / kPiece), [&](int piece) {
+      const int64_t first = piece * kPiece;
+      panels_.gather_rows(source.panels_, rows, first, std::min(kPiece, n - first));
+    });
+    for (int64_t i = 0; i < n; ++i) ids_[i] = source.ids_[rows[i]];
+    if (with_norms) {
+      for (int64_t i = 0; i < n; ++i) inverse_norms_[i] = source.inverse_norms_[rows[i]];
+      tiny_rows_ = std::count_if(inverse_norms_.begin(), inverse_norms_.end(), [](float w) { return std::isinf(w); });
+    }
+    largest_norm_ = source.largest_norm_;
+  }
+
+  // Row `from` (its elements, id and inverse norm) over row `to`: remove's swap, then truncate().
+  void move_row(int64_t from, int64_t to) noexcept {
+    panels_.copy_row(from, to);
+    ids_[to] = ids_[from];
+    if (!inverse_norms_.empty()) inverse_norms_[to] = inverse_norms_[from];
+  }
+
   // Keeps rows [0, n). The largest norm stays that of the rows once held (a bound, still honest).
   void truncate(int64_t n) {
     if (n >= size()) return;
@@ -229,6 +290,9 @@ class Database {
   }
 
   void reset() { truncate(0); }
+
+  // Bytes of the stored elements (what a reused temporary table keeps between searches).
+  int64_t bytes() const { return size() * dim() * (int64_t)sizeof(Storage); }
 
   // The first n rows back in row order.
   void export_to(int64_t n, Storage* vectors, int64_t* ids) const {

@@ -86,7 +86,8 @@ struct Scratch {
 
 // `count` consecutive panels as float32: in place for float storage, else converted into scratch.
 inline const float* panels_as_float(const float* panels, int64_t, std::vector<float>&, int64_t) { return panels; }
-inline const float* panels_as_float(const half_bits* panels, int64_t count, std::vector<float>& scratch, int64_t dim) {
+template <class Narrow>
+inline const float* panels_as_float(const Narrow* panels, int64_t count, std::vector<float>& scratch, int64_t dim) {
   if ((int64_t)scratch.size() < count * dim * kPanel) scratch.resize(count * dim * kPanel);
   convert(panels, scratch.data(), count * dim * kPanel);
   return scratch.data();

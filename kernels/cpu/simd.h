@@ -54,6 +54,43 @@ inline Vec load(const half_bits* p) {
 #endif
 }
 
+// kLanes bfloat16, int8 or uint8 values widened to float32 (exact).
+template <class Narrow>
+inline Vec load_widened(const Narrow* p) {
+  Vec v;
+  for (int l = 0; l < kLanes; ++l) v[l] = to_float(p[l]);
+  return v;
+}
+inline Vec load(const bf16_bits* p) {
+#if defined(__AVX2__) && TK_LANES == 8 && TK_NATIVE_LANES >= 8
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return (Vec)_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+#elif defined(__AVX512F__) && TK_LANES == 16
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return (Vec)_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+#else
+  return load_widened(p);
+#endif
+}
+inline Vec load(const signed char* p) {
+#if defined(__AVX2__) && TK_LANES == 8 && TK_NATIVE_LANES >= 8
+  return (Vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX512F__) && TK_LANES == 16
+  return (Vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  return load_widened(p);
+#endif
+}
+inline Vec load(const unsigned char* p) {
+#if defined(__AVX2__) && TK_LANES == 8 && TK_NATIVE_LANES >= 8
+  return (Vec)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX512F__) && TK_LANES == 16
+  return (Vec)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  return load_widened(p);
+#endif
+}
+
 inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
 inline Vec broadcast(float x) { return x - Vec{}; }
@@ -90,6 +127,14 @@ inline void convert(const half_bits* source, float* target, int64_t n) {
 }
 
 inline void convert(const float* source, float* target, int64_t n) { std::memcpy(target, source, n * sizeof(float)); }
+
+// bfloat16, int8, uint8 -> float32 (exact), a vector at a time.
+template <class Narrow>
+inline void convert(const Narrow* source, float* target, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store(target + i, load(source + i));
+  for (; i < n; ++i) target[i] = to_float(source[i]);
+}
 
 inline const char* simd_description() {
 #if TK_LANES != TK_NATIVE_LANES

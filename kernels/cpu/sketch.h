@@ -136,6 +136,9 @@ class Sketch {
     }
   }
 
+  // Row `from`'s residuals over row `to`'s (remove's swap; the error maxima stay bounds).
+  void move_row(int64_t from, int64_t to) noexcept { residuals_.copy_row(from, to); }
+
   // Keeps rows [0, n); the error maxima stay those of the rows once held (bounds, still honest).
   void truncate(int64_t n) noexcept { residuals_.truncate(n); }
 

@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define TK_ABI_VERSION 4
+#define TK_ABI_VERSION 5
 
 #ifdef __cplusplus
 extern "C" {
@@ -14,9 +14,10 @@ extern "C" {
 
 enum tk_status { TK_OK = 0, TK_INVALID_ARGUMENT = 1, TK_OUT_OF_MEMORY = 2, TK_INTERNAL = 3 };
 enum tk_metric { TK_L2 = 0, TK_INNER_PRODUCT = 1, TK_COSINE = 2 };
-enum tk_dtype { TK_FLOAT32 = 0, TK_FLOAT16 = 1 };
+enum tk_dtype { TK_FLOAT32 = 0, TK_FLOAT16 = 1, TK_BFLOAT16 = 2, TK_INT8 = 3, TK_UINT8 = 4 };
 
 typedef struct tk_index tk_index;
+typedef struct tk_range tk_range;
 
 int tk_abi_version(void);
 // The thread's last error message ("" when none).
@@ -36,7 +37,8 @@ int tk_pool_selftest(int threads, int n_tasks, int failing_task);
 
 int tk_index_new(int64_t dim, int metric, int dtype, tk_index** out);
 int tk_index_free(tk_index* index);
-// vectors: n rows of dim elements in the index's dtype (float32, or float16 bits), C order; ids: n int64.
+// vectors: n rows of dim elements in the index's dtype (float32; float16 or bfloat16 bits; int8; uint8), C
+// order; ids: n int64.
 int tk_index_add(tk_index* index, const void* vectors, int64_t n, const int64_t* ids);
 int tk_index_reset(tk_index* index);
 // Drops rows n_rows and later (0 <= n_rows <= size): what an add that failed part way had added.
@@ -61,6 +63,25 @@ int tk_index_use_first_passes(tk_index* index, int on);
 // exactness contract's (kernels/exact.cuh): float64 distances, equal ones by the smaller id.
 int tk_index_search(tk_index* index, const float* queries, int64_t nq, int64_t k, int threads,
                     float* distances, int64_t* ids);
+// The same over the rows rows[0 .. n_rows) only (row positions, sorted, unique, in [0, size)); the cost
+// follows n_rows (they are gathered into a temporary index first).
+int tk_index_search_rows(tk_index* index, const float* queries, int64_t nq, int64_t k, int threads,
+                         const int64_t* rows, int64_t n_rows, float* distances, int64_t* ids);
+// Removes the rows positions[0 .. n) (sorted, unique, in [0, size)) at once: the last live rows move into
+// the holes. *n_moved rows moved: from moved_from[j] to moved_to[j] (each array has room for n; both
+// ascending). Fails only in its checks, before anything changes.
+int tk_index_remove_rows(tk_index* index, const int64_t* positions, int64_t n, int64_t* moved_from,
+                         int64_t* moved_to, int64_t* n_moved);
+// Copies rows positions[0 .. n) (any order, in [0, size)) into vectors (n * dim elements of the dtype).
+int tk_index_get_rows(tk_index* index, const int64_t* positions, int64_t n, void* vectors);
+// Every row (rows == NULL) or every row of rows[0 .. n_rows) whose contract float64 distance is strictly
+// inside `radius` (l2: below; ip, cosine: above), into a new result (*out): each query's hits ordered by
+// (distance, id). Read it with tk_range_counts (nq counts) and tk_range_copy, free it with tk_range_free.
+int tk_index_range_search(tk_index* index, const float* queries, int64_t nq, double radius, const int64_t* rows,
+                          int64_t n_rows, int threads, tk_range** out);
+int tk_range_total(tk_range* range, int64_t* total);
+int tk_range_copy(tk_range* range, int64_t* counts, float* distances, int64_t* ids);
+int tk_range_free(tk_range* range);
 
 #ifdef __cplusplus
 }

@@ -146,20 +146,17 @@ class ExactTopK {
 
 // Per-thread buffers of the verify step.
 struct VerifyScratch {
-  std::vector<float> row32;
-  std::vector<half_bits> row16;
+  std::vector<float> row_bytes;  // one row of any storage type (none is wider or more aligned than float)
   std::vector<ExactEntry> entries;
   static VerifyScratch& of_this_thread() {
     static thread_local VerifyScratch scratch;
     return scratch;
   }
-  float* row(const Database<float>&, int64_t dim) {
-    row32.resize(dim);
-    return row32.data();
-  }
-  half_bits* row(const Database<half_bits>&, int64_t dim) {
-    row16.resize(dim);
-    return row16.data();
+  template <class Storage>
+  Storage* row(const Database<Storage>&, int64_t dim) {
+    static_assert(sizeof(Storage) <= sizeof(float) && alignof(Storage) <= alignof(float), "a row fits row_bytes");
+    row_bytes.resize(dim);
+    return reinterpret_cast<Storage*>(row_bytes.data());
   }
 };
 

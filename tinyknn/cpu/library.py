@@ -20,7 +20,7 @@ from .build import ABI_VERSION
 
 STATUS_INVALID_ARGUMENT, STATUS_OUT_OF_MEMORY = 1, 2
 METRIC_CODES = {"l2": 0, "ip": 1, "cosine": 2}
-DTYPE_CODES = {"float32": 0, "float16": 1}
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3, "uint8": 4}
 
 _i64, _int, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
@@ -42,6 +42,13 @@ _SIGNATURES = {
     "tk_index_exact_fallbacks": ([_ptr, ctypes.POINTER(_i64)], _int),
     "tk_index_use_first_passes": ([_ptr, _int], _int),
     "tk_index_search": ([_ptr, _ptr, _i64, _i64, _int, _ptr, _ptr], _int),
+    "tk_index_search_rows": ([_ptr, _ptr, _i64, _i64, _int, _ptr, _i64, _ptr, _ptr], _int),
+    "tk_index_remove_rows": ([_ptr, _ptr, _i64, _ptr, _ptr, ctypes.POINTER(_i64)], _int),
+    "tk_index_get_rows": ([_ptr, _ptr, _i64, _ptr], _int),
+    "tk_index_range_search": ([_ptr, _ptr, _i64, ctypes.c_double, _ptr, _i64, _int, ctypes.POINTER(_ptr)], _int),
+    "tk_range_total": ([_ptr, ctypes.POINTER(_i64)], _int),
+    "tk_range_copy": ([_ptr, _ptr, _ptr, _ptr], _int),
+    "tk_range_free": ([_ptr], _int),
 }
 
 

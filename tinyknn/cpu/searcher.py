@@ -10,11 +10,13 @@ distances by the smaller id, the float64 distances rounded to float32 (kernels/c
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 
 import numpy as np
 
 from ..config import get_config
+from ..spec import numpy_dtype
 from .library import DTYPE_CODES, METRIC_CODES, check, get_library
 
 
@@ -59,13 +61,75 @@ class CpuSearcher:
         self._call("adding vectors", self._library.tk_index_add, vectors.ctypes.data, vectors.shape[0],
                     ids.ctypes.data)
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, rows=None) -> tuple[np.ndarray, np.ndarray]:
+        """(distances, ids) (n_queries, k), nearest first, padded with (+-inf, -1). rows: None (every row) or the
+        sorted, unique int64 positions the queries may return; they are gathered into a temporary index first,
+        so a search over 1 % of the rows reads about 1 % of the panels' rows (see kernels/cpu/search.h)."""
         n_queries = queries.shape[0]
         distances = np.empty((n_queries, k), dtype=np.float32)
         ids = np.empty((n_queries, k), dtype=np.int64)
-        self._call("searching", self._library.tk_index_search, queries.ctypes.data, n_queries, k,
-                   self._threads, distances.ctypes.data, ids.ctypes.data)
+        if rows is None:
+            self._call("searching", self._library.tk_index_search, queries.ctypes.data, n_queries, k,
+                       self._threads, distances.ctypes.data, ids.ctypes.data)
+        else:
+            rows = _positions(rows, "rows")
+            self._call("searching the allowed rows", self._library.tk_index_search_rows, queries.ctypes.data,
+                       n_queries, k, self._threads, rows.ctypes.data, len(rows), distances.ctypes.data,
+                       ids.ctypes.data)
         return distances, ids
+
+    def remove_rows(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """Remove rows at once: the last live rows move into the holes (O(removed x dim), in the library's panels,
+        ids, norms and sketch alike). Returns (moved_from, moved_to): the rows >= the new size that were kept,
+        ascending, and the removed positions below it, ascending. Bad positions change nothing (ValueError)."""
+        positions = np.unique(_positions(positions, "positions"))
+        moved_from = np.empty(len(positions), dtype=np.int64)
+        moved_to = np.empty(len(positions), dtype=np.int64)
+        moved = ctypes.c_int64()
+        self._call("removing rows", self._library.tk_index_remove_rows, positions.ctypes.data, len(positions),
+                   moved_from.ctypes.data, moved_to.ctypes.data, ctypes.byref(moved))
+        return moved_from[:moved.value].copy(), moved_to[:moved.value].copy()
+
+    def get_rows(self, positions) -> np.ndarray:
+        """Copies of the stored rows at `positions` (any order), (len, dim) in the storage dtype."""
+        positions = _positions(positions, "positions")
+        out = np.empty((len(positions), self.dim), dtype=numpy_dtype(self.dtype))
+        self._call("reading rows", self._library.tk_index_get_rows, positions.ctypes.data, len(positions),
+                   out.ctypes.data)
+        return out
+
+    def range_search(self, queries: np.ndarray, radius: float, rows=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(lims (nq + 1,) int64, distances float32, ids int64): every allowed row whose contract float64 distance
+        is strictly inside `radius` (l2: below it; ip, cosine: above it), each query's hits nearest first, equal
+        distances by the smaller id (kernels/cpu/range.h). No cap on the hits."""
+        radius = float(radius)
+        if not math.isfinite(radius):
+            raise ValueError(f"radius must be a finite number; got {radius!r}")
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        n_queries = queries.shape[0]
+        if rows is not None:
+            rows = _positions(rows, "rows")
+        result = ctypes.c_void_p()
+        self._call("range searching", self._library.tk_index_range_search, queries.ctypes.data, n_queries, radius,
+                   None if rows is None else rows.ctypes.data, 0 if rows is None else len(rows), self._threads,
+                   ctypes.byref(result))
+        try:
+            total = ctypes.c_int64()
+            check(self._library, self._library.tk_range_total(result, ctypes.byref(total)), "reading a range result")
+            counts = np.empty(n_queries, dtype=np.int64)
+            distances = np.empty(total.value, dtype=np.float32)
+            ids = np.empty(total.value, dtype=np.int64)
+            check(self._library, self._library.tk_range_copy(result, counts.ctypes.data, distances.ctypes.data,
+                                                             ids.ctypes.data), "reading a range result")
+        finally:
+            self._library.tk_range_free(result)
+        lims = np.zeros(n_queries + 1, dtype=np.int64)
+        np.cumsum(counts, out=lims[1:])
+        return lims, distances, ids
+
+    @property
+    def ntotal(self) -> int:
+        return self.size()
 
     def size(self) -> int:
         n = ctypes.c_int64()
@@ -110,7 +174,7 @@ class CpuSearcher:
         try:
             n = ctypes.c_int64()
             check(self._library, self._library.tk_index_size(handle, ctypes.byref(n)), "reading the index size")
-            vectors = np.empty((n.value, self.dim), dtype=self.dtype)
+            vectors = np.empty((n.value, self.dim), dtype=numpy_dtype(self.dtype))
             ids = np.empty(n.value, dtype=np.int64)
             check(self._library, self._library.tk_index_export(handle, n.value, vectors.ctypes.data,
                                                                 ids.ctypes.data),
@@ -130,3 +194,12 @@ class CpuSearcher:
     def __del__(self):
         if getattr(self, "_handle", None) is not None:
             self.close()
+
+
+def _positions(values, what: str) -> np.ndarray:
+    """Row positions as a C-contiguous int64 array (the library checks their range and order)."""
+    array = np.asarray(values)
+    if array.ndim != 1 or not (array.dtype.kind in "iu" or array.size == 0):
+        raise TypeError(f"{what} must be a 1-D array of integer row positions; got dtype {array.dtype}, "
+                        f"shape {array.shape}")
+    return np.ascontiguousarray(array, dtype=np.int64)
