@@ -397,7 +397,7 @@ def test_bad_device_inputs(framework, rng):
     dim = 16
     with tinyknn.Index(dim, "l2", "float16", device="cuda") as index:
         index.add(_data(rng, 100, dim))
-        with pytest.raises(TypeError, match="float16, float32 or float64"):
+        with pytest.raises(TypeError, match="float16, float32, float64 or bfloat16"):
             index.search(_to_device(framework, np.ones((2, dim), np.int32)), 3)
         with pytest.raises(ValueError, match="16 columns"):
             index.search(_to_device(framework, np.ones((2, dim + 1), np.float32)), 3)
