@@ -12,9 +12,11 @@ install -e`) and other platforms skip this: there the library is built on first 
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
+import tempfile
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -54,8 +56,12 @@ _BUILD_ONE = textwrap.dedent("""
 def build_level(level: str, folder: Path) -> None:
     """One prebuilt library (and its sidecar) by tinyknn.cpu.prebuilt, in a process of its own."""
     number = level.rsplit("v", 1)[1]
-    result = subprocess.run([sys.executable, "-c", _BUILD_ONE, str(ROOT), number, str(folder)],
-                            capture_output=True, text=True)
+    # tinyknn's settings would look up the user cache folder with platformdirs, which an isolated build
+    # environment lacks; the prebuilding never uses the cache, so it gets a throwaway folder.
+    with tempfile.TemporaryDirectory(prefix="tinyknn-prebuild-") as scratch:
+        env = dict(os.environ, TINYKNN_CACHE_DIR=scratch)
+        result = subprocess.run([sys.executable, "-c", _BUILD_ONE, str(ROOT), number, str(folder)],
+                                capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"building the {level} CPU library failed (exit {result.returncode}):\n"
                            f"{result.stderr}{result.stdout}")

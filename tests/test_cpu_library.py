@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import platform
+import os
 import shutil
 import subprocess
 import sys
@@ -343,8 +344,13 @@ def test_prebuilt_library_is_used_without_a_compiler_and_checked(tmp_path, cache
         cache._write_json(cache.sidecar(path), {**facts, "sources": "other sources"})
         assert prebuilt.candidates() == []
         cache._write_json(cache.sidecar(path), facts)
-        with open(path, "r+b") as handle:
-            handle.truncate(path.stat().st_size // 2)
+        # the damaged file is a copy in place of the one this process has mapped (truncating a mapped
+        # library under the loader is what makes a process die of SIGBUS later, at exit at the latest)
+        damaged = path.with_name(path.name + ".damaged")
+        shutil.copy(path, damaged)
+        with open(damaged, "r+b") as handle:
+            handle.truncate(damaged.stat().st_size // 2)
+        os.replace(damaged, path)
         assert prebuilt.candidates() == []
     finally:
         library.reset_library()
