@@ -92,7 +92,8 @@ def test_wheel_runs_a_cpu_search_without_compiler_or_cuda(tmp_path):
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)])   # no --system-site-packages: nothing of this checkout
     python = venv / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)])
+    clean = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}   # else pip may see a checkout
+    run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)], env=clean)
     bare = tmp_path / "bin"   # PATH holds the venv and nothing else: no g++, c++ or clang++
     bare.mkdir()
     env = {"PATH": f"{venv / 'bin'}{os.pathsep}{bare}", "HOME": str(tmp_path), "TINYKNN_CACHE_DIR": str(tmp_path / "cache")}
