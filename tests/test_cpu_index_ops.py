@@ -62,6 +62,20 @@ def test_search_over_allowed_rows(metric, dtype, rng):
     searcher.close()
 
 
+def test_filtered_few_queries_go_through_the_gathered_sketch(rng):
+    """Float32 l2, a few queries over enough allowed rows: their float16 sketch rows are gathered (half the bytes)
+    and the candidates rescored against the index's own float32 rows; exact, and counted as sketch answers."""
+    searcher, db, ids = build(rng, "l2", n=3 * sketch_rows(), dim=32)
+    q = data(rng, 8, 32, "float32")
+    before = searcher.sketch_counts()[0]
+    for rows in (np.arange(1, len(db), 2, dtype=np.int64), np.arange(len(db) // 2, dtype=np.int64)):
+        for n_queries, k in ((1, 1), (1, 10), (8, 10)):
+            d, i = searcher.search(q[:n_queries], k, rows=rows)
+            assert_exact(d, i, db[rows], q[:n_queries], k, "l2", id_map=ids[rows])
+    assert searcher.sketch_counts()[0] == before + 6
+    searcher.close()
+
+
 @pytest.mark.parametrize("metric", ["l2", "cosine"])
 def test_k_beyond_2048_and_beyond_the_allowed_rows(metric, rng):
     searcher, db, ids = build(rng, metric, n=2600, dim=12)

@@ -128,6 +128,16 @@ class Panels {
     }
   }
 
+  // gather_rows for all n rows, in pieces of whole panels handed to `run(pieces, fn(piece))` (threads).
+  template <class Run>
+  void gather_all(const Panels& source, const int64_t* rows, int64_t n, Run run) {
+    constexpr int64_t kPiece = 64 * kPanel;
+    run((int)((n + kPiece - 1) / kPiece), [&](int piece) {
+      const int64_t first = piece * kPiece;
+      gather_rows(source, rows, first, std::min(kPiece, n - first));
+    });
+  }
+
   // No rows, the blocks kept for the next resize_for_gather (a filtered search's reused table).
   void empty() noexcept { rows_ = 0; }
 
@@ -256,11 +266,7 @@ class Database {
     ids_.resize(n);
     if (with_norms) inverse_norms_.assign((std::size_t)((n + kPanel - 1) / kPanel * kPanel), 0.0f);
     panels_.resize_for_gather(n, growth);
-    constexpr int64_t kPiece = 64 * kPanel;
-    run((int)((n + kPiece - 1) / kPiece), [&](int piece) {
-      const int64_t first = piece * kPiece;
-      panels_.gather_rows(source.panels_, rows, first, std::min(kPiece, n - first));
-    });
+    panels_.gather_all(source.panels_, rows, n, run);
     for (int64_t i = 0; i < n; ++i) ids_[i] = source.ids_[rows[i]];
     if (with_norms) {
       for (int64_t i = 0; i < n; ++i) inverse_norms_[i] = source.inverse_norms_[rows[i]];
