@@ -121,7 +121,15 @@ class Panels {
 
   // Rows rows[first .. first + n) of `source` (same dim) into rows first .. first + n - 1 of this table.
   void gather_rows(const Panels& source, const int64_t* rows, int64_t first, int64_t n) noexcept {
+    // a row's elements lie one per kPanel slots, in a cache line each (or two per line): the rows kAhead
+    // later are prefetched, so that their lines stream in while this one is copied
+    constexpr int64_t kAhead = 8, kLineElements = 64 / (kPanel * (int64_t)sizeof(Storage));
+    constexpr int64_t kStep = kLineElements > 0 ? kLineElements : 1;
     for (int64_t i = first; i < first + n; ++i) {
+      if (i + kAhead < first + n) {
+        const Storage* ahead = source.slot_of(rows[i + kAhead]);
+        for (int64_t d = 0; d < dim_; d += kStep) __builtin_prefetch(ahead + d * kPanel);
+      }
       const Storage* from = source.slot_of(rows[i]);
       Storage* slot = slot_of(i);
       for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = from[d * kPanel];
