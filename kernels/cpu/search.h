@@ -1,4 +1,9 @@
 // One index = one (metric, storage type) pair: the database plus the search plan that scans it.
+//
+// Index operations (issue 14) work on row positions: a filtered search gathers the allowed rows into the
+// calling thread's temporary index (or, for a few float32 l2 queries, their float16 sketch rows) and
+// searches that, so its cost follows the rows allowed; remove_rows swap-removes (the last rows move into
+// the holes, in the panels, ids, inverse norms and sketch alike); range_search is range.h's.
 #pragma once
 #include <algorithm>
 #include <atomic>
