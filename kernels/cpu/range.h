@@ -137,9 +137,14 @@ void range_block(const Database<Storage>& db, const float* queries, int64_t nq, 
       RangeScratch& mine = RangeScratch::of_this_thread();
       mine.selectors.resize(count);
       for (int64_t i = 0; i < count; ++i) mine.selectors[i] = BelowBar{caller.bars[first + i], &caller.kept[slice * nq + first + i]};
-      scan<Metric>(db.table(), db.inverse_norms(), caller.queries.data() + first * dim, caller.norms.data() + first,
-                   count, db.panels() * slice / plan.slices, db.panels() * (slice + 1) / plan.slices,
-                   mine.selectors.data(), Scratch::of_this_thread());
+      // float32 panels only (narrower storage converted per panel): one kernel family per metric for this selector
+      std::vector<float>& converted = Scratch::of_this_thread().panel;
+      scan_panels<Metric, float>(db.table(), db.inverse_norms(), caller.queries.data() + first * dim,
+                                 caller.norms.data() + first, count, db.panels() * slice / plan.slices,
+                                 db.panels() * (slice + 1) / plan.slices, mine.selectors.data(),
+                                 [&](const Storage* panels, int64_t n_panels) {
+                                   return panels_as_float(panels, n_panels, converted, dim);
+                                 });
     });
   }
   if ((int64_t)caller.hits.size() < nq) caller.hits.resize(nq);

@@ -418,26 +418,29 @@ class Index final : public AnyIndex {
   Sketch sketch_;
 };
 
+// The bfloat16, int8 and uint8 indexes (narrow.cpp: a translation unit of their own, compiled beside
+// api.cpp's in parallel by tinyknn/cpu/build.py); nullptr for another dtype.
+std::unique_ptr<AnyIndex> make_narrow_index(int64_t dim, int metric, int dtype);
+
 template <class Metric>
 std::unique_ptr<AnyIndex> make_index_of(int64_t dim, int dtype) {
   switch (dtype) {
     case TK_FLOAT32: return std::unique_ptr<AnyIndex>(new Index<Metric, float>(dim));
     case TK_FLOAT16: return std::unique_ptr<AnyIndex>(new Index<Metric, half_bits>(dim));
-    case TK_BFLOAT16: return std::unique_ptr<AnyIndex>(new Index<Metric, bf16_bits>(dim));
-    case TK_INT8: return std::unique_ptr<AnyIndex>(new Index<Metric, signed char>(dim));
-    case TK_UINT8: return std::unique_ptr<AnyIndex>(new Index<Metric, unsigned char>(dim));
-    default: throw InvalidArgument("dtype must be TK_FLOAT32, TK_FLOAT16, TK_BFLOAT16, TK_INT8 or TK_UINT8");
+    default: return nullptr;
   }
 }
 
 inline std::unique_ptr<AnyIndex> make_index(int64_t dim, int metric, int dtype) {
   require(dim >= 1, "dim must be >= 1");
-  switch (metric) {
-    case TK_L2: return make_index_of<L2>(dim, dtype);
-    case TK_INNER_PRODUCT: return make_index_of<InnerProduct>(dim, dtype);
-    case TK_COSINE: return make_index_of<Cosine>(dim, dtype);
-    default: throw InvalidArgument("metric must be TK_L2, TK_INNER_PRODUCT or TK_COSINE");
-  }
+  require(metric == TK_L2 || metric == TK_INNER_PRODUCT || metric == TK_COSINE,
+          "metric must be TK_L2, TK_INNER_PRODUCT or TK_COSINE");
+  std::unique_ptr<AnyIndex> index = metric == TK_L2               ? make_index_of<L2>(dim, dtype)
+                                    : metric == TK_INNER_PRODUCT ? make_index_of<InnerProduct>(dim, dtype)
+                                                                 : make_index_of<Cosine>(dim, dtype);
+  if (!index) index = make_narrow_index(dim, metric, dtype);
+  require(index != nullptr, "dtype must be TK_FLOAT32, TK_FLOAT16, TK_BFLOAT16, TK_INT8 or TK_UINT8");
+  return index;
 }
 
 inline std::string build_features() {
