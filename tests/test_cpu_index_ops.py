@@ -62,6 +62,41 @@ def test_search_over_allowed_rows(metric, dtype, rng):
     searcher.close()
 
 
+def test_filtered_few_queries_go_through_the_gathered_sketch(rng):
+    """Float32 l2, a few queries over enough allowed rows: their float16 sketch rows are gathered (half the bytes)
+    and the candidates rescored against the index's own float32 rows; exact, and counted as sketch answers."""
+    searcher, db, ids = build(rng, "l2", n=3 * sketch_rows(), dim=32)
+    q = data(rng, 8, 32, "float32")
+    before = searcher.sketch_counts()[0]
+    for rows in (np.arange(1, len(db), 2, dtype=np.int64), np.arange(len(db) // 2, dtype=np.int64)):
+        for n_queries, k in ((1, 1), (1, 10), (8, 10)):
+            d, i = searcher.search(q[:n_queries], k, rows=rows)
+            assert_exact(d, i, db[rows], q[:n_queries], k, "l2", id_map=ids[rows])
+    assert searcher.sketch_counts()[0] == before + 6
+    searcher.close()
+
+
+def test_filtered_searches_from_several_threads_at_once(rng):
+    """Each calling thread gathers into its own temporary index (and sketch): concurrent filtered searches with
+    different allowed rows never see each other's rows."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    searcher, db, ids = build(rng, "l2", n=3 * sketch_rows(), dim=32)
+    q = data(rng, 12, 32, "float32")
+    masks = [np.flatnonzero(rng.random(len(db)) < fraction).astype(np.int64) for fraction in (0.02, 0.5, 0.9, 0.3)]
+
+    def work(j):
+        rows = masks[j % len(masks)]
+        for n_queries in (1, 12):
+            d, i = searcher.search(q[:n_queries], 10, rows=rows)
+            assert_exact(d, i, db[rows], q[:n_queries], 10, "l2", id_map=ids[rows])
+        return j
+
+    with ThreadPoolExecutor(4) as pool:
+        assert sorted(pool.map(work, range(16))) == list(range(16))
+    searcher.close()
+
+
 @pytest.mark.parametrize("metric", ["l2", "cosine"])
 def test_k_beyond_2048_and_beyond_the_allowed_rows(metric, rng):
     searcher, db, ids = build(rng, metric, n=2600, dim=12)
@@ -265,6 +300,11 @@ def test_narrow_storage_dtypes_are_exact(metric, dtype, rng):
             d, i = searcher.search(q[:n_queries], k)
             assert_exact(d, i, db, q[:n_queries], k, metric, NUMPY[dtype], id_map=ids)
     np.testing.assert_array_equal(searcher.get_rows(np.array([7, 3])), db[[7, 3]].astype(NUMPY[dtype]))
+    dist = contract_distances(stored(db, NUMPY[dtype]), searched(q[:5]), metric)
+    radius = float(np.sort(-dist[0] if LARGER_IS_BETTER[metric] else dist[0])[30])
+    radius = -radius if LARGER_IS_BETTER[metric] else radius    # query 0 has 30 hits (fewer where tied)
+    got = searcher.range_search(q[:5], radius, rows=np.arange(0, len(db), 2, dtype=np.int64))
+    assert_range_exact(got, db[::2], q[:5], radius, metric, NUMPY[dtype], ids[::2])
     vectors, _ = searcher.export()
     assert vectors.dtype == np.dtype(NUMPY[dtype])
     searcher.close()

@@ -121,11 +121,29 @@ class Panels {
 
   // Rows rows[first .. first + n) of `source` (same dim) into rows first .. first + n - 1 of this table.
   void gather_rows(const Panels& source, const int64_t* rows, int64_t first, int64_t n) noexcept {
+    // a row's elements lie one per kPanel slots, in a cache line each (or two per line): the rows kAhead
+    // later are prefetched, so that their lines stream in while this one is copied
+    constexpr int64_t kAhead = 8, kLineElements = 64 / (kPanel * (int64_t)sizeof(Storage));
+    constexpr int64_t kStep = kLineElements > 0 ? kLineElements : 1;
     for (int64_t i = first; i < first + n; ++i) {
+      if (i + kAhead < first + n) {
+        const Storage* ahead = source.slot_of(rows[i + kAhead]);
+        for (int64_t d = 0; d < dim_; d += kStep) __builtin_prefetch(ahead + d * kPanel);
+      }
       const Storage* from = source.slot_of(rows[i]);
       Storage* slot = slot_of(i);
       for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = from[d * kPanel];
     }
+  }
+
+  // gather_rows for all n rows, in pieces of whole panels handed to `run(pieces, fn(piece))` (threads).
+  template <class Run>
+  void gather_all(const Panels& source, const int64_t* rows, int64_t n, Run run) {
+    constexpr int64_t kPiece = 64 * kPanel;
+    run((int)((n + kPiece - 1) / kPiece), [&](int piece) {
+      const int64_t first = piece * kPiece;
+      gather_rows(source, rows, first, std::min(kPiece, n - first));
+    });
   }
 
   // No rows, the blocks kept for the next resize_for_gather (a filtered search's reused table).
@@ -256,11 +274,7 @@ class Database {
     ids_.resize(n);
     if (with_norms) inverse_norms_.assign((std::size_t)((n + kPanel - 1) / kPanel * kPanel), 0.0f);
     panels_.resize_for_gather(n, growth);
-    constexpr int64_t kPiece = 64 * kPanel;
-    run((int)((n + kPiece - 1) / kPiece), [&](int piece) {
-      const int64_t first = piece * kPiece;
-      panels_.gather_rows(source.panels_, rows, first, std::min(kPiece, n - first));
-    });
+    panels_.gather_all(source.panels_, rows, n, run);
     for (int64_t i = 0; i < n; ++i) ids_[i] = source.ids_[rows[i]];
     if (with_norms) {
       for (int64_t i = 0; i < n; ++i) inverse_norms_[i] = source.inverse_norms_[rows[i]];

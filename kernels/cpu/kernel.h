@@ -7,6 +7,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "../metrics.cuh"
@@ -96,10 +97,15 @@ struct Kernels {
 };
 
 // Few queries read float16 panels directly (widening each value on load); more queries share one
-// float32 copy of each panel, made once per chunk of queries.
+// float32 copy of each panel, made once per chunk of queries. The bfloat16 and 8-bit panels always go
+// through the float32 copy: kernels of their own would add a third of the library's build time.
+template <class Storage>
+constexpr bool has_direct_kernels() {
+  return sizeof(Storage) == sizeof(float) || std::is_same<Storage, half_bits>::value;
+}
 template <class Storage>
 inline bool reads_storage_directly(int64_t nq) {
-  return sizeof(Storage) == sizeof(float) || nq <= 8;
+  return sizeof(Storage) == sizeof(float) || (has_direct_kernels<Storage>() && nq <= 8);
 }
 
 }  // namespace tinyknn

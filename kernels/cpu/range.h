@@ -33,16 +33,6 @@ struct RangeAnswer {
   std::vector<int64_t> ids;
 };
 
-// Keeps every offered (key, position) below a fixed bar (the screen of one query in one database slice).
-struct BelowBar {
-  float bar;
-  std::vector<Candidate>* kept;
-  float threshold() const { return bar; }
-  void push(float key, int64_t position) {
-    if (key < bar) kept->push_back(Candidate{key, position});
-  }
-};
-
 // The smallest float32 T (tried upwards from the bound's inverse) with bound.lower(T) >= limit: no row whose
 // screen key is >= T has a float64 key below `limit`. +inf when none is found (every row is then a candidate).
 inline float screen_bar(const ScreenBound& bound, double limit) {
@@ -103,7 +93,8 @@ struct RangeScratch {
   std::vector<ScreenBound> bounds;
   std::vector<std::vector<Candidate>> kept;   // (slice, query) -> rows below the bar
   std::vector<std::vector<ExactEntry>> hits;  // query -> its hits
-  std::vector<BelowBar> selectors;
+  std::vector<TopK> selectors;     // in range mode (TopK::start_below)
+  std::vector<Candidate> room;
   static RangeScratch& of_this_thread() {
     static thread_local RangeScratch scratch;
     return scratch;
@@ -135,11 +126,22 @@ void range_block(const Database<Storage>& db, const float* queries, int64_t nq, 
       const int64_t chunk = task / plan.slices, slice = task % plan.slices;
       const int64_t first = chunk * plan.chunk, count = std::min(plan.chunk, nq - first);
       RangeScratch& mine = RangeScratch::of_this_thread();
+      constexpr int64_t kRoom = 512;
       mine.selectors.resize(count);
-      for (int64_t i = 0; i < count; ++i) mine.selectors[i] = BelowBar{caller.bars[first + i], &caller.kept[slice * nq + first + i]};
-      scan<Metric>(db.table(), db.inverse_norms(), caller.queries.data() + first * dim, caller.norms.data() + first,
-                   count, db.panels() * slice / plan.slices, db.panels() * (slice + 1) / plan.slices,
-                   mine.selectors.data(), Scratch::of_this_thread());
+      mine.room.resize(count * kRoom);
+      for (int64_t i = 0; i < count; ++i) {
+        mine.selectors[i].start_below(caller.bars[first + i], kRoom, mine.room.data() + i * kRoom,
+                                      &caller.kept[slice * nq + first + i]);
+      }
+      // float32 panels only (narrower storage converted per panel): one kernel family per metric for this selector
+      std::vector<float>& converted = Scratch::of_this_thread().panel;
+      scan_panels<Metric, float>(db.table(), db.inverse_norms(), caller.queries.data() + first * dim,
+                                 caller.norms.data() + first, count, db.panels() * slice / plan.slices,
+                                 db.panels() * (slice + 1) / plan.slices, mine.selectors.data(),
+                                 [&](const Storage* panels, int64_t n_panels) {
+                                   return panels_as_float(panels, n_panels, converted, dim);
+                                 });
+      for (int64_t i = 0; i < count; ++i) mine.selectors[i].flush();
     });
   }
   if ((int64_t)caller.hits.size() < nq) caller.hits.resize(nq);

@@ -121,10 +121,14 @@ template <class Metric, class Storage, class Selector>
 void scan(const Panels<Storage>& table, const float* inverse_norms, const float* queries, const float* query_norms,
           int64_t nq, int64_t panel_begin, int64_t panel_end, Selector* best, Scratch& scratch) {
   const int64_t dim = table.dim();
-  if (reads_storage_directly<Storage>(nq)) {
-    scan_panels<Metric, Storage>(table, inverse_norms, queries, query_norms, nq, panel_begin, panel_end, best,
-                                 [](const Storage* panels, int64_t) { return panels; });
-  } else {
+  if constexpr (has_direct_kernels<Storage>()) {
+    if (reads_storage_directly<Storage>(nq)) {
+      scan_panels<Metric, Storage>(table, inverse_norms, queries, query_norms, nq, panel_begin, panel_end, best,
+                                   [](const Storage* panels, int64_t) { return panels; });
+      return;
+    }
+  }
+  {
     scan_panels<Metric, float>(table, inverse_norms, queries, query_norms, nq, panel_begin, panel_end, best,
                                [&](const Storage* panels, int64_t count) {
                                  return panels_as_float(panels, count, scratch.panel, dim);

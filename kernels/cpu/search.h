@@ -1,4 +1,9 @@
 // One index = one (metric, storage type) pair: the database plus the search plan that scans it.
+//
+// Index operations (issue 14) work on row positions: a filtered search gathers the allowed rows into the
+// calling thread's temporary index (or, for a few float32 l2 queries, their float16 sketch rows) and
+// searches that, so its cost follows the rows allowed; remove_rows swap-removes (the last rows move into
+// the holes, in the panels, ids, inverse norms and sketch alike); range_search is range.h's.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -157,6 +162,9 @@ class Index final : public AnyIndex {
     std::shared_lock<WriterFirstGate> lock(gate_);
     check_rows(rows, m, "search");
     if (m == db_.size()) return search_locked(queries, nq, k, threads, distances, ids);
+    if constexpr (kSketched) {
+      if (search_rows_sketched(queries, nq, k, threads, rows, m, distances, ids)) return;
+    }
     Index& subset = gathered(rows, m, threads);
     const int64_t fallbacks = subset.exact_fallbacks_.load();
     subset.search_locked(queries, nq, k, threads, distances, ids);
@@ -216,10 +224,42 @@ class Index final : public AnyIndex {
   Index& gathered(const int64_t* rows, int64_t m, int threads) {
     static thread_local std::unique_ptr<Index> subset;
     if (!subset || subset->db_.dim() != db_.dim()) subset.reset(new Index(db_.dim(), false));
-    subset->db_.assign_rows(db_, rows, m, Metric::needs_norms, [&](int pieces, const std::function<void(int)>& fn) {
-      ThreadPool::shared().run(pieces, threads, fn);
-    });
+    subset->db_.assign_rows(db_, rows, m, Metric::needs_norms, on_threads(threads));
     return *subset;
+  }
+
+  // A few float32 l2 queries over the allowed rows through their float16 sketch rows (gathered: half the
+  // bytes of the float32 rows), the candidates rescored and verified against this index's float32 panels;
+  // false (the caller then searches the gathered rows) where the sketch does not pay or cannot prove.
+  bool search_rows_sketched(const float* queries, int64_t nq, int64_t k, int threads, const int64_t* rows, int64_t m,
+                            float* distances, int64_t* ids) {
+    const int64_t dim = db_.dim(), kk = std::min(m, k + screen_margin(k));
+    if (!sketched_ || !first_passes_ || kk == m || !sketch_pays(nq, kk, (m + kPanel - 1) / kPanel)) return false;
+    static thread_local std::unique_ptr<Sketch> subset;
+    if (!subset || subset->dim() != dim) subset.reset(new Sketch(dim));
+    subset->assign_rows(sketch_, rows, m, on_threads(threads));
+    SearchScratch& caller = SearchScratch::of_this_thread();
+    caller.screened.resize(nq * kk);
+    caller.screened_float64.resize(nq * kk);
+    caller.screen_queries.resize(dim);
+    const bool screened = sketch_counts_.record(sketch_search(db_, *subset, queries, nq, kk, threads,
+                                                              caller.screened.data(), caller.screened_float64.data(), rows));
+    bool proven = screened;
+    for (int64_t i = 0; proven && i < nq; ++i) {
+      float unused;
+      ScreenBound bound;
+      prepare_screen_query<Metric>(queries + i * dim, dim, db_.largest_norm(), caller.screen_queries.data(), &unused,
+                                   &bound);
+      proven = verify_query<Metric>(db_, m, queries + i * dim, 0.0, k, kk, caller.screened.data() + i * kk,
+                                    caller.screened_float64.data() + i * kk, bound, distances + i * k, ids + i * k);
+    }
+    if (subset->residuals().rows() * dim * (int64_t)sizeof(half_bits) > kBlockBytes) subset->clear();
+    return proven;
+  }
+
+  // run(tasks, fn) on the library's pool, `threads` at most.
+  static auto on_threads(int threads) {
+    return [threads](int tasks, const std::function<void(int)>& fn) { ThreadPool::shared().run(tasks, threads, fn); };
   }
 
   // A temporary index beyond one block is not kept for later searches (its memory is given back).
@@ -290,7 +330,7 @@ class Index final : public AnyIndex {
       ThreadPool::shared().run((int)((nq + kPerTask - 1) / kPerTask), threads, [&](int task) {
         for (int64_t i = task * kPerTask; i < std::min(nq, (task + 1) * kPerTask); ++i) {
           const float* q = queries + i * dim;
-          unproven[i] = !verify_query<Metric>(db_, q, qq_of(q), k, kk, screened + i * kk, float64 ? float64 + i * kk : nullptr,
+          unproven[i] = !verify_query<Metric>(db_, n, q, qq_of(q), k, kk, screened + i * kk, float64 ? float64 + i * kk : nullptr,
                                               all_rows ? ScreenBound{} : bounds[i], distances + i * k, ids + i * k);
         }
       });
@@ -378,26 +418,29 @@ class Index final : public AnyIndex {
   Sketch sketch_;
 };
 
+// The bfloat16, int8 and uint8 indexes (narrow.cpp: a translation unit of their own, compiled beside
+// api.cpp's in parallel by tinyknn/cpu/build.py); nullptr for another dtype.
+std::unique_ptr<AnyIndex> make_narrow_index(int64_t dim, int metric, int dtype);
+
 template <class Metric>
 std::unique_ptr<AnyIndex> make_index_of(int64_t dim, int dtype) {
   switch (dtype) {
     case TK_FLOAT32: return std::unique_ptr<AnyIndex>(new Index<Metric, float>(dim));
     case TK_FLOAT16: return std::unique_ptr<AnyIndex>(new Index<Metric, half_bits>(dim));
-    case TK_BFLOAT16: return std::unique_ptr<AnyIndex>(new Index<Metric, bf16_bits>(dim));
-    case TK_INT8: return std::unique_ptr<AnyIndex>(new Index<Metric, signed char>(dim));
-    case TK_UINT8: return std::unique_ptr<AnyIndex>(new Index<Metric, unsigned char>(dim));
-    default: throw InvalidArgument("dtype must be TK_FLOAT32, TK_FLOAT16, TK_BFLOAT16, TK_INT8 or TK_UINT8");
+    default: return nullptr;
   }
 }
 
 inline std::unique_ptr<AnyIndex> make_index(int64_t dim, int metric, int dtype) {
   require(dim >= 1, "dim must be >= 1");
-  switch (metric) {
-    case TK_L2: return make_index_of<L2>(dim, dtype);
-    case TK_INNER_PRODUCT: return make_index_of<InnerProduct>(dim, dtype);
-    case TK_COSINE: return make_index_of<Cosine>(dim, dtype);
-    default: throw InvalidArgument("metric must be TK_L2, TK_INNER_PRODUCT or TK_COSINE");
-  }
+  require(metric == TK_L2 || metric == TK_INNER_PRODUCT || metric == TK_COSINE,
+          "metric must be TK_L2, TK_INNER_PRODUCT or TK_COSINE");
+  std::unique_ptr<AnyIndex> index = metric == TK_L2               ? make_index_of<L2>(dim, dtype)
+                                    : metric == TK_INNER_PRODUCT ? make_index_of<InnerProduct>(dim, dtype)
+                                                                 : make_index_of<Cosine>(dim, dtype);
+  if (!index) index = make_narrow_index(dim, metric, dtype);
+  require(index != nullptr, "dtype must be TK_FLOAT32, TK_FLOAT16, TK_BFLOAT16, TK_INT8 or TK_UINT8");
+  return index;
 }
 
 inline std::string build_features() {

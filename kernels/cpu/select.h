@@ -43,6 +43,20 @@ class TopK {
     entries_ = storage;
     size_ = 0;
     threshold_ = positive_infinity();
+    spill_ = nullptr;
+  }
+
+  // Range mode (range.h): keeps every key below `bar`, no selection; whenever the `room` entries of storage
+  // fill up they are moved to `spill` (so the scan kernels serve range search with no kernels of its own).
+  void start_below(float bar, int64_t room, Candidate* storage, std::vector<Candidate>* spill) {
+    start(room / 2, storage);
+    threshold_ = bar;
+    spill_ = spill;
+  }
+  // Range mode: what storage still holds, moved to the spill list.
+  void flush() {
+    spill_->insert(spill_->end(), entries_, entries_ + size_);
+    size_ = 0;
   }
 
   float threshold() const { return threshold_; }
@@ -75,6 +89,7 @@ class TopK {
 
  private:
   void shrink() {
+    if (spill_ != nullptr) return flush();
     std::nth_element(entries_, entries_ + (k_ - 1), entries_ + size_);
     threshold_ = entries_[k_ - 1].key;
     size_ = k_;
@@ -83,6 +98,7 @@ class TopK {
   int64_t k_ = 0, size_ = 0;
   float threshold_ = 0.0f;
   Candidate* entries_ = nullptr;
+  std::vector<Candidate>* spill_ = nullptr;
 };
 
 // Records every key offered (its threshold lets all through): the exact keys of one panel's rows.

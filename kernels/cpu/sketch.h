@@ -136,6 +136,21 @@ class Sketch {
     }
   }
 
+  // The sketch of rows rows[0 .. n) of `source`: its frame and error maxima (bounds for the subset too), the
+  // residual rows gathered into this sketch's reused blocks by `run(pieces, fn(piece))`.
+  template <class Run>
+  void assign_rows(const Sketch& source, const int64_t* rows, int64_t n, Run run) {
+    residuals_.empty();
+    auto growth = residuals_.reserve(n);
+    center_ = source.center_;
+    exponent_ = source.exponent_;
+    error_max_ = source.error_max_;
+    centred_error_max_ = source.centred_error_max_;
+    centred_norm_max_ = source.centred_norm_max_;
+    residuals_.resize_for_gather(n, growth);
+    residuals_.gather_all(source.residuals_, rows, n, run);
+  }
+
   // Row `from`'s residuals over row `to`'s (remove's swap; the error maxima stay bounds).
   void move_row(int64_t from, int64_t to) noexcept { residuals_.copy_row(from, to); }
 

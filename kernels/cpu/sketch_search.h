@@ -43,9 +43,11 @@ inline bool sketch_pays(int64_t nq, int64_t k, int64_t panels) {
 // writes them) into best, and their float64 distances into float64. Returns false, having written nothing that the caller keeps, when the sketch cannot answer: a query
 // far outside the sketch's scale, or more candidates than it pays to rescore (data the sketch
 // describes poorly). The caller then scans exactly.
+// rows: nullptr (the sketch's rows are db's), or the db row of each of the sketch's rows (a filtered search's
+// gathered sketch: the rows it keeps are translated before the rescoring reads db's float32 panels).
 inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const float* queries, int64_t nq,
-                          int64_t k, int threads, Candidate* best, double* float64) {
-  const int64_t dim = db.dim(), panels = db.panels();
+                          int64_t k, int threads, Candidate* best, double* float64, const int64_t* rows = nullptr) {
+  const int64_t dim = db.dim(), panels = sketch.residuals().count();
   const int64_t limit = std::max<int64_t>(2 * k, panels / 8);
   Scratch& caller = Scratch::of_this_thread();
   caller.prepared.resize(nq * dim);
@@ -69,6 +71,11 @@ inline bool sketch_search(const Database<float>& db, const Sketch& sketch, const
     }
   });
   if (gave_up) return false;
+  if (rows != nullptr) {
+    for (int64_t j = 0; j < slices * nq; ++j) {
+      for (Candidate& c : caller.kept[j]) c.position = rows[c.position];
+    }
+  }
 
   return rescore_candidates(db, queries, nq, k, caller.bounds.data(), caller.kept.data(), slices, limit, threads, best,
                             float64);

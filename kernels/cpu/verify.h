@@ -180,9 +180,10 @@ void write_answer(const std::vector<ExactEntry>& best, int64_t k, float* distanc
 
 // The screen's kk candidates of one query (sorted by float32 key; kk = min(k', n)) verified in
 // float64 (their distances given in `known` where the screen computed them, else computed here);
-// returns false, having written nothing, when they cannot be proven to hold the answer.
+// returns false, having written nothing, when they cannot be proven to hold the answer. n: the rows the
+// screen chose from (db's, or a filtered search's allowed rows).
 template <class Metric, class Storage>
-bool verify_query(const Database<Storage>& db, const float* q, double qq, int64_t k, int64_t kk,
+bool verify_query(const Database<Storage>& db, int64_t n, const float* q, double qq, int64_t k, int64_t kk,
                   const Candidate* candidates, const double* known, const ScreenBound& bound, float* distances,
                   int64_t* ids) {
   VerifyScratch& scratch = VerifyScratch::of_this_thread();
@@ -197,7 +198,7 @@ bool verify_query(const Database<Storage>& db, const float* q, double qq, int64_
   }
   const int64_t take = std::min(k, kk);
   std::partial_sort(entries.begin(), entries.begin() + take, entries.end());
-  if (kk < db.size() && !(bound.lower(candidates[kk - 1].key) > entries[take - 1].key)) return false;
+  if (kk < n && !(bound.lower(candidates[kk - 1].key) > entries[take - 1].key)) return false;
   entries.resize(take);
   write_answer<Metric>(entries, k, distances, ids);
   return true;

@@ -145,16 +145,24 @@ def library_key(cxx: str, sources: list[Path]) -> str:
 
 
 def compile_library(cxx: str, sources: list[Path], target: Path) -> None:
-    """Compile to a temporary file next to `target`, then os.replace it into place."""
+    """Compile to a temporary file next to `target`, then os.replace it into place. Each .cpp is its own
+    compiler process, all at once (the translation units are independent), then one link."""
     temporary = target.with_name(f"{target.name}.tmp{os.getpid()}")
     digest = f'-DTINYKNN_SOURCES_DIGEST="{sources_digest(sources)}"'
-    command = [cxx, *FLAGS, digest, *(str(p) for p in sources if p.suffix == ".cpp"), "-o", str(temporary)]
+    units = [p for p in sources if p.suffix == ".cpp"]
+    objects = [target.with_name(f"{target.name}.{p.stem}.tmp{os.getpid()}.o") for p in units]
+    compiles = [[cxx, *FLAGS, digest, "-c", str(p), "-o", str(o)] for p, o in zip(units, objects)]
+    command = [cxx, *FLAGS, *(str(o) for o in objects), "-o", str(temporary)]
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        result = _run_all(compiles) or subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as exc:
         temporary.unlink(missing_ok=True)
         raise CpuLibraryError(f"could not run the C++ compiler: {' '.join(command)}: {exc}") from None
+    finally:
+        for o in objects:
+            o.unlink(missing_ok=True)
     if result.returncode != 0:
+        command = result.args
         temporary.unlink(missing_ok=True)
         output = (result.stderr + result.stdout).strip()
         hint = ""
@@ -166,6 +174,21 @@ def compile_library(cxx: str, sources: list[Path], target: Path) -> None:
             f"command: {' '.join(command)}\n--- compiler output ---\n{output}{hint}"
         )
     os.replace(temporary, target)
+
+
+def _run_all(commands: list[list[str]]) -> subprocess.CompletedProcess | None:
+    """Run the compiles concurrently; the first failed one's CompletedProcess, else None."""
+    running = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
+    failed = None
+    for command, process in zip(commands, running):
+        try:
+            out, err = process.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        if process.returncode != 0 and failed is None:
+            failed = subprocess.CompletedProcess(command, process.returncode, out, err)
+    return failed
 
 
 def build_library() -> Path:

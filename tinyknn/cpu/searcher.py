@@ -5,6 +5,10 @@ queries), so this module only passes pointers. A search allocates nothing but it
 the library's threads (get_config().cpu_threads of them) do the work while the GIL is released. Answers
 keep the exactness contract (kernels/exact.cuh): the ids of an exhaustive float64 search, equal float64
 distances by the smaller id, the float64 distances rounded to float32 (kernels/cpu/verify.h).
+
+Index operations work on row positions (the Index maps ids and labels onto them), with GpuSearcher's meaning:
+search(rows=) over the allowed rows only (gathered into a temporary index of the library's), remove_rows
+(swap-remove: the last rows move into the holes), get_rows, range_search (kernels/cpu/range.h).
 """
 
 from __future__ import annotations
