@@ -9,9 +9,12 @@ driver or compiler.
 from __future__ import annotations
 
 import io
+import os
 import threading
+from typing import Any, BinaryIO
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import _groups, _persist, _validate
 from . import _validate_ops as _ops
@@ -73,7 +76,7 @@ class Index:
         return (f"tinyknn.Index(dim={self.dim}, metric={self.metric!r}, dtype={self.dtype!r}, "
                 f"device={self.device!r}, ntotal={self.ntotal})")
 
-    def add(self, x, ids=None, labels=None) -> None:
+    def add(self, x: ArrayLike, ids: ArrayLike | None = None, labels: ArrayLike | None = None) -> None:
         """Add vectors x of shape (n, dim); `ids` are optional int64 ids (default: see the class doc),
         `labels` an optional int64 label per vector (any integer array-like of shape (n,)).
 
@@ -103,7 +106,7 @@ class Index:
                 self._ids.commit(new)
                 self._labels.append(n, row_labels, has_label)
 
-    def remove(self, ids) -> int:
+    def remove(self, ids: ArrayLike) -> int:
         """Remove the vectors of `ids` (a 1-D integer array-like; ids not in the index are ignored) and
         return how many were removed. The ids may be added again afterwards. The searcher fills the
         holes with the last rows at once (O(removed x dim)): nothing is left to compact later."""
@@ -120,7 +123,7 @@ class Index:
             self._labels.apply_removal(rows, moved_from, moved_to)
         return len(rows)
 
-    def get(self, ids) -> np.ndarray:
+    def get(self, ids: ArrayLike) -> np.ndarray:
         """The stored vectors of `ids` (one id: shape (dim,); a 1-D array-like: (n, dim)) in the index's
         dtype; a ValueError names the ids that are not in the index."""
         one = np.ndim(ids) == 0
@@ -136,13 +139,13 @@ class Index:
             vectors = searcher.get_rows(rows)
         return vectors[0] if one else vectors
 
-    def contains(self, ids) -> np.ndarray:
+    def contains(self, ids: ArrayLike) -> np.ndarray:
         """A bool per id of the 1-D integer array-like `ids`: whether the index holds it."""
         wanted = _ops.id_list(ids, "ids")
         with self._view:
             return self._ids.rows_of(wanted) >= 0
 
-    def __contains__(self, item) -> bool:
+    def __contains__(self, item: object) -> bool:
         wanted = np.array([_ops.one_id(item, "the id in `id in index`")], dtype=np.int64)
         with self._view:
             return bool(self._ids.rows_of(wanted)[0] >= 0)
@@ -174,7 +177,8 @@ class Index:
                 truncate(n_before)
             raise
 
-    def search(self, q, k: int, *, filter=None, labels=None):
+    def search(self, q: ArrayLike, k: int, *, filter: ArrayLike | None = None,
+               labels: ArrayLike | None = None) -> tuple[Any, Any]:
         """The k nearest database vectors of each query: (distances float32 (nq, k), ids int64 (nq, k)).
 
         Nearest first. Where a query may see fewer than k vectors the rows are padded with id -1 and
@@ -197,7 +201,8 @@ class Index:
             parts = self._groups(queries, filter, labels)
             return _groups.knn(searcher.search, queries, queries.shape[0], k, parts)
 
-    def range_search(self, q, radius, *, filter=None, labels=None):
+    def range_search(self, q: ArrayLike, radius: float, *, filter: ArrayLike | None = None,
+                     labels: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every vector within `radius` of each query, in FAISS's layout: (lims int64 (nq + 1,),
         distances float32, ids int64), query i's hits at lims[i]:lims[i + 1], nearest first (ties by
         the smaller id). Within means distance < radius for 'l2' (squared distances: radius >= 0) and
@@ -258,7 +263,7 @@ class Index:
         return self._searcher
 
     # -- persistence --------------------------------------------------------------------------
-    def save(self, path) -> None:
+    def save(self, path: str | os.PathLike | BinaryIO) -> None:
         """Write the index to `path` (format: README 'File format'; an uncompressed NumPy .npz, version 2),
         or onto a binary file object (e.g. io.BytesIO) as it is.
 
@@ -276,7 +281,7 @@ class Index:
         _persist.write(handle, self.dim, self.metric, self.dtype, vectors, ids, labels)
 
     @classmethod
-    def load(cls, path, device: str = "cpu") -> "Index":
+    def load(cls, path: str | os.PathLike | BinaryIO, device: str = "cpu") -> "Index":
         """Read an index written by save() from a path or a binary file object.
 
         Files of format versions 1 (no labels) and 2 load. A damaged file, a file of another format
