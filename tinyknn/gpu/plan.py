@@ -29,7 +29,7 @@ SCAN_WAVES = 1              # scan grid: SMs x resident blocks per SM x this man
 TILED_WAVES = 1             # tiled grid: the fewest whole waves that fill the GPU (fewer slices, fewer lists)
 TILED_MIN_FILL = 0.85       # ... where the last wave holds at least this share of resident blocks
 MAX_BATCH = 8192            # queries per launch pair (bounds the candidate buffer; grid.y <= 65535)
-INGEST_THREADS = 256
+ROW_KERNEL_THREADS = 256        # ingest, band, rows, range and the screen steps: rows one by one
 
 _P, _I, _L, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_double
 ARGUMENTS = {
@@ -66,7 +66,6 @@ ARGUMENTS = {
     "survivors": (_P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
 }
 VERIFY_STATUS_SLOT, VERIFY_THRESHOLD_SLOT = 12, 13
-BAND_THREADS = 256
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def load_kernel(spec: KernelSpec) -> LoadedKernel:
     elif spec.variant in ("scan", "tiled", "verify", "survivors"):
         threads = spec.param("warps") * 32
     else:                       # ingest, band, rows, range and the screen's steps
-        threads = BAND_THREADS
+        threads = ROW_KERNEL_THREADS
     shared = spec.param("smem", 0)
     if shared > 48 * 1024:
         kernel.set_max_dynamic_shared(shared)

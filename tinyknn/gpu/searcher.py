@@ -375,7 +375,7 @@ class GpuSearcher:
         loaded = self._kernel(render.band_spec(self.metric, self.dtype, self._arch))
         f = len(which)
         view = self._view
-        blocks = max(1, min(math.ceil(view.n / plans.BAND_THREADS), self._sm_count * 8))
+        blocks = max(1, min(math.ceil(view.n / plans.ROW_KERNEL_THREADS), self._sm_count * 8))
         capacity = max(BAND_MIN_CAPACITY, 4 * k)
         with DeviceBuffer(f * 4) as which_buffer, DeviceBuffer(f * 4) as counts:
             which_buffer.copy_from_host(np.ascontiguousarray(which, dtype=np.int32), f * 4, self._stream)

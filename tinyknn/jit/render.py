@@ -68,8 +68,6 @@ TILED_WARPS = 8                 # warps per tiled block (one row of the register
 TILED_DEPTH = 16                # dimensions staged per step
 TILED_LIST_SMEM = 32 * 1024     # shared memory for a tiled block's per-query lists
 TILED_SMALL_BQ = (16, 32)       # queries per tiled block for batches that fill less than the default
-MERGE_WARPS = 32                # warps per merge block: its passes are load-latency bound, more loads in flight
-MERGE_WARPS_BATCH = 8           # ... after the tiled kernel: many queries, so many blocks keep the loads in flight
 VERIFY_MARGIN = 8               # candidates kept beyond k (>= 32) for the verify step to prove the answer
 VERIFY_MARGIN_SMALL_K = 2       # ... beyond k < 32 (each one costs insertions; near-ties go to the band search)
 FILTER_MAX_LIST = 128           # l2's filter key while k + VERIFY_MARGIN fits the lists topk.cuh rebuilds in bulk
