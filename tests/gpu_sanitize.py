@@ -8,7 +8,9 @@ Covers: ingest (host rows, float64/float16 CUDA rows and queries when CuPy is pr
 register lists and with shared-memory lists (k = 2048), tiled with shared lists (bulk rebuilds), the
 l2 filter key, the verify step after every selection (small and large k, padding) and the band search
 of unproven queries (far data, 40 tied copies), scan blocks of one query and tiled blocks of 16, graph
-replay, float16 storage and every metric. Each result is checked against the float64 oracle
+replay, float16 storage and every metric; then the tensor-core screen (float16, bfloat16, int8, uint8
+and a float32 index's float16 shadow), a filter (gathered rows), remove, get, range search and
+k > 2,048 (SCREEN_AND_OPS). Each result is checked against the float64 oracle
 (assert_exact), so a broken run also fails without the tool. Exit status 0
 means every search was correct.
 """
@@ -43,6 +45,57 @@ CASES = [  # metric, dtype, dim, n, k, n_queries, selection kernel, data offset
 ]
 
 
+SCREEN_AND_OPS = [  # metric, dtype, dim, n, k, n_queries: >= 64 queries over >= 16,384 rows take the screen
+    ("l2", "float16", 64, 20000, 10, 64),
+    ("ip", "bfloat16", 48, 17000, 32, 70),
+    ("l2", "int8", 64, 17000, 10, 64),
+    ("cosine", "uint8", 32, 17000, 10, 64),
+    ("cosine", "float32", 40, 17000, 10, 64),
+]
+
+
+def stored(rng, dtype, shape):
+    if dtype in ("int8", "uint8"):
+        low = -100 if dtype == "int8" else 0
+        return rng.integers(low, 100, shape).astype(np.float32)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def screen_and_ops(rng) -> None:
+    from reference import contract_distances, searched
+    from reference import stored as stored64
+
+    for metric, dtype, dim, n, k, n_queries in SCREEN_AND_OPS:
+        db, q = stored(rng, dtype, (n, dim)), stored(rng, dtype, (n_queries, dim))
+        with tinyknn.Index(dim, metric, dtype, device="cuda") as index:
+            index.add(db)
+            distances, ids = index.search(q, k)
+            assert_exact(distances, ids, db, q, k, metric, dtype)
+            assert index._searcher._screen.queries > 0, "the screen did not run"
+            allowed = np.arange(0, n, 3)
+            distances, ids = index.search(q[:5], k, filter=allowed)
+            assert np.isin(ids, allowed).all()
+            index.remove(np.arange(0, n, 7))
+            assert not np.isin(index.search(q[:3], k)[1], np.arange(0, n, 7)).any()
+            assert np.array_equal(index.get([1, 2]), db[[1, 2]].astype(index._storage))
+        print(f"ok screen+ops {metric} {dtype} dim={dim} n={n} k={k} nq={n_queries}", flush=True)
+    db, q = stored(rng, "float32", (6000, 16)), stored(rng, "float32", (3, 16))
+    with tinyknn.Index(16, "l2", "float32", device="cuda") as index:
+        index.add(db)
+        lims, distances, ids = index.range_search(q, 20.0)
+        keys = contract_distances(stored64(db, "float32"), searched(q), "l2")
+        for i in range(len(q)):
+            inside = np.flatnonzero(keys[i] < 20.0)
+            inside = inside[np.lexsort((inside, keys[i][inside]))]
+            assert np.array_equal(ids[lims[i]:lims[i + 1]], inside)
+        distances, ids = index.search(q, 3000)
+        assert_exact(distances, ids, db, q, 3000, "l2", "float32")
+    print("ok range_search, k=3000", flush=True)
+
+
+SCAN_MAX_QUERIES = plan.SCAN_MAX_QUERIES
+
+
 def main() -> int:
     rng = np.random.default_rng(7)
     for metric, dtype, dim, n, k, n_queries, variant, offset in CASES:
@@ -66,6 +119,8 @@ def main() -> int:
             distances, ids = index.search(cupy.asarray(q.astype(np.float16)), k)
             assert_exact(distances.get(), ids.get(), db, q.astype(np.float16), k, metric, dtype)
         print(f"ok {metric} {dtype} dim={dim} n={n} k={k} nq={n_queries} {variant}", flush=True)
+    plan.SCAN_MAX_QUERIES = SCAN_MAX_QUERIES
+    screen_and_ops(rng)
     return 0
 
 
