@@ -83,6 +83,19 @@ template <> struct Chunk<unsigned char> : ByteChunk<unsigned char> {};
 
 TINYKNN_D uint4 zero_chunk() { return make_uint4(0u, 0u, 0u, 0u); }
 
+// The 16-byte chunks part, part + G, ... (CPL of them) of stored row `row`, zeros where the row is not
+// valid or the chunk lies past the row: the G lanes of a row load it together.
+template <class T, int DIM, int G, int CPL>
+TINYKNN_D void load_row_chunks(const T* __restrict__ data, int row, bool valid, int part, uint4 (&raw)[CPL]) {
+  using Layout = RowLayout<T, DIM>;
+  const uint4* row_chunks = reinterpret_cast<const uint4*>(data) + (long long)row * Layout::CHUNKS;
+#pragma unroll
+  for (int i = 0; i < CPL; ++i) {
+    const int c = part + i * G;
+    raw[i] = (valid && (CPL * G == Layout::CHUNKS || c < Layout::CHUNKS)) ? __ldg(row_chunks + c) : zero_chunk();
+  }
+}
+
 // Accumulates one stored chunk against the matching float32 query elements (16-byte aligned,
 // usually shared memory) into two partial sums.
 template <class Metric, class T>

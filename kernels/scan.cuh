@@ -56,13 +56,8 @@ scan_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms
   for (int base = (int)begin + warp * ROWS_PER_STEP; base < (int)end; base += WARPS * ROWS_PER_STEP) {
     const int row = base + lane / G;   // positions are int32: the searcher keeps n_data < 2^31
     const bool valid = row < end;
-    const uint4* row_chunks = reinterpret_cast<const uint4*>(data) + (long long)row * Layout::CHUNKS;
     uint4 raw[CPL];
-#pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      const int c = part + i * G;
-      raw[i] = (valid && (CPL * G == Layout::CHUNKS || c < Layout::CHUNKS)) ? __ldg(row_chunks + c) : zero_chunk();
-    }
+    load_row_chunks<T, DIM, G, CPL>(data, row, valid, part, raw);
     float data_inv = 1.0f;
     if constexpr (Metric::needs_norms) data_inv = valid ? __ldg(data_inv_norms + row) : 0.0f;
     float bound[QB];   // what the other slices already guarantee for each query (see read_bound)

@@ -179,30 +179,31 @@ TINYKNN_D double exact_distance_by_warp(const float* query, const T* row, int di
 // strictly worse than the K-th float64 key (or there were fewer than KL rows: all were candidates).
 // Otherwise status[q] = 1 and threshold[q] = the K-th float64 key, which the band search uses (an upper
 // bound of the true K-th key: the candidates are real rows).
-template <class Metric, class Bound, class T, int K, int KL, int WARPS, int SMEM>
-__global__ void __launch_bounds__(WARPS * 32, 1)
-verify_kernel(const float* __restrict__ keys, const int* __restrict__ positions, int n_lists,
-              const long long* __restrict__ ids, float* __restrict__ out_distances, long long* __restrict__ out_ids,
-              unsigned* __restrict__ bounds, const T* __restrict__ data, const float* __restrict__ queries,
-              int row_stride, int dim, const unsigned* __restrict__ row_stats, int* __restrict__ status,
-              double* __restrict__ threshold) {
-  static_assert(K < KL, "verify_kernel: the selection must keep more candidates than it returns");
+// verify_query: the verify step of query q by the whole block (WARPS warps), over that query's n_lists
+// lists at keys / positions (KL entries each), with `shared_space` (verify_shared_bytes<KL>() bytes) as scratch.
+// Used by verify_kernel (a block per query) and by the single-query kernel's last block (single.cuh).
+// bounds (may be null) gets its slot q zeroed for the next search.
+template <int KL> __host__ __device__ constexpr int verify_shared_bytes() { return next_pow2(KL) * (4 + 4 + 8 + 8) + MERGE_SHARED_FIXED + 16; }
+
+template <class Metric, class Bound, class T, int K, int KL, int WARPS>
+TINYKNN_D void verify_query(long long q, const float* keys, const int* positions, int n_lists,
+                            const long long* __restrict__ ids, float* __restrict__ out_distances,
+                            long long* __restrict__ out_ids, unsigned* bounds, const T* __restrict__ data,
+                            const float* __restrict__ queries, int row_stride, int dim,
+                            const unsigned* __restrict__ row_stats, int* __restrict__ status,
+                            double* __restrict__ threshold, float4* shared_space) {
+  static_assert(K < KL, "verify: the selection must keep more candidates than it returns");
   constexpr int SORT = next_pow2(KL);
-  constexpr int NEED = SORT * (4 + 4 + 8 + 8) + MERGE_SHARED_FIXED + 16;
-  static_assert(SMEM >= NEED, "verify_kernel: SMEM is smaller than its shared memory layout");
-  extern __shared__ float4 shared_space[];
   unsigned long long* exact_keys = reinterpret_cast<unsigned long long*>(shared_space);
   long long* exact_ids = reinterpret_cast<long long*>(exact_keys + SORT);
   float* sort_keys = reinterpret_cast<float*>(exact_ids + SORT);
   int* sort_positions = reinterpret_cast<int*>(sort_keys + SORT);
   unsigned* histogram = reinterpret_cast<unsigned*>(sort_positions + SORT);
   double* query_qq = reinterpret_cast<double*>(histogram + 260);
-  require_dynamic_smem(NEED);
 
-  const long long q = blockIdx.x;
   const long long total = (long long)n_lists * KL;
-  const unsigned kl_bits = gather_best<KL, SORT>(keys + q * total, positions + q * total, total, sort_keys,
-                                                 sort_positions, histogram, histogram + 258);
+  const unsigned kl_bits = gather_best<KL, SORT>(keys, positions, total, sort_keys, sort_positions, histogram,
+                                                 histogram + 258);
   const float* query = queries + q * row_stride;
   if (threadIdx.x == 0) query_qq[0] = exact_squares(query, dim);
   __syncthreads();
@@ -256,8 +257,33 @@ verify_kernel(const float* __restrict__ keys, const int* __restrict__ positions,
     }
     status[q] = proven ? 0 : 1;
     threshold[q] = kth;
-    bounds[q] = 0u;
+    if (bounds != nullptr) bounds[q] = 0u;
   }
+}
+
+// ---- verify: one block per query ---------------------------------------------------------------------
+// The selection kernel kept KL (> K) candidates per (query, slice) by its float32 key. The KL best of all
+// slices are gathered (gather_best), their contract distances computed in float64 (one thread a candidate,
+// exact.cuh's operation order), sorted by (float64 key, user id), and the K first written as float32
+// distances and ids (padding where there are fewer). status[q] = 0 when the answer is proven: every row
+// outside the KL has a float32 key >= the KL-th key A, so a float64 key >= Bound::lowest(A), and that is
+// strictly worse than the K-th float64 key (or there were fewer than KL rows: all were candidates).
+// Otherwise status[q] = 1 and threshold[q] = the K-th float64 key, which the band search uses (an upper
+// bound of the true K-th key: the candidates are real rows).
+template <class Metric, class Bound, class T, int K, int KL, int WARPS, int SMEM>
+__global__ void __launch_bounds__(WARPS * 32, 1)
+verify_kernel(const float* __restrict__ keys, const int* __restrict__ positions, int n_lists,
+              const long long* __restrict__ ids, float* __restrict__ out_distances, long long* __restrict__ out_ids,
+              unsigned* __restrict__ bounds, const T* __restrict__ data, const float* __restrict__ queries,
+              int row_stride, int dim, const unsigned* __restrict__ row_stats, int* __restrict__ status,
+              double* __restrict__ threshold) {
+  static_assert(SMEM >= verify_shared_bytes<KL>(), "verify_kernel: SMEM is smaller than its shared memory layout");
+  extern __shared__ float4 shared_space[];
+  require_dynamic_smem(verify_shared_bytes<KL>());
+  const long long q = blockIdx.x, total = (long long)n_lists * KL;
+  verify_query<Metric, Bound, T, K, KL, WARPS>(q, keys + q * total, positions + q * total, n_lists, ids,
+                                               out_distances, out_ids, bounds, data, queries, row_stride, dim,
+                                               row_stats, status, threshold, shared_space);
 }
 
 // ---- band: every row whose float64 key is <= a query's threshold ------------------------------------

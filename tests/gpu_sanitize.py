@@ -7,7 +7,8 @@
 Covers: ingest (host rows, float64/float16 CUDA rows and queries when CuPy is present), scan with
 register lists and with shared-memory lists (k = 2048), tiled with shared lists (bulk rebuilds), the
 l2 filter key, the verify step after every selection (small and large k, padding) and the band search
-of unproven queries (far data, 40 tied copies), scan blocks of one query and tiled blocks of 16, graph
+of unproven queries (far data, 40 tied copies), the single-query kernel (its last block verifies) and
+tiled blocks of 16, graph
 replay, float16 storage and every metric; then the tensor-core screen (float16, bfloat16, int8, uint8
 and a float32 index's float16 shadow), a filter (gathered rows), remove, get, range search and
 k > 2,048 (SCREEN_AND_OPS). Each result is checked against the float64 oracle
@@ -39,7 +40,9 @@ CASES = [  # metric, dtype, dim, n, k, n_queries, selection kernel, data offset
     ("l2", "float32", 6, 400, 10, 3, "scan", -1.0),              # 40 tied copies: band search
     ("cosine", "float16", 16, 500, 100, 40, "tiled", 0.0),       # tiled with shared-memory lists
     ("ip", "float32", 3, 5, 20, 4, "scan", 0.0),                 # k > ntotal: padding
-    ("cosine", "float16", 96, 1200, 10, 1, "scan", 0.0),         # one query: scan blocks of one
+    ("cosine", "float16", 96, 1200, 10, 1, "single", 0.0),       # one query: single_kernel
+    ("l2", "float32", 8, 450_000, 10, 1, "single", 0.0),         # ... slices of at most 1,024 rows, several waves
+    ("ip", "float32", 4, 9, 10, 1, "single", 0.0),               # ... slices with fewer rows than a list
     ("l2", "float32", 48, 1000, 10, 9, "tiled", 0.0),            # blocks of 16 queries, filter key
     ("ip", "float16", 64, 900, 10, 12, "tiled", 0.0),            # blocks of 16 queries, exact keys
 ]

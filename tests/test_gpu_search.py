@@ -88,16 +88,18 @@ def test_matches_reference(metric, dtype, dim, rng):
             _check(index.search(q, k), large[:n], q, k, metric, dtype)
 
 
-@pytest.mark.parametrize("variant", ["scan", "tiled"])
+@pytest.mark.parametrize("variant", ["single", "scan", "tiled"])
 @pytest.mark.parametrize("metric,dtype,dim,k", [
     ("l2", "float32", 64, 10), ("ip", "float16", 16, 37), ("cosine", "float32", 64, 256), ("l2", "float16", 64, 100),
     ("cosine", "float16", 16, 1), ("ip", "float32", 64, 5),
 ])
 def test_both_selection_kernels(monkeypatch, variant, metric, dtype, dim, k, rng):
-    """The same searches through the scan and the tiled kernel, at sizes that are no tile multiple."""
+    """The same searches through each selection kernel, at sizes that are no tile multiple (single: one
+    query; more go to the scan kernel)."""
     from tinyknn.gpu import plan
 
-    monkeypatch.setattr(plan, "SCAN_MAX_QUERIES", 10**9 if variant == "scan" else 0)
+    monkeypatch.setattr(plan, "SCAN_MAX_QUERIES", 10**9 if variant != "tiled" else 0)
+    monkeypatch.setattr(plan, "USE_SINGLE", variant == "single")
     db = _data(rng, 1237, dim)
     with tinyknn.Index(dim, metric, dtype, device="cuda") as index:
         index.add(db[:1000])
@@ -107,10 +109,42 @@ def test_both_selection_kernels(monkeypatch, variant, metric, dtype, dim, k, rng
             _check(index.search(q, k), db, q, k, metric, dtype)
         if variant == "scan":      # one query: a block of one
             assert index._searcher._main_spec(1, k, False).param("qb") == 1
+        if variant == "single":
+            assert index._searcher._main_spec(1, k, False).variant == "single"
         if variant == "tiled":
             block = {nq: index._searcher._main_spec(nq, k, False).param("bq") for nq in (7, 20, 300)}
             default = render.tiled_spec(metric, dtype, dim, k, _arch()).param("bq")
             assert block == {7: min(16, default), 20: min(32, default), 300: default}
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_single_query_kernel(metric, rng):
+    """One query through single_kernel: slices with fewer rows than a list, more slices than one wave
+    (rows per slice capped), k at its limit and one beyond (the scan kernel), 40 tied copies (the band
+    search), and repeated searches (graph replays: the arrival counter starts from zero each time)."""
+    from tinyknn.gpu import plan
+
+    for n, dim, ks in ((5, 8, (1, 10)), (37, 130, (10, 36)), (600_000, 4, (10, 128, 129)), (3000, 64, (100,))):
+        db = _data(rng, n, dim)
+        with tinyknn.Index(dim, metric, "float32", device="cuda") as index:
+            index.add(db)
+            for k in ks:
+                for _ in range(4):
+                    q = _data(rng, 1, dim)
+                    _check(index.search(q, k), db, q, k, metric, "float32")
+                expected = "single" if k <= render.SINGLE_MAX_K else "scan"
+                assert index._searcher._main_spec(1, k, False).variant == expected
+            if n == 600_000:
+                batch = index._searcher._host_batch(1, 10)
+                assert batch.plan.slices >= n / render.SINGLE_MAX_ROWS and batch.plan.verify is None
+    db = _data(rng, 400, 6)
+    db[100:140] = db[3]
+    with tinyknn.Index(6, metric, "float32", device="cuda") as index:
+        index.add(db)
+        before = index._searcher.exact_reruns
+        _check(index.search(db[3:4], 10), db, db[3:4], 10, metric, "float32")
+        assert metric != "l2" or index._searcher.exact_reruns == before + 1    # the copies tie beyond the margin
+    assert plan.choose_variant(1, 10) == "single"
 
 
 @pytest.mark.parametrize("n", [1, 1000, 100_003])

@@ -87,7 +87,10 @@ def test_small_batches_get_small_tiled_blocks():
             for n in range(1, 70):
                 for exact in (False, True):
                     assert render.tiled_spec(metric, "float16", 96, k, "sm_90", exact=exact, n_queries=n) in listed
-                assert render.scan_spec(metric, "float16", 96, k, "sm_90", n_queries=n) in listed
+                if n > 1 or k > render.SINGLE_MAX_K:        # one query: single_kernel
+                    assert render.scan_spec(metric, "float16", 96, k, "sm_90", n_queries=n) in listed
+                else:
+                    assert render.single_spec(metric, "float16", 96, k, "sm_90") in listed
     wide = render.tiled_spec("l2", "float32", 768, 10, "sm_90", n_queries=10, warps=32)   # 16 % 32 != 0
     assert wide.param("bq") % wide.param("warps") == 0
 
@@ -98,7 +101,11 @@ def test_one_query_gets_a_scan_block_of_one():
 
     assert [block(1), block(2), block(8), block(None)] == [1, 8, 8, 8]
     listed = render.specs_for_search("ip", "float16", 128, 10, "sm_90")
-    assert {s.param("qb") for s in listed if s.variant == "scan"} == {1, 8}
+    assert {s.param("qb") for s in listed if s.variant == "scan"} == {8}       # one query: single_kernel
+    assert [s.k for s in listed if s.variant == "single"] == [10]
+    beyond = render.specs_for_search("ip", "float16", 128, render.SINGLE_MAX_K + 1, "sm_90")
+    assert 1 in {s.param("qb") for s in beyond if s.variant == "scan"}
+    assert not [s for s in beyond if s.variant == "single"]
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -125,6 +132,12 @@ def test_parameters_are_consistent(k, dim, dtype):
     assert scan["smem"] <= 227 * 1024                        # what an H100/H200 block may opt in to
     verify = dict(render.verify_spec(render.scan_spec("l2", dtype, dim, k, "sm_90")).params)
     assert verify["kl"] == render.list_length(k) and verify["smem"] <= 227 * 1024
+    if k <= render.SINGLE_MAX_K:
+        single = dict(render.single_spec("l2", dtype, dim, k, "sm_90").params)
+        sort_slots = 1 << (single["kl"] - 1).bit_length()
+        assert single["rmax"] % (single["warps"] * 32 // single["lanes"]) == 0 and single["rmax"] >= single["kl"]
+        assert single["smem"] >= max(single["rmax"] * 8 + sort_slots * 8, sort_slots * 24)
+        assert single["smem"] <= 227 * 1024
     if k <= render.TILED_MAX_K:
         tiled = dict(render.tiled_spec("l2", dtype, dim, k, "sm_90").params)
         assert tiled["bq"] % tiled["warps"] == 0 and tiled["bn"] % 128 == 0

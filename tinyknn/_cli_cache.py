@@ -11,7 +11,7 @@ from .config import get_config
 # The renderer gives variants that the dim or k do not change a canonical value (k 0; dim 1 for all but the
 # ingest, scan and tiled kernels: verify, band, range, rows... in jit/render.py); those are not dims or ks of
 # anything, so list leaves them blank (null in --json).
-_DIM_VARIANTS = {"norms", "scan", "tiled"}
+_DIM_VARIANTS = {"norms", "scan", "single", "tiled"}
 
 
 def _cache():

@@ -25,6 +25,7 @@ from .launcher import CapturedGraph, Kernel, PreparedLaunch, load_module
 
 # Tuning, from the measurements in bench/NOTES_GPU.md.
 SCAN_MAX_QUERIES = 8        # up to this many queries per batch: scan; tiled beyond (crossover in NOTES_GPU.md)
+USE_SINGLE = True           # one query: the single-query kernel (tests switch it off to reach the others)
 SCAN_WAVES = 1              # scan grid: SMs x resident blocks per SM x this many waves
 TILED_WAVES = 1             # tiled grid: the fewest whole waves that fill the GPU (fewer slices, fewer lists)
 TILED_MIN_FILL = 0.85       # ... where the last wave holds at least this share of resident blocks
@@ -40,6 +41,9 @@ ARGUMENTS = {
     #            bounds)
     "scan": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
     "tiled": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
+    # single_kernel(data, inv_norms, n_data, rows_per_slice, queries, ids, out_keys, out_positions, out_distances,
+    #               out_ids, arrivals, row_stats, status, threshold, dim)
+    "single": (_P, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I),
     # verify_kernel(keys, positions, n_lists, ids, out_distances, out_ids, bounds, data, queries, row_stride, dim,
     #               row_stats, status, threshold)
     "verify": (_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
@@ -65,7 +69,8 @@ ARGUMENTS = {
     # verify_survivors_kernel(survivors, counts, ids, data, queries, row_stride, dim, out_distances, out_ids, status)
     "survivors": (_P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
 }
-VERIFY_STATUS_SLOT, VERIFY_THRESHOLD_SLOT = 12, 13
+# Where the outputs (distances, ids, status, threshold) sit among a plan's last launch's arguments.
+OUTPUT_SLOTS = {"verify": (4, 5, 12, 13), "single": (8, 9, 12, 13)}
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ def load_kernel(spec: KernelSpec) -> LoadedKernel:
     kernel = load_module(get_cubin(spec)).kernel(render.name_expression(spec))
     if spec.variant == "screen":
         threads = 32 * spec.param("wq") * spec.param("wn")
-    elif spec.variant in ("scan", "tiled", "verify", "survivors"):
+    elif spec.variant in ("scan", "single", "tiled", "verify", "survivors"):
         threads = spec.param("warps") * 32
     else:                       # ingest, band, rows, range and the screen's steps
         threads = ROW_KERNEL_THREADS
@@ -98,17 +103,22 @@ def load_kernel(spec: KernelSpec) -> LoadedKernel:
 
 
 def choose_variant(n_queries: int, k: int) -> str:
-    """scan for small batches (and whenever k is beyond the tiled kernel), tiled for large ones."""
+    """single for one query (k up to SINGLE_MAX_K), scan for small batches (and whenever k is beyond the
+    tiled kernel), tiled for large ones."""
+    if n_queries == 1 and k <= render.SINGLE_MAX_K and USE_SINGLE:
+        return "single"
     return "scan" if n_queries <= SCAN_MAX_QUERIES or k > render.TILED_MAX_K else "tiled"
 
 
 def queries_per_block(spec: KernelSpec) -> int:
+    if spec.variant == "single":
+        return 1
     return spec.param("qb") if spec.variant == "scan" else spec.param("bq")
 
 
 def rows_granule(spec: KernelSpec) -> int:
     """Rows a block handles per step: slices are whole multiples of it."""
-    if spec.variant == "scan":
+    if spec.variant in ("scan", "single"):
         return spec.param("warps") * 32 // spec.param("lanes")
     return spec.param("bn")
 
@@ -117,7 +127,7 @@ def whole_wave_slices(groups: int, resident: int, variant: str) -> int:
     """Slices per query group so that groups x slices blocks fill whole waves of `resident` blocks:
     the scan takes SCAN_WAVES waves; the tiled kernel the fewest waves (from TILED_WAVES) whose blocks
     fill TILED_MIN_FILL of them (10,000 queries: 157 groups x 3 slices in 2 waves, not 157 x 1 in one)."""
-    if variant == "scan":
+    if variant in ("scan", "single"):
         return max(1, resident * SCAN_WAVES // groups)
     waves = TILED_WAVES
     while True:
@@ -132,6 +142,8 @@ def split_rows(n_data: int, groups: int, loaded: LoadedKernel, sm_count: int, k:
     """(slices, rows_per_slice): enough blocks for every SM, slices no smaller than a step or k."""
     if slices is None:   # rounded down: a last wave of a few blocks would cost as much as a full one
         slices = whole_wave_slices(groups, sm_count * loaded.blocks_per_sm, loaded.spec.variant)
+    if loaded.spec.variant == "single":   # its slices hold at most rmax rows (a multiple of the granule)
+        slices = max(slices, math.ceil(n_data / loaded.spec.param("rmax")))
     granule = rows_granule(loaded.spec)
     rows = max(granule, k, math.ceil(max(n_data, 1) / max(1, slices)))
     rows = math.ceil(rows / granule) * granule
@@ -140,7 +152,8 @@ def split_rows(n_data: int, groups: int, loaded: LoadedKernel, sm_count: int, k:
 
 @dataclass
 class SearchPlan:
-    """The two launches of one batch shape, parameters packed; `launch` enqueues both."""
+    """The launches of one batch shape, parameters packed: the selection kernel and the verify step
+    (verify None: the single-query kernel verifies in its last block); `launch` enqueues them."""
 
     variant: str
     n_queries: int
@@ -151,7 +164,7 @@ class SearchPlan:
     main_grid: tuple[int, int, int]
     main_block: int
     main_shared: int
-    verify: PreparedLaunch
+    verify: PreparedLaunch | None
     verify_block: int
     verify_shared: int
     bounds: object          # DeviceBuffer of n_queries uint32: zero before a search, zeroed again by verify
@@ -159,15 +172,15 @@ class SearchPlan:
 
     def launch(self, stream) -> None:
         self.main.launch(self.main_grid, self.main_block, self.main_shared, stream)
-        self.verify.launch(self.n_queries, self.verify_block, self.verify_shared, stream)
+        if self.verify is not None:
+            self.verify.launch(self.n_queries, self.verify_block, self.verify_shared, stream)
 
     def set_outputs(self, distances_ptr: int, ids_ptr: int, status_ptr: int, threshold_ptr: int) -> None:
-        """Point verify at other result arrays (device arrays of the caller's framework) and at another
-        status and threshold array."""
-        self.verify.set(4, distances_ptr)
-        self.verify.set(5, ids_ptr)
-        self.verify.set(VERIFY_STATUS_SLOT, status_ptr)
-        self.verify.set(VERIFY_THRESHOLD_SLOT, threshold_ptr)
+        """Point the verify step at other result arrays (device arrays of the caller's framework) and at
+        another status and threshold array."""
+        last, slots = (self.main, OUTPUT_SLOTS["single"]) if self.verify is None else (self.verify, OUTPUT_SLOTS["verify"])
+        for slot, value in zip(slots, (distances_ptr, ids_ptr, status_ptr, threshold_ptr)):
+            last.set(slot, value)
 
 
 def result_layout(n_queries: int, k: int) -> tuple[int, int, int]:
@@ -229,12 +242,19 @@ def candidate_bytes(n_queries: int, slices: int, per_list: int) -> int:
     return n_queries * slices * per_list * 8
 
 
-def build_plan(main: LoadedKernel, verify: LoadedKernel, *, n_queries: int, k: int, n_data: int, dim: int,
+def build_plan(main: LoadedKernel, verify: LoadedKernel | None, *, n_queries: int, k: int, n_data: int, dim: int,
                slices: int, rows_per_slice: int, row_stride: int, data_ptr: int, norms_ptr: int, queries_ptr: int,
                keys_ptr: int, positions_ptr: int, ids_ptr: int, distances_out: int, ids_out: int,
                bounds, row_stats_ptr: int, status_ptr: int, threshold_ptr: int) -> SearchPlan:
-    """The selection kernel `main` and the verify step after it, parameters packed."""
+    """The selection kernel `main` and the verify step after it, parameters packed (the single-query
+    kernel: one launch, its last block verifies; `bounds` holds its arrival counter)."""
     groups = math.ceil(n_queries / queries_per_block(main.spec))
+    if main.spec.variant == "single":
+        single = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, ids_ptr, keys_ptr,
+                              positions_ptr, distances_out, ids_out, bounds.ptr, row_stats_ptr, status_ptr,
+                              threshold_ptr, dim)
+        return SearchPlan("single", n_queries, k, slices, rows_per_slice, single, (slices, 1, 1), main.threads,
+                          main.shared_bytes, None, 0, 0, bounds, list_k(main.spec))
     main_launch = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, n_queries, row_stride,
                                keys_ptr, positions_ptr, bounds.ptr)
     verify_launch = verify.prepare(keys_ptr, positions_ptr, slices, ids_ptr, distances_out, ids_out, bounds.ptr,

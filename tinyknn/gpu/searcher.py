@@ -4,7 +4,8 @@ Layout: rows stored in the index's dtype, padded with zeros to a 16-byte multipl
 inverse norms for cosine, squared norms and their maximum for l2 (the filter key of large batches),
 the user's int64 ids. Queries are float32, padded the same way.
 
-Every search ends in the verify step (kernels/verify.cuh): the selection kernel's k + margin best
+Every search ends in the verify step (kernels/verify.cuh; one query alone: single.cuh, whose last block
+verifies, so one launch): the selection kernel's k + margin best
 candidates of each query get their float64 distances (kernels/exact.cuh), are sorted by (distance, id)
 and the k first returned; a query whose answer the selection kernel's rounding bound cannot prove (ties
 or near-ties beyond the margin, data far from the origin for l2's filter key, tiny vectors for cosine)
@@ -469,7 +470,10 @@ class GpuSearcher:
 
     def _main_spec(self, n_queries: int, k: int, exact: bool):
         args = (self.metric, self.dtype, self.dim, k, self._arch)
-        if plans.choose_variant(n_queries, k) == "scan":
+        variant = plans.choose_variant(n_queries, k)
+        if variant == "single":
+            return render.single_spec(*args)
+        if variant == "scan":
             return render.scan_spec(*args, n_queries=n_queries)
         return render.tiled_spec(*args, exact=exact, n_queries=n_queries)
 
@@ -482,7 +486,7 @@ class GpuSearcher:
             self._plans.move_to_end(key)
             return found
         main = self._kernel(self._main_spec(n_queries, k, exact))
-        verify = self._kernel(render.verify_spec(main.spec))
+        verify = None if main.spec.variant == "single" else self._kernel(render.verify_spec(main.spec))
         per_list = plans.list_k(main.spec)
         groups = math.ceil(n_queries / plans.queries_per_block(main.spec))
         slices, rows = plans.split_rows(view.n, groups, main, self._sm_count, per_list, self.slices_override)

@@ -14,6 +14,9 @@ Variants (spec.variant):
             out-of-range values. Used for the database at add() and for CUDA queries.
 - "scan":   scan_kernel: small batches. The database is split into slices across many blocks; each
             block streams its slice once for QB queries and keeps the k best per query.
+- "single": single_kernel: one query. Like scan (one block a slice), but each block keeps its slice's
+            keys in shared memory and selects its list once, and the last block to finish runs the
+            verify step: one launch.
 - "tiled":  tiled_kernel: large batches. Tiles of BQ queries x BN rows are computed from shared
             memory (register tiles, like a GEMM) and selected per tile into per-query lists.
 - "verify": verify_kernel: after either selection kernel (which keeps k + margin candidates per
@@ -61,6 +64,9 @@ _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
 SCAN_WARPS = 8                  # warps per scan block (8: half the slices of 4 at the same occupancy)
 SCAN_CHUNKS_PER_LANE = 8        # a row is split across the fewest lanes that keep <= this many 16-byte loads each
 SCAN_QUERY_SMEM = 16 * 1024     # shared memory for a scan block's queries
+SINGLE_WARPS = 8                # warps per single-query block
+SINGLE_MAX_ROWS = 1024          # rows per single-query slice (its keys in shared memory); more rows: more slices
+SINGLE_MAX_K = 128              # the single-query kernel up to this k (its last block verifies k + margin)
 REGISTER_LIST_SLOTS = 256       # QB * padded k up to this: candidate lists in registers, else in shared memory
 TILED_MAX_K = 256               # above this a large batch uses the scan kernel, query group by query group
 TILED_BN = 128                  # database rows per tile
@@ -133,6 +139,9 @@ def name_expression(spec: KernelSpec) -> str:
         args = [storage]
     elif spec.variant == "scan":
         args = [metric, storage, spec.dim, p("kl", spec.k), p("qb"), p("lanes"), p("warps"), p("smem")]
+    elif spec.variant == "single":
+        args = [metric, _BOUND_TYPES[spec.metric], storage, spec.dim, spec.k, p("kl"), p("lanes"), p("warps"),
+                p("rmax"), p("smem")]
     elif spec.variant == "tiled":
         if p("filter", 0):
             metric = "tinyknn::L2Expanded"
@@ -150,8 +159,8 @@ def name_expression(spec: KernelSpec) -> str:
     return f"tinyknn::{_KERNEL_NAMES[spec.variant]}<{', '.join(str(a) for a in args)}>"
 
 
-_KERNEL_NAMES = {"norms": "ingest_kernel", "scan": "scan_kernel", "tiled": "tiled_kernel", "verify": "verify_kernel",
-                 "band": "band_kernel", "rows": "copy_rows_kernel", "range": "range_kernel"}
+_KERNEL_NAMES = {"norms": "ingest_kernel", "scan": "scan_kernel", "single": "single_kernel", "tiled": "tiled_kernel",
+                 "verify": "verify_kernel", "band": "band_kernel", "rows": "copy_rows_kernel", "range": "range_kernel"}
 
 
 # -- the plans: which specs a search launches, with their parameters ------------------------------
@@ -196,6 +205,26 @@ def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: i
         qb = max(1, min(8, REGISTER_LIST_SLOTS // kp, _pow2_floor(SCAN_QUERY_SMEM // (4 * query_floats))))
     smem = _align16(qb * query_floats * 4) + _align16(qb * 4) + warps * qb * kp * 8
     return {"qb": qb, "lanes": lanes, "warps": warps, "smem": smem, "kl": kl}
+
+
+def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, warps: int = SINGLE_WARPS,
+                  rmax: int = SINGLE_MAX_ROWS) -> dict[str, int]:
+    """Parameters of the single-query kernel: the scan kernel's lanes per row, a slice of at most
+    `rmax` rows whose keys and positions sit in shared memory, and room for the verify step after."""
+    kl = list_length(k)
+    chunks, stride = row_layout(dim, dtype)
+    if lanes is None:
+        lanes = scan_params(dtype, dim, k)["lanes"]
+    query_floats = lanes * -(-chunks // lanes) * (stride // chunks)
+    sort_slots = max(2, 1 << (kl - 1).bit_length())
+    slice_bytes = _align16(query_floats * 4) + 16 + rmax * 8 + sort_slots * 8 + (256 + 4) * 4
+    verify_bytes = sort_slots * 24 + (256 + 4) * 4 + 16
+    return {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "smem": max(slice_bytes, verify_bytes)}
+
+
+def single_spec(metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
+    """The single-query kernel (selection and verify step in one launch)."""
+    return KernelSpec(metric, dtype, dim, k, "single", arch, tuple(single_params(dtype, dim, k, **overrides).items()))
 
 
 def uses_filter_key(metric: str, k: int) -> bool:
@@ -306,8 +335,9 @@ def range_spec(metric: str, dtype: str, dim: int, arch: str) -> KernelSpec:
 def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
     """Every KernelSpec a search of (metric, dtype, dim, k) may launch: what `tinyknn cache warm` builds.
 
-    The database ingest (dtype), the query ingest (float32, for CUDA queries), the scan (small
-    batches, one query alone, and large ones when k > TILED_MAX_K), the tiled kernel (large batches, in each
+    The database ingest (dtype), the query ingest (float32, for CUDA queries), the single-query
+    kernel (k <= SINGLE_MAX_K), the scan (small batches, one query alone beyond that k, and large ones
+    when k > TILED_MAX_K), the tiled kernel (large batches, in each
     block size TILED_SMALL_BQ adds; for l2 also with the filter key), the verify step after each, and the
     band search.
     """
@@ -315,17 +345,21 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
     specs = [norms_spec(dtype, dim, arch)]
     if dtype != "float32":
         specs.append(norms_spec("float32", dim, arch))
-    mains = [scan_spec(metric, dtype, dim, k, arch), scan_spec(metric, dtype, dim, k, arch, n_queries=1)]
+    mains = [scan_spec(metric, dtype, dim, k, arch)]
+    if k > SINGLE_MAX_K:    # one query alone: the single-query kernel up to SINGLE_MAX_K, else a scan block of one
+        mains.append(scan_spec(metric, dtype, dim, k, arch, n_queries=1))
     if k <= TILED_MAX_K:
         mains += tiled_specs(metric, dtype, dim, k, arch, exact=True) + tiled_specs(metric, dtype, dim, k, arch)
     for main in dict.fromkeys(mains):
         specs += [main, verify_spec(main)]
+    if k <= SINGLE_MAX_K:
+        specs.append(single_spec(metric, dtype, dim, k, arch))
     specs += [band_spec(metric, dtype, arch), rows_spec(arch), range_spec(metric, dtype, dim, arch)]
     return list(dict.fromkeys(specs))
 
 
 __all__ = [
     "RANGE_QB", "RenderedSource", "band_spec", "range_spec", "rows_spec", "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
-    "render_source", "row_layout", "scan_spec", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
+    "render_source", "row_layout", "scan_spec", "single_spec", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
     "verify_spec",
 ]

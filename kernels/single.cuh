@@ -1,0 +1,109 @@
+// tinyknn: the single-query kernel: selection and verify step in one launch. Part of the GPU kernel
+// templates; see search.cuh for how a search uses them and tinyknn/jit/render.py for the template arguments.
+#pragma once
+#include "verify.cuh"
+
+namespace tinyknn {
+
+// ---- single: one query, grid (n_slices), WARPS warps per block --------------------------------------
+// Each block streams its slice (at most RMAX rows) once: G lanes share a row (CPL 16-byte loads each) and
+// write its float32 key to shared memory; no candidate lists are kept while streaming (their insertions
+// were most of the scan kernel's time on one query). The block then gathers its slice's KL best keys
+// (gather_best: a radix select over the slice's keys in shared memory) and writes them as the slice's
+// list, exactly what scan_kernel writes. The last block to finish (a counter in bounds[0] that wraps to
+// zero at the last arrival) runs the verify step over all the slices' lists: one launch instead of two.
+template <class Metric, class Bound, class T, int DIM, int K, int KL, int G, int WARPS, int RMAX, int SMEM>
+__global__ void __launch_bounds__(WARPS * 32, 1)
+single_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms, long long n_data,
+              long long rows_per_slice, const float* __restrict__ queries, const long long* __restrict__ ids,
+              float* out_keys, int* out_positions, float* __restrict__ out_distances, long long* __restrict__ out_ids,
+              unsigned* arrivals, const unsigned* __restrict__ row_stats, int* __restrict__ status,
+              double* __restrict__ threshold, int dim) {
+  using Layout = RowLayout<T, DIM>;
+  static_assert(is_pow2(G) && G <= 32, "G (lanes per row) must be a power of two <= 32");
+  constexpr int CPL = (Layout::CHUNKS + G - 1) / G;            // chunks per lane
+  constexpr int QROW = G * CPL * Layout::PER_CHUNK;           // floats of the query row in shared memory
+  constexpr int SORT = next_pow2(KL);
+  constexpr int QUERY_BYTES = align16(QROW * 4) + 16;
+  constexpr int SLICE_BYTES = QUERY_BYTES + RMAX * 8 + SORT * 8 + MERGE_SHARED_FIXED;
+  constexpr int NEED = SLICE_BYTES > verify_shared_bytes<KL>() ? SLICE_BYTES : verify_shared_bytes<KL>();
+  static_assert(SMEM >= NEED, "single_kernel: SMEM is smaller than its shared memory layout");
+  static_assert(KL <= RMAX, "single_kernel: a slice must be able to hold a whole list");
+  extern __shared__ float4 shared_space[];
+  float* query_s = reinterpret_cast<float*>(shared_space);
+  float* query_inv = query_s + align16(QROW * 4) / 4;
+  float* row_keys = query_s + QUERY_BYTES / 4;
+  int* row_positions = reinterpret_cast<int*>(row_keys + RMAX);
+  float* sort_keys = reinterpret_cast<float*>(row_positions + RMAX);
+  int* sort_positions = reinterpret_cast<int*>(sort_keys + SORT);
+  unsigned* histogram = reinterpret_cast<unsigned*>(sort_positions + SORT);
+  __shared__ unsigned last_block;
+  require_dynamic_smem(NEED);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < QROW; i += WARPS * 32) query_s[i] = i < Layout::STRIDE ? queries[i] : 0.0f;
+  __syncthreads();
+  if constexpr (Metric::needs_norms) {
+    if (warp == 0) {
+      const float inv = warp_inverse_norm(query_s, QROW, lane);
+      if (lane == 0) query_inv[0] = inv;
+    }
+    __syncthreads();
+  }
+  const float query_inv_q = Metric::needs_norms ? query_inv[0] : 1.0f;
+
+  const long long begin = (long long)blockIdx.x * rows_per_slice;
+  const long long end = begin + rows_per_slice < n_data ? begin + rows_per_slice : n_data;
+  const int count = (int)(end - begin);     // <= RMAX: the plan sizes the slices
+  constexpr int ROWS_PER_STEP = 32 / G;
+  const int part = lane % G;
+  for (int base = (int)begin + warp * ROWS_PER_STEP; base < (int)end; base += WARPS * ROWS_PER_STEP) {
+    const int row = base + lane / G;
+    const bool valid = row < end;
+    uint4 raw[CPL];
+    load_row_chunks<T, DIM, G, CPL>(data, row, valid, part, raw);
+    float data_inv = 1.0f;
+    if constexpr (Metric::needs_norms) data_inv = valid ? __ldg(data_inv_norms + row) : 0.0f;
+    float even = 0.0f, odd = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+      accumulate_chunk<Metric, T>(even, odd, raw[i], query_s + (part + i * G) * Layout::PER_CHUNK);
+    }
+    const float sum = sum_over_lanes<G>(even + odd);
+    if (valid && part == 0) {
+      row_keys[row - begin] = to_key<Metric>(Metric::finish(sum, query_inv_q, data_inv));
+      row_positions[row - begin] = row;
+    }
+  }
+  __syncthreads();
+
+  // The slice's list: its KL best (padded with (+inf, -1) where the slice has fewer rows).
+  float* list_keys = out_keys + (long long)blockIdx.x * KL;
+  int* list_positions = out_positions + (long long)blockIdx.x * KL;
+  if (count > KL) {
+    gather_best<KL, SORT>(row_keys, row_positions, count, sort_keys, sort_positions, histogram, histogram + 258);
+    for (int j = threadIdx.x; j < KL; j += WARPS * 32) {
+      list_keys[j] = sort_keys[j];
+      list_positions[j] = sort_positions[j];
+    }
+  } else {
+    for (int j = threadIdx.x; j < KL; j += WARPS * 32) {
+      list_keys[j] = j < count ? row_keys[j] : positive_infinity();
+      list_positions[j] = j < count ? row_positions[j] : -1;
+    }
+  }
+
+  // The last block to arrive verifies (the lists of the others are visible after their fence).
+  __threadfence();
+  __syncthreads();
+  // atomicInc wraps to 0 at the last arrival: the counter is ready for the next launch (graph replays too).
+  if (threadIdx.x == 0) last_block = atomicInc(arrivals, gridDim.x - 1) == gridDim.x - 1 ? 1u : 0u;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  verify_query<Metric, Bound, T, K, KL, WARPS>(0, out_keys, out_positions, gridDim.x, ids, out_distances, out_ids,
+                                               arrivals, data, queries, Layout::STRIDE, dim, row_stats, status,
+                                               threshold, shared_space);
+}
+
+}  // namespace tinyknn
