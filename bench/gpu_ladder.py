@@ -50,7 +50,8 @@ def kernel_times(index, nq: int, k: int, repeats: int, zero_bounds: bool = True,
     one's final bounds (the merge would zero them): no insertions, the arithmetic alone, merge 0.
     exact: the exact l2 kernel instead of the filter key."""
     searcher = index._searcher
-    batch = searcher._host_batch(nq, k, exact)
+    with searcher._lock, searcher._reading(None):      # every row (a plan belongs to the rows it reads)
+        batch = searcher._host_batch(nq, k, exact)
     plan, stream = batch.plan, searcher._stream
     events = [Event() for _ in range(3)]
     mains, merges = [], []

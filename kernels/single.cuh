@@ -6,13 +6,15 @@
 namespace tinyknn {
 
 // ---- single: one query, grid (n_slices), WARPS warps per block --------------------------------------
-// Each block streams its slice (at most RMAX rows) once: G lanes share a row (CPL 16-byte loads each) and
-// write its float32 key to shared memory; no candidate lists are kept while streaming (their insertions
+// Each block streams its slice (at most RMAX rows) once: G lanes share a row (CPL 16-byte loads each, UNROLL
+// rows at a time) and write its float32 key to shared memory; no candidate lists are kept while streaming (their insertions
 // were most of the scan kernel's time on one query). The block then gathers its slice's KL best keys
 // (gather_best: a radix select over the slice's keys in shared memory) and writes them as the slice's
 // list, exactly what scan_kernel writes. The last block to finish (a counter in bounds[0] that wraps to
-// zero at the last arrival) runs the verify step over all the slices' lists: one launch instead of two.
-template <class Metric, class Bound, class T, int DIM, int K, int KL, int G, int WARPS, int RMAX, int SMEM>
+// zero at the last arrival) runs the verify step over all the slices' lists (copied to shared memory when
+// they fit in CMAX entries): one launch instead of two.
+template <class Metric, class Bound, class T, int DIM, int K, int KL, int G, int WARPS, int RMAX, int UNROLL, int CMAX,
+          int SMEM>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 single_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms, long long n_data,
               long long rows_per_slice, const float* __restrict__ queries, const long long* __restrict__ ids,
@@ -26,7 +28,8 @@ single_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_nor
   constexpr int SORT = next_pow2(KL);
   constexpr int QUERY_BYTES = align16(QROW * 4) + 16;
   constexpr int SLICE_BYTES = QUERY_BYTES + RMAX * 8 + SORT * 8 + MERGE_SHARED_FIXED;
-  constexpr int NEED = SLICE_BYTES > verify_shared_bytes<KL>() ? SLICE_BYTES : verify_shared_bytes<KL>();
+  constexpr int VERIFY_BYTES = align16(verify_shared_bytes<KL>()) + CMAX * 8;   // + the lists, copied
+  constexpr int NEED = SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES;
   static_assert(SMEM >= NEED, "single_kernel: SMEM is smaller than its shared memory layout");
   static_assert(KL <= RMAX, "single_kernel: a slice must be able to hold a whole list");
   extern __shared__ float4 shared_space[];
@@ -57,22 +60,30 @@ single_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_nor
   const int count = (int)(end - begin);     // <= RMAX: the plan sizes the slices
   constexpr int ROWS_PER_STEP = 32 / G;
   const int part = lane % G;
-  for (int base = (int)begin + warp * ROWS_PER_STEP; base < (int)end; base += WARPS * ROWS_PER_STEP) {
-    const int row = base + lane / G;
-    const bool valid = row < end;
-    uint4 raw[CPL];
-    load_row_chunks<T, DIM, G, CPL>(data, row, valid, part, raw);
-    float data_inv = 1.0f;
-    if constexpr (Metric::needs_norms) data_inv = valid ? __ldg(data_inv_norms + row) : 0.0f;
-    float even = 0.0f, odd = 0.0f;
+  // UNROLL rows per lane per step, all their loads issued before any arithmetic (more bytes in flight).
+  for (int base = (int)begin + warp * ROWS_PER_STEP; base < (int)end; base += UNROLL * WARPS * ROWS_PER_STEP) {
+    uint4 raw[UNROLL][CPL];
+    float data_inv[UNROLL];
 #pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-      accumulate_chunk<Metric, T>(even, odd, raw[i], query_s + (part + i * G) * Layout::PER_CHUNK);
+    for (int u = 0; u < UNROLL; ++u) {
+      const int row = base + u * WARPS * ROWS_PER_STEP + lane / G;
+      load_row_chunks<T, DIM, G, CPL>(data, row, row < end, part, raw[u]);
+      data_inv[u] = 1.0f;
+      if constexpr (Metric::needs_norms) data_inv[u] = row < end ? __ldg(data_inv_norms + row) : 0.0f;
     }
-    const float sum = sum_over_lanes<G>(even + odd);
-    if (valid && part == 0) {
-      row_keys[row - begin] = to_key<Metric>(Metric::finish(sum, query_inv_q, data_inv));
-      row_positions[row - begin] = row;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int row = base + u * WARPS * ROWS_PER_STEP + lane / G;
+      float even = 0.0f, odd = 0.0f;
+#pragma unroll
+      for (int i = 0; i < CPL; ++i) {
+        accumulate_chunk<Metric, T>(even, odd, raw[u][i], query_s + (part + i * G) * Layout::PER_CHUNK);
+      }
+      const float sum = sum_over_lanes<G>(even + odd);
+      if (row < end && part == 0) {
+        row_keys[row - begin] = to_key<Metric>(Metric::finish(sum, query_inv_q, data_inv[u]));
+        row_positions[row - begin] = row;
+      }
     }
   }
   __syncthreads();
@@ -101,9 +112,24 @@ single_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_nor
   __syncthreads();
   if (!last_block) return;
   __threadfence();
-  verify_query<Metric, Bound, T, K, KL, WARPS>(0, out_keys, out_positions, gridDim.x, ids, out_distances, out_ids,
-                                               arrivals, data, queries, Layout::STRIDE, dim, row_stats, status,
-                                               threshold, shared_space);
+  // The lists into shared memory when they fit (gather_best reads them once per radix pass), else in place.
+  const int total = gridDim.x * KL;
+  const float* keys = out_keys;
+  const int* positions = out_positions;
+  if (total <= CMAX) {
+    float* copied_keys = reinterpret_cast<float*>(shared_space) + align16(verify_shared_bytes<KL>()) / 4;
+    int* copied_positions = reinterpret_cast<int*>(copied_keys + CMAX);
+    for (int i = threadIdx.x; i < total; i += WARPS * 32) {
+      copied_keys[i] = __ldcg(out_keys + i);
+      copied_positions[i] = __ldcg(out_positions + i);
+    }
+    __syncthreads();
+    keys = copied_keys;
+    positions = copied_positions;
+  }
+  verify_query<Metric, Bound, T, K, KL, WARPS>(0, keys, positions, gridDim.x, ids, out_distances, out_ids, arrivals,
+                                               data, queries, Layout::STRIDE, dim, row_stats, status, threshold,
+                                               shared_space);
 }
 
 }  // namespace tinyknn

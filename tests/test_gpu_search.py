@@ -110,7 +110,7 @@ def test_both_selection_kernels(monkeypatch, variant, metric, dtype, dim, k, rng
         if variant == "scan":      # one query: a block of one
             assert index._searcher._main_spec(1, k, False).param("qb") == 1
         if variant == "single":
-            assert index._searcher._main_spec(1, k, False).variant == "single"
+            assert index._searcher._main_spec(1, k, False).variant == ("single" if k <= render.SINGLE_MAX_K else "scan")
         if variant == "tiled":
             block = {nq: index._searcher._main_spec(nq, k, False).param("bq") for nq in (7, 20, 300)}
             default = render.tiled_spec(metric, dtype, dim, k, _arch()).param("bq")
@@ -135,7 +135,8 @@ def test_single_query_kernel(metric, rng):
                 expected = "single" if k <= render.SINGLE_MAX_K else "scan"
                 assert index._searcher._main_spec(1, k, False).variant == expected
             if n == 600_000:
-                batch = index._searcher._host_batch(1, 10)
+                with index._searcher._lock, index._searcher._reading(None):
+                    batch = index._searcher._host_batch(1, 10)
                 assert batch.plan.slices >= n / render.SINGLE_MAX_ROWS and batch.plan.verify is None
     db = _data(rng, 400, 6)
     db[100:140] = db[3]

@@ -48,14 +48,19 @@ def main() -> int:
                 plans.USE_SINGLE = use_single
                 index._searcher._forget_plans()
                 measure(index, q1, 10, "single" if use_single else "scan+verify", rows)
+            if metric == "l2":
+                for k in (32, 100):
+                    for use_single in (True, False):
+                        plans.USE_SINGLE = use_single
+                        index._searcher._forget_plans()
+                        measure(index, q1, k, f"{'single' if use_single else 'scan+verify'} k={k}", rows)
             plans.USE_SINGLE = True
             if metric == "l2":
                 measure(index, rng.standard_normal((10, 128)).astype(np.float32), 10, "10 queries", rows, 100)
-                measure(index, q1, 100, "single k=100", rows)
     from tinyknn.jit import render
 
     original = render.single_spec
-    for knobs in ({"warps": 4}, {"warps": 16}, {"rmax": 512}, {"rmax": 2048}, {"lanes": 8}, {"lanes": 2}):
+    for knobs in ({"unroll": 1}, {"warps": 32}, {"warps": 8}, {"lanes": 8}, {"rmax": 1024}, {"cmax": 64}):
         render.single_spec = lambda *a, _k=knobs, **kw: original(*a, **dict(kw, **_k))
         try:
             with tinyknn.Index(128, "l2", "float32", device="cuda") as index:
