@@ -226,3 +226,19 @@ def test_screen_keeps_every_row_within_the_threshold(gpu_screens, elem, metric):
     slack = (2 * (e.double() * float(r_x.max()) + f.double()))[:, None, None] + 1e-6 * (1 + smallest.abs())
     finite = torch.isfinite(smallest)
     assert ((upper.double() - smallest <= slack) | ~finite).all()
+
+
+def test_the_threshold_sample_keeps_large_k_survivors_within_capacity():
+    """k x step (the survivors the sample's threshold lets through, before the bound's band) stays within a
+    quarter of the capacity: k = 100 on 1M rows samples every 8th row, not every 64th."""
+    pytest.importorskip("cuda.bindings")
+    from tinyknn.gpu import screen
+    from tinyknn.jit import render_screen
+
+    for n, default in ((20_000, 16), (2_000_000, 64)):
+        for k in (1, 10, 32, 100, 128):
+            step = screen.sample_step(n, k)
+            assert 1 <= step <= default and (step & (step - 1)) == 0
+            assert k * step * screen.SURVIVOR_HEADROOM <= render_screen.SURVIVOR_CAPACITY
+            assert step == default or k * 2 * step * screen.SURVIVOR_HEADROOM > render_screen.SURVIVOR_CAPACITY
+    assert screen.sample_step(2_000_000, 100) == 8 and screen.sample_step(2_000_000, 10) == 64

@@ -30,10 +30,18 @@ SCREEN_METRICS = ("l2", "ip", "cosine")
 WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
 
 
-def sample_step(n_rows: int) -> int:
+SURVIVOR_HEADROOM = 4           # the sample keeps k x step (the survivors within T, before the bound's band)
+                                # at most 1/4 of the survivor capacity
+
+
+def sample_step(n_rows: int, k: int) -> int:
     """Rows between the threshold mode's samples: survivors grow with it (about k x step), the threshold
-    pass's cost shrinks (H200 probe: 100k x 128 at 16, 1M x 768 at 64)."""
-    return 16 if n_rows < 1_000_000 else 64
+    pass's cost shrinks (H200 probe: 100k x 128 at 16, 1M x 768 at 64). Large k samples more densely so
+    that its survivors fit: 1M x 768 at k = 100 and step 64 (~6,400 survivors) overflowed the 4,096."""
+    step = 16 if n_rows < 1_000_000 else 64
+    while step > 1 and k * step * SURVIVOR_HEADROOM > rs.SURVIVOR_CAPACITY:
+        step //= 2
+    return step
 
 
 class Screen:
@@ -96,7 +104,7 @@ class Screen:
             return None
         nq, n, stream = len(queries), s._n, s._stream
         cap = rs.SURVIVOR_CAPACITY
-        step = sample_step(n)
+        step = sample_step(n, k)
         n_sample = -(-n // step)
         sample_tiles = -(-n_sample // rs.SCREEN_BN)
         stage = s._pinned("screen_stage", nq * s._stride * 4)
