@@ -56,7 +56,10 @@ class _Budget:
 
 
 class _ChunkWorker(GpuSearcher):
-    """A GpuSearcher whose device allocations count against the tier's shared budget."""
+    """A GpuSearcher whose device allocations count against the tier's shared budget. Its plans live for one
+    chunk (an add forgets them), so capturing CUDA graphs would only cost."""
+
+    use_graphs = False
 
     def __init__(self, dim: int, metric: str, dtype: str, budget: _Budget):
         self._budget = budget
@@ -195,7 +198,7 @@ class HostTierSearcher:
             rows = store.rows[unit.start:unit.start + unit.count]
         else:
             rows = slot.staging[:unit.count]
-            np.take(store.rows, unit.positions, axis=0, out=rows)
+            np.take(store.rows, unit.positions, axis=0, out=rows, mode="clip")   # 'raise' would buffer `out`
         with self._load_lock:
             slot.worker.reset()
             slot.worker.add(rows, self._local_ids[:unit.count])
