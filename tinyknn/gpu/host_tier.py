@@ -1,12 +1,12 @@
 """The host-memory tier (Index(..., device="cuda", storage="host")): the database in pinned host memory,
 streamed through the GPU chunk by chunk, so it may be larger than the GPU.
 
-Two workers, each an ordinary GpuSearcher with its own stream and device buffers sized to one chunk, take
-the chunks in turn on two threads: a worker loads its chunk (reset, then add from pinned memory: async
-DMA at full PCIe speed, then the ingest kernel on the device) while the other searches the chunk it
-holds. Loads take one lock, so one chunk crosses the bus at a time and the copy engine stays busy (two
-loads at once would share the bus and then leave it idle while both search). A worker's stream
-synchronisations release the GIL, so the threads really overlap.
+Two workers, each a GpuSearcher (host_worker.ChunkWorker) with its own stream and device buffers sized to
+one chunk, take the chunks in turn on two threads: a worker loads its chunk (reset, then add from pinned
+memory: one async DMA at full PCIe speed, then the ingest kernel on the device) while the other searches
+the chunk it holds. Each chunk's copy waits on the device for the previous chunk's copy (an event), so one chunk
+crosses the bus at a time, back to back: two copies at once would share the bus and then leave it idle
+while both workers search. A worker's stream synchronisations release the GIL, so the threads overlap.
 
 Exactness: a worker sees its chunk's rows under local ids 0 .. m-1 and answers exactly over them, ties by
 the local id; it is asked for k + 1, and more while the last candidate's float32 distance equals the
@@ -15,8 +15,8 @@ the chunks' candidates into the k best by (float64 distance, user id), computing
 for candidates whose float32 distances are equal. A filter (rows=) gathers its allowed rows on the host
 (chunk by chunk, into each worker's pinned staging) so that only they cross the bus.
 
-Device memory: TINYKNN_DEVICE_MEMORY_LIMIT caps both workers together (_Budget); a chunk's rows take at
-most half of it, the searches' scratch the rest. Without a cap a chunk is CHUNK_BYTES of rows (less when
+Device memory: TINYKNN_DEVICE_MEMORY_LIMIT caps both workers together (host_worker.Budget); a chunk's rows
+take at most half of it, the searches' scratch the rest. Without a cap a chunk is CHUNK_BYTES of rows (less when
 the GPU has little free memory).
 """
 
@@ -33,51 +33,13 @@ from .._validate import DeviceArray, check_values
 from ..config import get_config
 from ..jit import render
 from ..spec import numpy_dtype
+from .device import ensure_context
 from .host_merge import LARGER_IS_BETTER, Best, contract_keys, hit_order
 from .host_rows import HostRows, pinned_memory
-from .device import ensure_context
-from .memory import DeviceBuffer
-from .searcher import GpuSearcher
+from .host_worker import Bus, Budget, ChunkWorker
 
 CHUNK_BYTES = 1 << 30          # host rows per chunk without a cap
 WORKERS = 2
-
-
-class _Budget:
-    """The device memory of the tier's workers together, checked against the configured cap."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.members: list[GpuSearcher] = []
-
-    def in_use(self) -> int:
-        return sum(b.nbytes for m in self.members for b in list(getattr(m, "_buffers", {}).values())
-                   if isinstance(b, DeviceBuffer))
-
-
-class _ChunkWorker(GpuSearcher):
-    """A GpuSearcher whose device allocations count against the tier's shared budget. Its plans live for one
-    chunk (an add forgets them), so capturing CUDA graphs would only cost."""
-
-    use_graphs = False
-
-    def __init__(self, dim: int, metric: str, dtype: str, budget: _Budget):
-        self._budget = budget
-        budget.members.append(self)
-        super().__init__(dim, metric, dtype)
-
-    def _allocate(self, kind, size: int, what: str):
-        if kind is not DeviceBuffer:
-            return super()._allocate(kind, size, what)
-        with self._budget.lock:
-            limit = get_config().device_memory_limit
-            in_use = self._budget.in_use()
-            if limit is not None and in_use + size > limit:
-                raise MemoryError(
-                    f"this host-storage GPU index needs {size:,} more bytes of device memory for {what} ({in_use:,} "
-                    f"in use by its {len(self._budget.members)} chunk workers); TINYKNN_DEVICE_MEMORY_LIMIT allows "
-                    f"{limit:,} bytes")
-            return super()._allocate(kind, size, what)
 
 
 @dataclass(frozen=True)
@@ -107,7 +69,7 @@ class _Slot:
 class HostTierSearcher:
     """The Searcher protocol (tinyknn._backends) over rows held in host memory.
 
-    make_worker (tests): a factory of chunk searchers (default: _ChunkWorker on the current GPU);
+    make_worker (tests): a factory of chunk searchers (default: ChunkWorker on the current GPU);
     allocate (tests): host memory (default: pinned); chunk_rows: rows per chunk (default: from the cap)."""
 
     def __init__(self, dim: int, metric: str, dtype: str, *, chunk_rows: int | None = None, make_worker=None,
@@ -116,14 +78,13 @@ class HostTierSearcher:
         self._allocate = allocate
         self._store = HostRows(dim, numpy_dtype(dtype), allocate)
         self._chunk_rows = chunk_rows
-        self._budget = _Budget()
+        self._budget, self._bus = Budget(), Bus()
         self._on_gpu = make_worker is None
-        make = make_worker or (lambda: _ChunkWorker(dim, metric, dtype, self._budget))
+        make = make_worker or (lambda: ChunkWorker(dim, metric, dtype, self._budget, self._bus))
         self._slots: list[_Slot] = []
         self._free: queue.Queue[_Slot] = queue.Queue()
         self._local_ids, self._free_local_ids = np.empty(0, dtype=np.int64), None
         self._lock = threading.Lock()           # one public operation at a time
-        self._load_lock = threading.Lock()      # one chunk crossing the bus at a time
         self._closed = False
         try:
             for _ in range(WORKERS):
@@ -192,16 +153,15 @@ class HostTierSearcher:
                 slot.free_staging = free
 
     def _load(self, slot: _Slot, unit: _Unit) -> None:
-        """Put the unit's rows on the slot's worker (gathering first, outside the bus lock)."""
+        """Put the unit's rows on the slot's worker (gathered first where they are not contiguous)."""
         store = self._store
         if unit.positions is None:
             rows = store.rows[unit.start:unit.start + unit.count]
         else:
             rows = slot.staging[:unit.count]
             np.take(store.rows, unit.positions, axis=0, out=rows, mode="clip")   # 'raise' would buffer `out`
-        with self._load_lock:
-            slot.worker.reset()
-            slot.worker.add(rows, self._local_ids[:unit.count])
+        slot.worker.reset()
+        slot.worker.add(rows, self._local_ids[:unit.count])
 
     def _run(self, units: list[_Unit], task) -> None:
         """task(slot, unit) for every unit on the worker threads; the first error is raised after all stop."""
