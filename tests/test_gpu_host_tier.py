@@ -68,6 +68,25 @@ def test_chunked_answers_merge_exactly(metric, dtype, rng):
         assert_exact(distances, found, stored, q, k, metric, dtype, id_map=ids)
 
 
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8"])
+def test_contract_keys_are_the_oracles_bit_for_bit(metric, dtype, rng):
+    """The merge's float64 distances are the contract's (reference.contract_distances), zero vectors included."""
+    from reference import LARGER_IS_BETTER, contract_distances, searched, stored
+    from tinyknn.spec import numpy_dtype
+
+    raw = rng.integers(-100, 101, size=(40, 13)) if dtype == "int8" else rng.standard_normal((40, 13)) * 30
+    rows = raw.astype(np.float32).astype(numpy_dtype(dtype))
+    rows[3] = 0
+    q = rng.standard_normal((40, 13)).astype(np.float32)
+    q[5] = 0
+    want = np.diagonal(contract_distances(stored(rows, dtype), searched(q), metric))
+    got = contract_keys(q, rows, metric)
+    expected = -want if LARGER_IS_BETTER[metric] else want
+    assert np.array_equal(got.view(np.uint64) & ~np.uint64(1 << 63), expected.view(np.uint64) & ~np.uint64(1 << 63))
+    assert np.array_equal(got, expected)
+
+
 def test_the_data_really_has_float32_only_ties(rng):
     """The near-ties the merge must settle in float64 are there (else the test above proves less)."""
     db, q, _ = tied_data(rng, 200, 6, 25)
