@@ -71,25 +71,32 @@ class Best:
 
     def merge(self, key32: np.ndarray, pos: np.ndarray, ids: np.ndarray) -> None:
         with self._lock:
-            parts = zip((self.key32, self.key64, self.pos, self.ids),
-                        (key32, np.full(key32.shape, np.nan), pos, ids))
-            k32, k64, p, i = (np.concatenate(pair, axis=1) for pair in parts)
-            order = np.argsort(k32, axis=1, kind="stable")
-            k32, k64, p, i = (np.take_along_axis(a, order, axis=1) for a in (k32, k64, p, i))
-            width = min(self.k, k32.shape[1])
+            k32 = np.concatenate((self.key32, key32), axis=1)
+            k64 = np.concatenate((self.key64, np.full(key32.shape, np.nan)), axis=1)
+            p = np.concatenate((self.pos, pos), axis=1)
+            i = np.concatenate((self.ids, ids), axis=1)
+            n, wide = k32.shape
+            width = min(self.k, wide)
+            # flat indices of each row's candidates in float32 order (one gather per array, not take_along_axis)
+            flat = np.argsort(k32, axis=1, kind="stable") + (np.arange(n) * wide)[:, None]
+            s32 = k32.ravel()[flat]
+            tied = np.empty(0, dtype=np.int64)
             if width:
-                equal = (k32[:, 1:] == k32[:, :-1]) & np.isfinite(k32[:, 1:])
-                member = _tied(k32, equal) & (k32 <= k32[:, width - 1:width])
-                unknown = member & np.isnan(k64)
+                equal = (s32[:, 1:] == s32[:, :-1]) & np.isfinite(s32[:, 1:])
+                member = _tied(s32, equal) & (s32 <= s32[:, width - 1:width])
+                tied = np.flatnonzero(member.any(axis=1))
+            if len(tied):     # rows with equal float32 keys in reach: order those by (float64 key, id)
+                rows_flat = flat[tied]
+                s64 = k64.ravel()[rows_flat]
+                unknown = member[tied] & np.isnan(s64)
                 if unknown.any():
-                    rows, cols = np.nonzero(unknown)
-                    k64[rows, cols] = self._exact(rows, p[rows, cols])
-                tied_rows = np.flatnonzero(member.any(axis=1))
-                if len(tied_rows):
-                    sub = np.lexsort((i[tied_rows], k64[tied_rows], k32[tied_rows]), axis=-1)
-                    for a in (k32, k64, p, i):
-                        a[tied_rows] = np.take_along_axis(a[tied_rows], sub, axis=1)
-            self.key32, self.key64, self.pos, self.ids = k32[:, :width], k64[:, :width], p[:, :width], i[:, :width]
+                    r, c = np.nonzero(unknown)
+                    s64[r, c] = self._exact(tied[r], p.ravel()[rows_flat[r, c]])
+                    k64.ravel()[rows_flat[r, c]] = s64[r, c]          # kept with the candidates
+                sub = np.lexsort((i.ravel()[rows_flat], s64, s32[tied]), axis=-1)
+                flat[tied] = np.take_along_axis(rows_flat, sub, axis=1)
+            keep = flat[:, :width]
+            self.key32, self.key64, self.pos, self.ids = (a.ravel()[keep] for a in (k32, k64, p, i))
 
     def result(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """(distances float32, ids int64), (n_queries, k), padded with (+inf / -inf, -1)."""
