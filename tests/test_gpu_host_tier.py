@@ -309,3 +309,21 @@ def test_gpu_tier_chunks_big_enough_for_the_screen(metric, rng):
         assert sum(slot.worker._screen.queries for slot in tier._slots) > 0
     finally:
         tier.close()
+
+
+@pytest.mark.gpu
+def test_gpu_tier_searched_from_a_thread_without_a_context(device_cap, rng):
+    """The tier makes the CUDA context current on its own threads and on the caller's."""
+    import threading
+
+    db, q = _database(rng, "float32")
+    device_cap(CAP)
+    with tinyknn.Index(16, "l2", device="cuda", storage="host") as index:
+        index.add(db)
+        here = index.search(q, 10)
+        there = []
+        thread = threading.Thread(target=lambda: there.append(index.search(q, 10)))
+        thread.start()
+        thread.join()
+        assert len(there) == 1 and np.array_equal(there[0][1], here[1]) and np.array_equal(there[0][0], here[0])
+        assert_exact(*here, db, q, 10, "l2")
