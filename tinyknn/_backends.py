@@ -11,6 +11,7 @@ from typing import Protocol
 import numpy as np
 
 DEVICES = ("cpu", "cuda")
+STORAGES = ("device", "host")
 
 
 class Searcher(Protocol):
@@ -47,7 +48,23 @@ def parse_device(device) -> str:
     raise ValueError(f"device must be one of 'cpu', 'cuda'; got {device!r}")
 
 
-def make_searcher(device: str, dim: int, metric: str, dtype: str) -> Searcher:
+def parse_storage(storage, device: str) -> str:
+    """'device' (the vectors in the device's memory) or 'host' (device='cuda' only: pinned host memory,
+    streamed through the GPU chunk by chunk, for databases larger than the GPU)."""
+    text = storage.lower() if isinstance(storage, str) else storage
+    if text not in STORAGES:
+        raise ValueError(f"storage must be one of 'device', 'host'; got {storage!r}")
+    if text == "host" and device != "cuda":
+        raise ValueError(f"storage='host' keeps the vectors in pinned host memory and streams them through the GPU: "
+                         f"it needs device='cuda'; got device={device!r}")
+    return text
+
+
+def make_searcher(device: str, dim: int, metric: str, dtype: str, storage: str = "device") -> Searcher:
+    if storage == "host":
+        from .gpu.host_tier import HostTierSearcher
+
+        return HostTierSearcher(dim=dim, metric=metric, dtype=dtype)
     if device == "cpu":
         from .cpu.library import DTYPE_CODES
         from .cpu.searcher import CpuSearcher

@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike
 
 from . import _groups, _persist, _validate
 from . import _validate_ops as _ops
-from ._backends import DEVICES, Searcher, parse_device  # noqa: F401 - DEVICES re-exported
+from ._backends import DEVICES, Searcher, parse_device, parse_storage  # noqa: F401 - DEVICES re-exported
 from ._backends import make_searcher as _make_searcher  # tests replace it with a model searcher
 from ._ids import IdMap
 from ._labels import Labels
@@ -30,7 +30,7 @@ class Index:
     """Exact k-nearest-neighbour index.
 
     Index(dim, metric="l2" | "ip" | "cosine", dtype="float32" | "float16" | "bfloat16" | "int8" | "uint8",
-    device="cpu" | "cuda")
+    device="cpu" | "cuda", storage="device" | "host")
 
     - `l2` reports squared Euclidean distances (smallest first), `ip` inner products (largest first),
       `cosine` the cosine similarity (largest first); a zero vector has similarity 0 with everything.
@@ -47,21 +47,27 @@ class Index:
     - Threads: calls may come from any number of threads; a search never sees half of an add or of a
       removal.
     - An Index pickles and deep-copies (through the save format, in memory) onto the same device kind.
+    - storage="host" (device="cuda" only): the vectors stay in pinned host memory and stream through the
+      GPU in chunks at each search, copy and compute overlapped (tinyknn.gpu.host_tier), so the database
+      may be larger than the GPU's memory; same answers, host (NumPy) inputs only.
     """
 
-    def __init__(self, dim: int, metric: str = "l2", dtype: str = "float32", device: str = "cpu"):
+    def __init__(self, dim: int, metric: str = "l2", dtype: str = "float32", device: str = "cpu",
+                 storage: str = "device"):
         self.dim = parse_dim(dim)
         self.metric = parse_metric(metric)
         self.dtype = parse_dtype(dtype)
         self._storage = numpy_dtype(self.dtype)
         self.device = parse_device(device)
+        self.storage = parse_storage(storage, self.device)
         self._ids = IdMap()
         self._labels = Labels()
         self._add_lock = threading.Lock()      # one change (add, remove, reset, save) at a time
         # ids/labels -> rows and the searcher call that uses the rows happen under _view, so that a
         # removal (which moves rows) can never come between them; unfiltered searches need neither.
         self._view = threading.Lock()
-        self._searcher: Searcher | None = _make_searcher(self.device, self.dim, self.metric, self.dtype)
+        backend = {} if self.storage == "device" else {"storage": self.storage}   # stand-in factories take 4
+        self._searcher: Searcher | None = _make_searcher(self.device, self.dim, self.metric, self.dtype, **backend)
 
     # -- the database -------------------------------------------------------------------------
     @property
@@ -281,22 +287,26 @@ class Index:
         _persist.write(handle, self.dim, self.metric, self.dtype, vectors, ids, labels)
 
     @classmethod
-    def load(cls, path: str | os.PathLike | BinaryIO, device: str = "cpu") -> "Index":
+    def load(cls, path: str | os.PathLike | BinaryIO, device: str = "cpu", storage: str = "device") -> "Index":
         """Read an index written by save() from a path or a binary file object.
 
         Files of format versions 1 (no labels) and 2 load. A damaged file, a file of another format
-        version or one whose sizes disagree with its header is a ValueError (nothing larger than the file is allocated to find out)."""
+        version or one whose sizes disagree with its header is a ValueError (nothing larger than the file is allocated to find out).
+        `device` and `storage` as in Index()."""
         device = parse_device(device)
-        return _persist.load(path, lambda dim, metric, dtype: cls(dim, metric=metric, dtype=dtype, device=device))
+        storage = parse_storage(storage, device)
+        return _persist.load(path, lambda dim, metric, dtype: cls(dim, metric=metric, dtype=dtype, device=device,
+                                                                  storage=storage))
 
     def __reduce__(self):
-        """Pickling and copy.deepcopy go through the save format in memory, onto the same device kind."""
+        """Pickling and copy.deepcopy go through the save format in memory, onto the same device kind and
+        storage."""
         if self._searcher is None:
             raise ValueError("cannot pickle or copy a closed tinyknn Index")
         buffer = io.BytesIO()
         self._write(buffer)
-        return _restore, (buffer.getvalue(), self.device)
+        return _restore, (buffer.getvalue(), self.device, self.storage)
 
 
-def _restore(data: bytes, device: str) -> Index:
-    return Index.load(io.BytesIO(data), device=device)
+def _restore(data: bytes, device: str, storage: str = "device") -> Index:
+    return Index.load(io.BytesIO(data), device=device, storage=storage)

@@ -1,0 +1,86 @@
+"""The host-memory tier's chunk workers (gpu/host_tier.py): GpuSearchers that share one device-memory
+budget and take turns on the bus.
+
+Budget: TINYKNN_DEVICE_MEMORY_LIMIT caps the tier's workers together (each GpuSearcher alone would check
+only its own buffers). Bus: a chunk's host-to-device copy waits on the device for the previous chunk's.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..config import get_config
+from .memory import DeviceBuffer, Event
+from .searcher import GpuSearcher
+
+
+class Budget:
+    """The device memory of the tier's workers together, checked against the configured cap."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.members: list[GpuSearcher] = []
+
+    def in_use(self) -> int:
+        return sum(b.nbytes for m in self.members for b in list(getattr(m, "_buffers", {}).values())
+                   if isinstance(b, DeviceBuffer))
+
+
+class Bus:
+    """The order of the workers' chunk copies: each copy waits (on the device) for the previous one."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.last: Event | None = None
+
+
+class ChunkWorker(GpuSearcher):
+    """A GpuSearcher whose device allocations count against the tier's shared budget, and whose host rows
+    cross the bus as one copy per chunk, queued on the device behind the other worker's copy (so the copies
+    run back to back and never wait for an ingest or a search). Its plans live for one chunk (an add
+    forgets them), so capturing CUDA graphs would only cost."""
+
+    use_graphs = False
+
+    def __init__(self, dim: int, metric: str, dtype: str, budget: Budget, bus: Bus):
+        self._budget, self._bus = budget, bus
+        budget.members.append(self)
+        super().__init__(dim, metric, dtype)
+        self._copied = Event(timing=False)
+
+    def _add_host(self, vectors: np.ndarray, data_ptr: int, norms_ptr: int) -> None:
+        """GpuSearcher._add_host in one piece: the chunk -> 'add_source' (one DMA after the previous
+        chunk's), then the ingest kernel into the rows."""
+        source = self._device("add_source", vectors.nbytes)
+        with self._bus.lock:
+            if self._bus.last is not None:
+                self._stream.wait(self._bus.last)
+            source.copy_from_host(vectors, vectors.nbytes, self._stream)
+            self._copied.record(self._stream)
+            self._bus.last = self._copied
+        self._ingest(source.ptr, vectors.dtype, self.dim, len(vectors), self.dtype, data_ptr, norms_ptr, True)
+
+    def close(self) -> None:
+        with self._bus.lock:
+            if self._bus.last is self._copied:
+                self._bus.last = None
+        super().close()
+        self._copied.close()
+
+    def _allocate(self, kind, size: int, what: str):
+        if kind is not DeviceBuffer:
+            return super()._allocate(kind, size, what)
+        with self._budget.lock:
+            limit = get_config().device_memory_limit
+            in_use = self._budget.in_use()
+            if limit is not None and in_use + size > limit:
+                raise MemoryError(
+                    f"this host-storage GPU index needs {size:,} more bytes of device memory for {what} ({in_use:,} "
+                    f"in use by its {len(self._budget.members)} chunk workers); TINYKNN_DEVICE_MEMORY_LIMIT allows "
+                    f"{limit:,} bytes")
+            return super()._allocate(kind, size, what)
+
+
+__all__ = ["Budget", "Bus", "ChunkWorker"]
