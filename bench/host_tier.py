@@ -90,6 +90,44 @@ def check_exact(tier, queries: np.ndarray, distances, ids, k: int, metric: str, 
             "oracle_s": exact.seconds}
 
 
+def traced_search(tier, queries: np.ndarray, k: int) -> dict:
+    """One more search with the chunk workers' add (copy + ingest) and search (screen and the rest) timed on
+    the host clock per call, and the screen's fallbacks: where a chunk's time goes."""
+    import threading
+
+    from tinyknn.gpu.host_worker import ChunkWorker
+
+    calls: list[tuple[int, str, float, float]] = []
+    originals = {name: getattr(ChunkWorker, name) for name in ("add", "search")}
+
+    def timed(name):
+        def call(self, *a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return originals[name](self, *a, **kw)
+            finally:
+                calls.append((threading.get_ident(), name, t0, time.perf_counter()))
+        return call
+
+    for name in originals:
+        setattr(ChunkWorker, name, timed(name))
+    try:
+        start = time.perf_counter()
+        tier.search(queries, k)
+        total = time.perf_counter() - start
+    finally:
+        for name, function in originals.items():
+            setattr(ChunkWorker, name, function)
+    workers = [slot.worker for slot in tier._slots]
+    per = {name: [c[3] - c[2] for c in calls if c[1] == name] for name in originals}
+    summary = {"total_s": round(total, 4), "threads": len({c[0] for c in calls}),
+               **{f"{name}_median_s": round(statistics.median(v), 4) for name, v in per.items() if v},
+               **{f"{name}_calls": len(v) for name, v in per.items()},
+               "screen_fallbacks": sum(w._screen.fallbacks for w in workers),
+               "screen_queries": sum(w._screen.queries for w in workers)}
+    return {"summary": summary, "calls": [(c[1], round(c[2] - start, 5), round(c[3] - start, 5)) for c in calls]}
+
+
 def figure(h2d_gbps: float, tier_gbps: float, title: str):
     plt = _common.pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -171,6 +209,7 @@ def main(argv=None) -> int:
             samples.append(time.perf_counter() - t0)
             exact["repeat_identical"] = exact.get("repeat_identical", True) and bool(
                 np.array_equal(again[1], ids) and np.array_equal(again[0], distances))
+        trace = traced_search(tier, queries, args.k)
         chunk_rows = tier.chunk_rows()
         reruns = tier.exact_reruns
     finally:
@@ -188,6 +227,7 @@ def main(argv=None) -> int:
                    "queries_per_s": args.queries / median, "exact_reruns": reruns},
         "exact": exact,
         "steps": steps,
+        "trace": trace,
         "wall_s": time.perf_counter() - began,
     }
     title = (f"{n:,} x {args.dim} {args.dtype} {args.metric} in pinned host memory, {args.queries} queries, "
@@ -196,6 +236,7 @@ def main(argv=None) -> int:
     print(f"H2D {h2d['gbps']:.1f} GB/s; tier {tier_gbps:.1f} GB/s ({100 * tier_gbps / h2d['gbps']:.1f} %), "
           f"median {median * 1e3:.1f} ms over {len(samples)} runs; exact: ids {exact['ids_equal']}, distances "
           f"{exact['distances_equal']} ({sample} queries); wall {payload['wall_s']:.1f} s; steps {steps}")
+    print("trace (one more search): " + ", ".join(f"{key} {value}" for key, value in trace["summary"].items()))
     print("wrote", ", ".join(str(p) for p in paths.values()))
     return 0 if exact["ids_equal"] and exact["distances_equal"] else 1
 

@@ -230,6 +230,8 @@ class HostTierSearcher:
         with self._lock:
             self._check_open()
             best = Best(len(queries), k, self._exact(queries))
+            for slot in self._slots:
+                getattr(slot.worker, "forget_queries", lambda: None)()
             if len(queries):
                 self._run(self._units(rows), lambda slot, unit: best.merge(
                     *self._candidates(unit, *self._answer(slot.worker, queries, k, unit.count))))

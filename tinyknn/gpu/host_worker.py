@@ -2,7 +2,9 @@
 budget and take turns on the bus.
 
 Budget: TINYKNN_DEVICE_MEMORY_LIMIT caps the tier's workers together (each GpuSearcher alone would check
-only its own buffers). Bus: a chunk's host-to-device copy waits on the device for the previous chunk's.
+only its own buffers). Bus: a chunk's host-to-device copy waits on the device for the previous chunk's, and
+nothing small is copied per chunk (local ids once, a search's queries once), because a small copy queues
+behind the other worker's chunk and would keep the two workers in lockstep (copy, copy, search, search).
 """
 
 from __future__ import annotations
@@ -43,12 +45,30 @@ class ChunkWorker(GpuSearcher):
     forgets them), so capturing CUDA graphs would only cost."""
 
     use_graphs = False
+    keeps_queries = True    # the screen uploads a search's queries once for all chunks (forget_queries)
 
     def __init__(self, dim: int, metric: str, dtype: str, budget: Budget, bus: Bus):
         self._budget, self._bus = budget, bus
         budget.members.append(self)
         super().__init__(dim, metric, dtype)
         self._copied = Event(timing=False)
+        self._ids_held = (0, 0)     # (rows, ids buffer address): the device holds local ids 0 .. rows-1 there
+        self.kept_queries = None    # (queries, screen_q32 address) the screen uploaded (screen.Screen._upload)
+
+    def forget_queries(self) -> None:
+        """A new search: its queries must be uploaded again."""
+        self.kept_queries = None
+
+    def _copy_ids(self, ids: np.ndarray, n: int) -> None:
+        """Every chunk's ids are the local 0 .. n-1, copied once: a per-chunk copy would queue on the bus
+        behind the other worker's chunk and hold this worker's add until that chunk is across."""
+        buffer = self._buffers["ids"]
+        held, at = self._ids_held
+        if self._n == 0 and n <= held and at == buffer.ptr:
+            return
+        super()._copy_ids(ids, n)
+        if self._n == 0 and n and ids[0] == 0 and ids[-1] == n - 1:
+            self._ids_held = (n, buffer.ptr)
 
     def _add_host(self, vectors: np.ndarray, data_ptr: int, norms_ptr: int) -> None:
         """GpuSearcher._add_host in one piece: the chunk -> 'add_source' (one DMA after the previous

@@ -107,18 +107,13 @@ class Screen:
         step = sample_step(n, k)
         n_sample = -(-n // step)
         sample_tiles = -(-n_sample // rs.SCREEN_BN)
-        stage = s._pinned("screen_stage", nq * s._stride * 4)
-        staged = stage.array(np.float32, (nq, s._stride))
-        staged[:, :s.dim] = queries
-        if s._stride > s.dim:
-            staged[:, s.dim:] = 0.0
         sizes = {"screen_q32": nq * s._stride * 4, "screen_q": nq * self.row_bytes, "screen_e": nq * 4,
                  "screen_f": nq * 4, "screen_upper": nq * sample_tiles * k * 4, "screen_t": nq * 4,
                  "screen_counts": nq * 4, "screen_survivors": nq * cap * 4, "screen_out": nq * k * 12 + nq * 4}
         for name, nbytes in sizes.items():
             s._device(name, nbytes)
         ptr = s._pointer
-        s._buffers["screen_q32"].copy_from_host(stage, nq * s._stride * 4, stream)
+        self._upload(queries)
         # 1. queries rounded, error terms
         loaded = s._kernel(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch))
         n_mma = -(-self.row_bytes // rs.SCREEN_BKB) * (rs.SCREEN_BKB // 32)
@@ -152,6 +147,24 @@ class Screen:
         self.fallbacks += len(unproven)
         self.queries += nq
         return distances, ids, unproven
+
+    def _upload(self, queries: np.ndarray) -> None:
+        """The float32 queries, padded, into screen_q32. A searcher that keeps_queries (the host tier's chunk
+        workers: the same queries for every chunk, whose copy would otherwise queue behind the other worker's
+        chunk on the bus) uploads them once until forget_queries()."""
+        s = self.searcher
+        nq, target = len(queries), s._buffers["screen_q32"]
+        keeps = getattr(s, "keeps_queries", False)    # its kept_queries: (array, buffer address) or None
+        if keeps and s.kept_queries is not None and s.kept_queries[0] is queries and s.kept_queries[1] == target.ptr:
+            return
+        stage = s._pinned("screen_stage", nq * s._stride * 4)
+        staged = stage.array(np.float32, (nq, s._stride))
+        staged[:, :s.dim] = queries
+        if s._stride > s.dim:
+            staged[:, s.dim:] = 0.0
+        target.copy_from_host(stage, nq * s._stride * 4, s._stream)
+        if keeps:
+            s.kept_queries = (queries, target.ptr)
 
     def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, nq: int,
                 counts: int, survivors: int, upper: int) -> None:

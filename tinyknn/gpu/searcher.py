@@ -251,11 +251,15 @@ class GpuSearcher:
                 self._add_device(vectors, data_ptr, norms_ptr)
             else:
                 self._add_host(vectors, data_ptr, norms_ptr)
-            self._buffers["ids"].copy_from_host(np.ascontiguousarray(ids, dtype=np.int64), n * 8, self._stream,
-                                                offset=self._n * 8)
+            self._copy_ids(ids, n)
             self._raise_if_bad("vectors to add")
             self._n += n
             self._forget_plans()
+
+    def _copy_ids(self, ids: np.ndarray, n: int) -> None:
+        """The new rows' ids after the existing ones (the host tier's chunk workers skip what is there)."""
+        self._buffers["ids"].copy_from_host(np.ascontiguousarray(ids, dtype=np.int64), n * 8, self._stream,
+                                            offset=self._n * 8)
 
     def _add_host(self, vectors: np.ndarray, data_ptr: int, norms_ptr: int) -> None:
         row_bytes = self.dim * self._itemsize
