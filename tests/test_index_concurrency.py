@@ -1,169 +1,48 @@
 """Index threads (issue 14's "Threads" target): searches from 8 threads while 1 thread adds and removes.
 
-The judgement is linearizability with one writer: every search's answer must be the exact answer (the
-contract, bit for bit) of the index as it stood after some prefix of the writer's operations that can have
-taken effect within the search's own time span: at least every operation that returned before the search
-began, at most those that began before it returned. A removed id after its remove returned, an id before its
-add began, half of an add or of a removal, a vector stored under an id at no such time (a torn or stale
-vector) all fail it. Times are ticks of one lock-guarded counter, so the judgement does not depend on
-timing, only on the order of events. Adds alternate between float32 input (one piece) and float64 input
-that is converted and handed to the searcher in pieces (CHUNK_BYTES is made small for that).
+Every answer must be consistent with a serial order of the operations (tests/serial_order.py): the exact
+answer, bit for bit, of the index after some prefix of the writer's operations that can have taken effect
+within the search's span. A removed id once its remove returned, an id before its add began, half of an add
+or of a removal, a vector stored under its id at no such time (a torn or stale vector) all fail that.
+Adds alternate between float32 input (one piece) and float64 input that is converted and handed to the
+searcher in pieces (CHUNK_BYTES is made small for that); removed ids come back with new vectors.
 
 TINYKNN_STRESS_SECONDS (default 2) sets how long the threads run (the issue's target: 30).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 import tinyknn
 from reference import assert_exact, contract_distances, exact_search
+from serial_order import Clock, Op, Search, State, answers, judge
 from tinyknn import _validate
 
 SECONDS = float(os.environ.get("TINYKNN_STRESS_SECONDS", "2"))
 DIM, K, ID_SPACE, LABELS = 8, 10, 6000, 4
 SIZES = (1200, 2400)                 # the writer keeps the index between these sizes
+KINDS = ("knn", "knn", "knn", "filter", "labels", "range", "range-labels", "knn")   # one per searching thread
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-class Clock:
-    def __init__(self):
-        self._lock, self._now = threading.Lock(), 0
+@functools.lru_cache(maxsize=None)
+def _warm_gpu() -> None:
+    from gpu_warm import warm
 
-    def tick(self) -> int:
-        with self._lock:
-            self._now += 1
-            return self._now
+    warm([("l2", "float32", DIM, k) for k in (K, 600)])
 
 
-@dataclass
-class Op:                      # one writer operation: add (vectors not None) or remove
-    start: int
-    end: int
-    ids: np.ndarray
-    vectors: np.ndarray | None = None   # as stored (float32)
-    labels: np.ndarray | None = None
-
-
-@dataclass
-class Search:                  # one search and what it returned
-    start: int
-    end: int
-    kind: str                  # "knn", "filter", "labels", "range", "range-labels"
-    queries: np.ndarray
-    result: tuple
-    query_labels: np.ndarray | None = None
-    filter: np.ndarray | None = None
-
-
-class State:
-    """The index's contents after a prefix of the writer's operations."""
-
-    def __init__(self):
-        self.ids = np.empty(0, np.int64)
-        self.vectors = np.empty((0, DIM), np.float32)
-        self.labels = np.empty(0, np.int64)
-        self._order = None
-
-    def positions(self, ids: np.ndarray) -> np.ndarray:
-        """The positions of `ids` in the state (any position where an id is absent: callers compare)."""
-        if self._order is None:
-            self._order = np.argsort(self.ids)
-        return self._order[np.minimum(np.searchsorted(self.ids[self._order], ids), len(self.ids) - 1)]
-
-    def apply(self, op: Op) -> None:
-        self._order = None
-        if op.vectors is None:
-            keep = ~np.isin(self.ids, op.ids)
-            self.ids, self.vectors, self.labels = self.ids[keep], self.vectors[keep], self.labels[keep]
-        else:
-            self.ids = np.concatenate([self.ids, op.ids])
-            self.vectors = np.concatenate([self.vectors, op.vectors])
-            self.labels = np.concatenate([self.labels, op.labels])
-
-    def allowed(self, search: Search, query: int) -> np.ndarray:
-        mask = np.ones(len(self.ids), bool)
-        if search.filter is not None:
-            mask &= np.isin(self.ids, search.filter)
-        if search.query_labels is not None:
-            mask &= self.labels == search.query_labels[query]
-        return mask
-
-
-def answers(state: State, search: Search, metric: str, radius: float) -> bool:
-    """Whether `search`'s result is the exact answer over `state`, bit for bit (see best_first)."""
-    q = search.queries
-    d64 = contract_distances(state.vectors.astype(np.float64), q.astype(np.float64), metric)
-    ranges = search.kind.startswith("range")
-    for row in range(len(q)):
-        mask = state.allowed(search, row)
-        if ranges:
-            lims, distances, ids = search.result
-            got_i, got_d = ids[lims[row]:lims[row + 1]], distances[lims[row]:lims[row + 1]]
-            m = int(np.count_nonzero(mask & (d64[row] < radius)))
-            if len(got_i) != m:
-                return False
-        else:
-            got_i, got_d = search.result[1][row], search.result[0][row]
-            m = min(K, int(np.count_nonzero(mask)))
-            if not (np.all(got_i[m:] == -1) and np.all(got_d[m:] == np.inf)):
-                return False
-        if not best_first(d64[row], state, mask, got_i[:m], got_d[:m]):
-            return False
-    return True
-
-
-def best_first(d64: np.ndarray, state: State, mask: np.ndarray, got_i: np.ndarray, got_d: np.ndarray) -> bool:
-    """Whether got_i are the len(got_i) allowed rows of `state` that come first in (float64 distance, id)
-    order, in that order, with got_d their distances rounded to float32: they are allowed rows, strictly
-    increasing in that order, and exactly len - 1 allowed rows come before the last one."""
-    m = len(got_i)
-    if not m:
-        return True
-    where = state.positions(got_i)
-    if not (np.all(state.ids[where] == got_i) and np.all(mask[where])):
-        return False
-    mine = d64[where]
-    if not np.array_equal(mine.astype(np.float32).view(np.uint32), got_d.view(np.uint32)):
-        return False
-    if not np.all((mine[1:] > mine[:-1]) | ((mine[1:] == mine[:-1]) & (got_i[1:] > got_i[:-1]))):
-        return False
-    before_last = mask & ((d64 < mine[-1]) | ((d64 == mine[-1]) & (state.ids < got_i[-1])))
-    return int(np.count_nonzero(before_last)) == m - 1
-
-
-def judge(log: list[Op], searches: list[Search], metric: str, radius: float) -> tuple[list[str], int]:
-    """Replays the writer's log; each search must match one state in its window. Returns the failures
-    and how many searches overlapped a writer operation (a window of more than one state)."""
-    ends, starts = np.array([op.end for op in log]), np.array([op.start for op in log])
-    first = np.searchsorted(ends, [s.start for s in searches])    # ops surely done when the search began
-    last = np.searchsorted(starts, [s.end for s in searches])     # ops begun before it returned
-    order = np.argsort(first, kind="stable")
-    state, active, failures, next_search = State(), [], [], 0
-    for j in range(len(log) + 1):
-        if j:
-            state.apply(log[j - 1])
-        while next_search < len(order) and first[order[next_search]] == j:
-            active.append(order[next_search])
-            next_search += 1
-        still = []
-        for i in active:
-            if answers(state, searches[i], metric, radius):
-                continue
-            if last[i] == j:
-                s = searches[i]
-                failures.append(f"{s.kind} search {i} (ticks {s.start}-{s.end}) matches no state after "
-                                f"writer ops {first[i]}..{last[i]}: ids {np.asarray(s.result[-1]).ravel()[:12]}")
-            else:
-                still.append(i)
-        active = still
-    return failures, int(np.count_nonzero(last > first))
+def new_index(device: str):
+    if device == "cuda":
+        _warm_gpu()              # compile the kernels of both k at once, before any thread runs
+    return tinyknn.Index(DIM, "l2", device=device)
 
 
 def writer(index, clock, log, stop, rng):
@@ -173,8 +52,9 @@ def writer(index, clock, log, stop, rng):
         if len(present) > SIZES[1] or (len(present) > SIZES[0] and rng.random() < 0.5):
             ids = rng.choice(sorted(present), int(rng.integers(1, 120)), replace=False).astype(np.int64)
             start = clock.tick()
-            assert index.remove(np.concatenate([ids, rng.choice(free, 3)])) == len(ids)   # unknown ids: ignored
+            removed = index.remove(np.concatenate([ids, rng.choice(free, 3)]))   # unknown ids are ignored
             log.append(Op(start, clock.tick(), ids))
+            assert removed == len(ids), (removed, len(ids))
             present -= set(ids.tolist())
         else:
             ids = rng.choice(free, int(rng.integers(1, 200)), replace=False).astype(np.int64)
@@ -187,43 +67,41 @@ def writer(index, clock, log, stop, rng):
             present |= set(ids.tolist())
 
 
+def one_search(index, kind, q, radius, rng) -> Search:
+    """A search of `kind` (its span is set by the caller)."""
+    labels = rng.integers(0, LABELS, len(q)) if kind.endswith("labels") else None
+    allowed = rng.choice(ID_SPACE, 1500, replace=False) if kind == "filter" else None
+    if kind.startswith("range"):
+        result = index.range_search(q, radius, labels=labels)
+    else:
+        result = index.search(q, K, filter=allowed, labels=labels)
+    return Search(0, 0, kind, q, result, K, labels, allowed)
+
+
 def searcher(index, clock, kind, radius, out, stop, rng):
     while not stop.is_set():
         q = rng.standard_normal((int(rng.integers(1, 3)), DIM)).astype(np.float32)
-        labels = rng.integers(0, LABELS, len(q)) if kind.endswith("labels") else None
-        allowed = rng.choice(ID_SPACE, 1500, replace=False) if kind == "filter" else None
         start = clock.tick()
-        if kind.startswith("range"):
-            result = index.range_search(q, radius, labels=labels)
-        else:
-            result = index.search(q, K, filter=allowed, labels=labels)
-        out.append(Search(start, clock.tick(), kind, q, result, labels, allowed))
+        search = one_search(index, kind, q, radius, rng)
+        search.start, search.end = start, clock.tick()
+        out.append(search)
 
 
-KINDS = ("knn", "knn", "knn", "filter", "labels", "range", "range-labels", "knn")
+def run_threads(targets, stop: threading.Event) -> list[BaseException]:
+    """Runs the (function, args) targets at once for SECONDS (or until one raises, which sets `stop`), the
+    GIL switching often (more interleavings); returns what they raised."""
+    errors = []
 
+    def guarded(function, *args):
+        try:
+            function(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+            stop.set()
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_searches_are_consistent_with_a_serial_order(device, rng, monkeypatch):
-    """8 threads search (plain, filtered, labelled, range) while 1 adds and removes; every answer is the
-    exact answer of a state in its window; the quiescent index answers exactly."""
-    monkeypatch.setattr(_validate, "CHUNK_BYTES", 8 * DIM * 4)   # float64 adds go over 8 rows at a time
-    index, clock, stop = tinyknn.Index(DIM, "l2", device=device), Clock(), threading.Event()
-    ids = rng.choice(ID_SPACE, 1800, replace=False).astype(np.int64)
-    x, labels = rng.standard_normal((len(ids), DIM)).astype(np.float32), rng.integers(0, LABELS, len(ids))
-    start = clock.tick()
-    index.add(x, ids=ids, labels=labels)
-    log = [Op(start, clock.tick(), ids, x, labels)]
-    probe = rng.standard_normal((20, DIM)).astype(np.float32)
-    radius = float(np.quantile(contract_distances(x.astype(np.float64), probe.astype(np.float64), "l2"), 0.01))
-    outputs = [[] for _ in KINDS]
-    seeds = rng.integers(0, 2**32, len(KINDS) + 1)
-    threads = [threading.Thread(target=searcher, args=(index, clock, kind, radius, out, stop,
-                                                       np.random.default_rng(seed)))
-               for kind, out, seed in zip(KINDS, outputs, seeds)]
-    threads.append(threading.Thread(target=writer, args=(index, clock, log, stop, np.random.default_rng(seeds[-1]))))
+    threads = [threading.Thread(target=guarded, args=(function, *args)) for function, args in targets]
     switching = sys.getswitchinterval()
-    sys.setswitchinterval(2e-4)        # the GIL changes hands often: more interleavings, a busier writer
+    sys.setswitchinterval(2e-4)
     try:
         for thread in threads:
             thread.start()
@@ -233,6 +111,28 @@ def test_searches_are_consistent_with_a_serial_order(device, rng, monkeypatch):
         for thread in threads:
             thread.join()
         sys.setswitchinterval(switching)
+    return errors
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_searches_are_consistent_with_a_serial_order(device, rng, monkeypatch):
+    """8 threads search (plain, filtered, labelled, range) while 1 adds and removes; every answer is the
+    exact answer of a state in its window; the quiescent index answers exactly."""
+    monkeypatch.setattr(_validate, "CHUNK_BYTES", 8 * DIM * 4)   # float64 adds go over 8 rows at a time
+    index, clock, stop = new_index(device), Clock(), threading.Event()
+    ids = rng.choice(ID_SPACE, 1800, replace=False).astype(np.int64)
+    x, labels = rng.standard_normal((len(ids), DIM)).astype(np.float32), rng.integers(0, LABELS, len(ids))
+    start = clock.tick()
+    index.add(x, ids=ids, labels=labels)
+    log = [Op(start, clock.tick(), ids, x, labels)]
+    probe = rng.standard_normal((20, DIM)).astype(np.float32)
+    radius = float(np.quantile(contract_distances(x.astype(np.float64), probe.astype(np.float64), "l2"), 0.01))
+    outputs = [[] for _ in KINDS]
+    seeds = [np.random.default_rng(seed) for seed in rng.integers(0, 2**32, len(KINDS) + 1)]
+    errors = run_threads([(searcher, (index, clock, kind, radius, out, stop, seed))
+                          for kind, out, seed in zip(KINDS, outputs, seeds)]
+                         + [(writer, (index, clock, log, stop, seeds[-1]))], stop)
+    assert not errors, errors
     searches = [s for out in outputs for s in out]
     assert len(log) > 5 and all(outputs), (len(log), [len(out) for out in outputs])
     failures, overlapping = judge(log, searches, "l2", radius)
@@ -240,17 +140,13 @@ def test_searches_are_consistent_with_a_serial_order(device, rng, monkeypatch):
     assert overlapping, f"none of {len(searches)} searches overlapped one of the {len(log)} writer operations"
     print(f"{len(searches)} searches, {overlapping} overlapping one of {len(log)} writer operations")
 
-    final = State()                  # quiescent: every kind of search answers exactly over the final state
+    final = State(DIM)               # quiescent: every kind of search answers exactly over the final state
     for op in log:
         final.apply(op)
     assert index.ntotal == len(final.ids) and np.all(index.contains(final.ids))
     q = rng.standard_normal((6, DIM)).astype(np.float32)
-    for kind in set(KINDS):
-        labels = rng.integers(0, LABELS, len(q)) if kind.endswith("labels") else None
-        allowed = rng.choice(ID_SPACE, 1500, replace=False) if kind == "filter" else None
-        result = (index.range_search(q, radius, labels=labels) if kind.startswith("range")
-                  else index.search(q, K, filter=allowed, labels=labels))
-        assert answers(final, Search(0, 0, kind, q, result, labels, allowed), "l2", radius), kind
+    for kind in sorted(set(KINDS)):
+        assert answers(final, one_search(index, kind, q, radius, rng), "l2", radius), kind
     assert_exact(*index.search(q, K), final.vectors, q, K, "l2", id_map=final.ids)   # the oracle agrees
     index.close()
 
@@ -258,7 +154,7 @@ def test_searches_are_consistent_with_a_serial_order(device, rng, monkeypatch):
 # -- an add handed over in pieces, deterministically ------------------------------------------------
 def pieces_index(device, rng, monkeypatch):
     monkeypatch.setattr(_validate, "CHUNK_BYTES", 16 * DIM * 4)   # 16 rows a piece
-    index = tinyknn.Index(DIM, "l2", device=device)
+    index = new_index(device)
     base = rng.standard_normal((500, DIM)).astype(np.float32)
     index.add(base)
     more = rng.standard_normal((100, DIM))                        # float64: 7 pieces
@@ -333,3 +229,33 @@ def test_a_search_that_overlaps_a_piecewise_add_is_answered_again(device, kind, 
         d64 = contract_distances(after.astype(np.float64), q.astype(np.float64), "l2")
         assert np.array_equal(np.diff(lims), (d64 < radius).sum(axis=1))
     index.close()
+
+
+def test_the_judge_accepts_only_answers_of_a_state_in_the_window(rng):
+    """serial_order on a made-up history: one removal at ticks 10-11. The answer over the rows before it is
+    right for a search that overlaps it or came first, wrong for one that began after it returned; a
+    vector's distance that no state holds (torn), a result cut short or reordered are wrong anywhere."""
+    x = rng.standard_normal((40, DIM)).astype(np.float32)
+    ids = np.arange(100, 140, dtype=np.int64)
+    q = rng.standard_normal((2, DIM)).astype(np.float32)
+    before_d, before_i = exact_search(x, q, K, "l2", id_map=ids)
+    gone = before_i[:, :2].ravel()                      # each query's two nearest go
+    log = [Op(1, 2, ids, x, np.zeros(40, np.int64)), Op(10, 11, gone)]
+    answer = (before_d, before_i)
+
+    def verdicts(*spans, result=answer):
+        searches = [Search(start, end, "knn", q, result, K) for start, end in spans]
+        return [f.split()[2] for f in judge(log, searches, "l2", 0.0)[0]]
+
+    assert verdicts((3, 4), (8, 12), (9, 10)) == []                     # before, overlapping
+    assert verdicts((3, 4), (12, 13)) == ["1"]                          # after: a removed id
+    torn = before_d.copy()
+    torn[0, 3] = np.nextafter(torn[0, 3], np.float32(np.inf))
+    assert verdicts((3, 4), result=(torn, before_i)) == ["0"]
+    swapped = before_i.copy()
+    swapped[1, [4, 5]] = swapped[1, [5, 4]]
+    assert verdicts((3, 4), result=(before_d, swapped)) == ["0"]
+    keep = ~np.isin(ids, gone)
+    after = exact_search(x[keep], q, K, "l2", id_map=ids[keep])
+    assert verdicts((12, 13), (8, 12), result=after) == []
+    assert verdicts((3, 4), result=after) == ["0"]                      # before its remove began: not yet
