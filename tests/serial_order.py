@@ -58,7 +58,7 @@ class State:
         self.ids = np.empty(0, np.int64)
         self.vectors = np.empty((0, dim), np.float32)
         self.labels = np.empty(0, np.int64)
-        self._order = None
+        self._order = self._vectors64 = None
 
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """The positions of `ids` in the state (any position where an id is absent: callers compare)."""
@@ -66,8 +66,14 @@ class State:
             self._order = np.argsort(self.ids)
         return self._order[np.minimum(np.searchsorted(self.ids[self._order], ids), len(self.ids) - 1)]
 
+    def distances(self, queries: np.ndarray, metric: str) -> np.ndarray:
+        """(len(queries), n) contract distances (tests/reference.py) to the state's rows."""
+        if self._vectors64 is None:
+            self._vectors64 = self.vectors.astype(np.float64)
+        return contract_distances(self._vectors64, queries.astype(np.float64), metric)
+
     def apply(self, op: Op) -> None:
-        self._order = None
+        self._order = self._vectors64 = None
         if op.vectors is None:
             keep = ~np.isin(self.ids, op.ids)
             self.ids, self.vectors, self.labels = self.ids[keep], self.vectors[keep], self.labels[keep]
@@ -85,14 +91,36 @@ class State:
         return mask
 
 
+def best_first(d64: np.ndarray, state: State, got_i: np.ndarray, got_d: np.ndarray, mask=None) -> np.ndarray:
+    """Per row r: whether got_i[r] (m ids) are the m allowed rows of `state` that come first in (float64
+    distance d64[r], id) order (l2: smallest first), in that order, with got_d[r] their distances rounded to
+    float32. The proof, without sorting: they are allowed rows of the state, strictly increasing in that
+    order, and exactly m - 1 allowed rows come before the last one. mask: (rows, n) allowed, None: all."""
+    rows, m = got_i.shape
+    if m == 0:
+        return np.ones(rows, bool)
+    where = state.positions(got_i)
+    ok = np.all(state.ids[where] == got_i, axis=1)
+    if mask is not None:
+        ok &= np.all(np.take_along_axis(mask, where, axis=1), axis=1)
+    mine = np.take_along_axis(d64, where, axis=1)
+    ok &= np.all(mine.astype(np.float32).view(np.uint32) == got_d.view(np.uint32), axis=1)
+    ok &= np.all((mine[:, 1:] > mine[:, :-1]) | ((mine[:, 1:] == mine[:, :-1]) & (got_i[:, 1:] > got_i[:, :-1])),
+                 axis=1)
+    last, last_id = mine[:, -1:], got_i[:, -1:]
+    before_last = (d64 < last) | ((d64 == last) & (state.ids < last_id))
+    if mask is not None:
+        before_last &= mask
+    return ok & (np.count_nonzero(before_last, axis=1) == m - 1)
+
+
 def answers(state: State, search: Search, metric: str, radius: float) -> bool:
-    """Whether `search`'s result is the exact answer over `state`, bit for bit (see best_first)."""
+    """Whether `search`'s result is the exact answer over `state`, bit for bit (l2; see best_first)."""
     q = search.queries
-    d64 = contract_distances(state.vectors.astype(np.float64), q.astype(np.float64), metric)
-    ranges = search.kind.startswith("range")
+    d64 = state.distances(q, metric)
     for row in range(len(q)):
         mask = state.allowed(search, row)
-        if ranges:
+        if search.kind.startswith("range"):
             lims, distances, ids = search.result
             got_i, got_d = ids[lims[row]:lims[row + 1]], distances[lims[row]:lims[row + 1]]
             m = int(np.count_nonzero(mask & (d64[row] < radius)))
@@ -103,28 +131,31 @@ def answers(state: State, search: Search, metric: str, radius: float) -> bool:
             m = min(search.k, int(np.count_nonzero(mask)))
             if not (np.all(got_i[m:] == -1) and np.all(got_d[m:] == np.inf)):
                 return False
-        if not best_first(d64[row], state, mask, got_i[:m], got_d[:m]):
+        if not best_first(d64[row:row + 1], state, got_i[None, :m], got_d[None, :m], mask[None])[0]:
             return False
     return True
 
 
-def best_first(d64: np.ndarray, state: State, mask: np.ndarray, got_i: np.ndarray, got_d: np.ndarray) -> bool:
-    """Whether got_i are the len(got_i) allowed rows of `state` that come first in (float64 distance, id)
-    order, in that order, with got_d their distances rounded to float32: they are allowed rows, strictly
-    increasing in that order, and exactly len - 1 allowed rows come before the last one."""
-    m = len(got_i)
-    if not m:
-        return True
-    where = state.positions(got_i)
-    if not (np.all(state.ids[where] == got_i) and np.all(mask[where])):
-        return False
-    mine = d64[where]
-    if not np.array_equal(mine.astype(np.float32).view(np.uint32), got_d.view(np.uint32)):
-        return False
-    if not np.all((mine[1:] > mine[:-1]) | ((mine[1:] == mine[:-1]) & (got_i[1:] > got_i[:-1]))):
-        return False
-    before_last = mask & ((d64 < mine[-1]) | ((d64 == mine[-1]) & (state.ids < got_i[-1])))
-    return int(np.count_nonzero(before_last)) == m - 1
+def verdicts(state: State, searches: list[Search], metric: str, radius: float) -> list[bool]:
+    """answers() of each search; the plain k-nearest ones (no filter, no labels) of one k all at once."""
+    out = [None] * len(searches)
+    plain: dict[int, list[int]] = {}
+    for i, search in enumerate(searches):
+        if search.kind.startswith("range") or search.filter is not None or search.query_labels is not None:
+            out[i] = answers(state, search, metric, radius)
+        else:
+            plain.setdefault(search.k, []).append(i)
+    for k, members in plain.items():
+        got_d = np.concatenate([searches[i].result[0] for i in members])
+        got_i = np.concatenate([searches[i].result[1] for i in members])
+        m = min(k, len(state.ids))
+        ok = best_first(state.distances(np.concatenate([searches[i].queries for i in members]), metric), state,
+                        got_i[:, :m], got_d[:, :m])
+        ok &= np.all(got_i[:, m:] == -1, axis=1) & np.all(got_d[:, m:] == np.inf, axis=1)
+        bounds = np.cumsum([0] + [len(searches[i].queries) for i in members])
+        for j, i in enumerate(members):
+            out[i] = bool(np.all(ok[bounds[j]:bounds[j + 1]]))
+    return out
 
 
 def judge(log: list[Op], searches: list[Search], metric: str, radius: float) -> tuple[list[str], int]:
@@ -142,8 +173,8 @@ def judge(log: list[Op], searches: list[Search], metric: str, radius: float) -> 
             active.append(order[next_search])
             next_search += 1
         still = []
-        for i in active:
-            if answers(state, searches[i], metric, radius):
+        for i, right in zip(active, verdicts(state, [searches[i] for i in active], metric, radius)):
+            if right:
                 continue
             if last[i] == j:
                 s = searches[i]
