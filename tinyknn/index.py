@@ -49,10 +49,6 @@ class Index:
     - An Index pickles and deep-copies (through the save format, in memory) onto the same device kind.
     """
 
-    # Odd while an add is being handed to the searcher in pieces (one writer: under _add_lock). Unfiltered
-    # searches take no lock: they read it before and after their searcher call (_whole_adds_only).
-    _pieces_in_flight = 0
-
     def __init__(self, dim: int, metric: str = "l2", dtype: str = "float32", device: str = "cpu"):
         self.dim = parse_dim(dim)
         self.metric = parse_metric(metric)
@@ -154,6 +150,10 @@ class Index:
         with self._view:
             return bool(self._ids.rows_of(wanted)[0] >= 0)
 
+    # Odd while an add is being handed to the searcher in pieces (one writer: under _add_lock). Unfiltered
+    # searches take no lock: they read it before and after their searcher call (_whole_adds_only).
+    _pieces_in_flight = 0
+
     def _hand_over(self, searcher: Searcher, vectors, ids: np.ndarray) -> None:
         """Give the rows to the searcher; undo what it took if that fails part way.
 
@@ -161,7 +161,8 @@ class Index:
         buffer (never a full copy; a fresh allocation per piece would page-fault its memory in again
         every time), each piece handed over as it is ready. Input already in the storage dtype and
         C-contiguous, CUDA input, and any input to a searcher without truncate (an older backend) go
-        over in one piece: the searcher copies them straight from where they are."""
+        over in one piece: the searcher copies them straight from where they are. While the pieces go
+        over, _pieces_in_flight is odd (see _whole_adds_only)."""
         n_before, n = self._ids.count, len(ids)
         truncate = getattr(searcher, "truncate", None)
         convert = not isinstance(vectors, _validate.DeviceArray) and (
