@@ -376,6 +376,24 @@ def test_lost_worker_is_a_clear_error_then_the_shard_reloads(client, tmp_path, r
     sharded.close()
 
 
+@pytest.mark.slow
+def test_bench_script_runs(tmp_path):
+    """bench/dask_search.py end to end at a small size: its answers are identical, its files are written."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "bench" / "dask_search.py"), "--quick", "--rows", "20000",
+                           "--queries", "50", "--out-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    (result,) = tmp_path.glob("dask_search_*.json")
+    assert json.loads(result.read_text())["results"]["identical_to_single_index"] is True
+    assert list(tmp_path.glob("dask_search_*.png"))
+
+
 # -- GPU workers (the lead runs these on the H200) ------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -397,3 +415,19 @@ def test_gpu_workers_equal_a_cpu_index(seed, dtype):
             same(sharded.range_search(q[:20], 50.0 if metric == "l2" else 0.3),
                  one.range_search(q[:20], 50.0 if metric == "l2" else 0.3))
             sharded.close()
+
+
+@pytest.mark.gpu
+def test_local_cuda_cluster(seed):
+    """dask_cuda.LocalCUDACluster (one worker per GPU): shards on the GPUs answer as a CPU Index does."""
+    dask_cuda = pytest.importorskip("dask_cuda")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((50_000, 64), dtype=np.float32)
+    q = rng.standard_normal((200, 64), dtype=np.float32)
+    with dask_cuda.LocalCUDACluster(dashboard_address=None) as cluster, distributed.Client(cluster) as gpu_client:
+        sharded = DaskIndex(gpu_client, 64, metric="cosine", device="cuda")
+        one = tinyknn.Index(64, "cosine")
+        add_both((sharded, one), x)
+        assert sharded.n_shards == len(gpu_client.ncores())
+        same(sharded.search(q, 10), one.search(q, 10))
+        sharded.close()
