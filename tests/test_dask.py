@@ -7,7 +7,9 @@ adversarial ties (hypothesis)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import signal
 import time
 
 import numpy as np
@@ -346,6 +348,8 @@ def test_save_and_load(client, tmp_path, rng):
 
 
 def test_lost_worker_is_a_clear_error_then_the_shard_reloads(client, tmp_path, rng):
+    """The worker is stopped, a search goes out and waits on it, then the worker is killed: the waiting search
+    and every later call raise ShardUnavailable naming the lost shards; reloaded, they answer as before."""
     x = rng.standard_normal((8000, 16), dtype=np.float32)
     q = rng.standard_normal((25, 16), dtype=np.float32)
     sharded, one = pair(client, 16, "l2", n_shards=4)
@@ -353,12 +357,18 @@ def test_lost_worker_is_a_clear_error_then_the_shard_reloads(client, tmp_path, r
     sharded.save(tmp_path / "saved")
     victim = sharded.shard_workers[1]
     lost = [i for i, w in enumerate(sharded.shard_workers) if w == victim]
-    try:
-        client.run(os._exit, 1, workers=[victim])
-    except Exception:  # noqa: BLE001 - the worker dies while answering, which is the point
-        pass
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    os.kill(pid, signal.SIGSTOP)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(sharded.search, q, 5)
+        time.sleep(1.0)
+        assert not waiting.done()                     # no answer without the stopped shards
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ShardUnavailable) as caught:
+            waiting.result(timeout=60)
+    assert caught.value.shards[0] in lost and f"(worker {victim})" in str(caught.value)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not all(sharded._shards.futures[i].status != "finished" for i in lost):
+    while time.monotonic() < deadline and any(sharded._shards.alive(i) for i in lost):
         time.sleep(0.05)
     for call in (lambda: sharded.search(q, 5), lambda: sharded.add(x[:3]), lambda: sharded.save(tmp_path / "x")):
         with pytest.raises(ShardUnavailable) as caught:

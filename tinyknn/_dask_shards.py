@@ -26,7 +26,8 @@ class ShardUnavailable(TinyKnnError):
     def __init__(self, shards: list[int], workers: list[str]):
         self.shards = shards
         where = ", ".join(f"shard {s} (worker {w})" for s, w in zip(shards, workers))
-        super().__init__(f"{where}: the worker holding it was lost, so the call was not answered (the other "
+        super().__init__(f"{where}: the worker holding it was lost or cannot be reached, so the call was not "
+                         f"answered (the other "
                          f"shards alone would give a partial answer); bring it back with "
                          f"DaskIndex.reload_shard(shard, path) from a file written by DaskIndex.save")
 
@@ -106,8 +107,11 @@ class Shards:
                 return call.result(timeout=POLL_S)
             except (TimeoutError, asyncio.TimeoutError):
                 self.check_alive([shard])
-            except OSError:          # "Unable to contact Actor's worker", or the shard's own OSError
-                self.check_alive([shard])
+            except OSError as exc:
+                # The actor's "Unable to contact Actor's worker" is a plain OSError (the worker went away under
+                # the call, perhaps before the scheduler noticed); the shard's own failures keep their type.
+                if type(exc) is OSError or not self.alive(shard):
+                    raise ShardUnavailable([shard], [self.workers[shard]]) from exc
                 raise
 
     def each(self, method: str, *args, shards: dict | None = None) -> list:

@@ -60,8 +60,11 @@ class DaskIndex:
         self._start([workers[i % len(workers)] for i in range(count)], [None] * count)
 
     def _setup(self, client, dim: int, metric: str, dtype: str, device: str) -> None:
-        from distributed import Client
-
+        try:
+            from distributed import Client
+        except ImportError as exc:
+            raise ImportError("tinyknn.dask needs Dask's distributed scheduler: pip install 'tinyknn[dask]' "
+                              "(distributed and dask[array])") from exc
         if not isinstance(client, Client):
             raise TypeError(f"client must be a distributed.Client; got {type(client).__name__}")
         self.client, self.dim, self.metric, self.dtype, self.device = client, dim, metric, dtype, device
