@@ -257,7 +257,9 @@ def bad_calls(x):
             ("add", (x,), {"ids": -np.arange(len(x))}), ("add", (x,), {"labels": [1.5] * len(x)}),
             ("search", (x, 0), {}), ("search", (x[:, :2], 3), {}), ("search", (x, 3), {"filter": [0.5]}),
             ("search", (x, 3), {"labels": [1, 2]}), ("range_search", (x, -1.0), {}),
-            ("range_search", (x, float("inf")), {}), ("remove", ([1.0],), {}), ("contains", ([[1]],), {})]
+            ("range_search", (x, float("inf")), {}), ("remove", ([1.0],), {}), ("contains", ([[1]],), {}),
+            ("search", (x, 2.5), {}), ("search", (x, 3), {"filter": [[1, 2]]}), ("get", ([1, 2**40],), {}),
+            ("get", (1.5,), {}), ("add", (x.astype(np.complex64),), {}), ("add", (x[0],), {})]
 
 
 def test_bad_input_is_refused_as_index_refuses_it(client, rng):
@@ -269,6 +271,9 @@ def test_bad_input_is_refused_as_index_refuses_it(client, rng):
         assert errors[0] == errors[1], (method, errors)
     assert sharded.shard_sizes == [10, 10]
     same(sharded.search(x, 5), one.search(x, 5))
+    for bad in ({"metric": "hamming"}, {"dtype": "float8"}, {"device": "tpu"}, {"dim": 0}):
+        arguments = {"dim": 4, **bad}
+        assert refusal(lambda: DaskIndex(client, **arguments)) == refusal(lambda: tinyknn.Index(**arguments))
     with pytest.raises(TypeError, match="distributed.Client"):
         DaskIndex("tcp://127.0.0.1:8786", 4)
     with pytest.raises(ValueError, match="n_shards must be at least 1"):
@@ -321,6 +326,29 @@ def test_an_add_failing_on_one_shard_is_undone_on_the_others(client, rng):
             sharded.add(batch)
         assert sharded.shard_sizes == [100, 100, 100]
         assert not sharded.contains(np.arange(300, 600)).any()
+    sharded.close()
+
+
+def test_searches_from_threads_never_see_half_an_add(client, rng):
+    """Searches in four threads while another thread adds in batches: each answer is one Index's answer
+    after some number of whole batches."""
+    x = rng.standard_normal((2000, 8), dtype=np.float32)
+    q = x[::100]
+    sharded = DaskIndex(client, 8, n_shards=3)
+    sharded.add(x[:1000])
+    batches = np.split(np.arange(1000, 2000), 5)
+    states = []
+    for end in [1000] + [int(b[-1]) + 1 for b in batches]:
+        one = tinyknn.Index(8)
+        one.add(x[:end])
+        states.append(one.search(q, 20))
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        searches = [pool.submit(lambda: [sharded.search(q, 20) for _ in range(6)]) for _ in range(4)]
+        for batch in batches:
+            sharded.add(x[batch])
+        for answers in (f.result() for f in searches):
+            for d, i in answers:
+                assert any(np.array_equal(i, si) and np.array_equal(d, sd) for sd, si in states)
     sharded.close()
 
 

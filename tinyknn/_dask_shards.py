@@ -55,7 +55,14 @@ class Shards:
         future = self.client.submit(Shard, *self.spec.values(), self.device, path, actor=True, workers=[worker],
                                     allow_other_workers=False, pure=False,
                                     key=f"tinyknn-shard-{self.name}-{number}-{uuid.uuid4().hex[:8]}")
-        actor = future.result()
+        while True:                  # a task pinned to a worker that has gone would wait for it forever
+            try:
+                actor = future.result(timeout=POLL_S)
+                break
+            except (TimeoutError, asyncio.TimeoutError):
+                if worker not in self.client.ncores():
+                    future.release()
+                    raise ShardUnavailable([number], [worker]) from None
         description = actor.describe().result()
         found = {name: description[name] for name in self.spec}
         if found != self.spec:

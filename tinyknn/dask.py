@@ -67,6 +67,9 @@ class DaskIndex:
                               "(distributed and dask[array])") from exc
         if not isinstance(client, Client):
             raise TypeError(f"client must be a distributed.Client; got {type(client).__name__}")
+        if client.asynchronous:
+            raise ValueError("DaskIndex needs a synchronous distributed.Client (its calls block until answered); "
+                             "got one created with asynchronous=True")
         self.client, self.dim, self.metric, self.dtype, self.device = client, dim, metric, dtype, device
         self._storage = numpy_dtype(dtype)
         self._lock = threading.RLock()
