@@ -307,6 +307,9 @@ def test_dask_array_with_a_bad_block_changes_no_shard(client, rng):
     bad = x.copy()
     bad[3500, 2] = np.inf
     assert refusal(lambda: sharded.add(da.from_array(bad, chunks=(1000, 8)))) == refusal(lambda: one.add(bad))
+    for ids in (np.zeros(4000, dtype=np.int64), np.arange(5)):          # the values are checked first, as Index does
+        assert refusal(lambda: sharded.add(da.from_array(bad, chunks=(1000, 8)), ids=ids)) == \
+            refusal(lambda: one.add(bad, ids=ids))
     with pytest.raises(ValueError, match="unknown chunk sizes"):
         sharded.add(da.from_array(x)[da.from_array(x)[:, 0] > 0])
     assert sharded.shard_sizes == [50, 50]

@@ -7,11 +7,11 @@
     D, I = index.search(q, k=10)      # the answer one tinyknn.Index holding every row gives, bit for bit
 
 Each shard is a tinyknn.Index inside a Dask actor (tinyknn._dask_shard), pinned to one worker and handled
-from the client by tinyknn._dask_shards; Dask brings the transport and the scheduling, tinyknn the shards and
-the exact merge (tinyknn._dask_merge). The client
-keeps only the shards' handles and sizes and the next automatic id; ids are unique across the shards
-(checked with them on every add of given ids). Input is checked on the client with Index's own checks and
-messages before any shard changes; an add that fails on a shard part way is undone on the others.
+from the client by tinyknn._dask_shards; Dask brings the transport and the scheduling, tinyknn the shards
+and the exact merge (tinyknn._dask_merge). The client keeps only the shards' handles and sizes and the next
+automatic id; ids are unique across the shards (checked with them on every add of given ids). Input is
+checked on the client with Index's own checks and messages before any shard changes; an add that fails on
+a shard part way is undone on the others.
 
 A shard whose worker is lost is never answered around: a call that needs it raises ShardUnavailable naming
 it; `reload_shard` brings it back from a file written by `save` (one file per shard plus manifest.json).
@@ -48,8 +48,9 @@ class DaskIndex:
       TINYKNN_CPU_THREADS (give each worker process one shard and its cores).
     - add/search/range_search/remove/get/contains take what Index takes (search and range_search: host
       queries) and answer what one Index holding all the rows answers, bit for bit; automatic ids follow
-      Index's rule. `add` also takes a dask.array (chunks of known size; its ids/labels as NumPy).
+      Index's rule. `add` also takes a dask.array (chunks of known size; ids/labels NumPy or dask).
     - Calls from several threads are served one at a time (a search never sees half of an add).
+    - A shard whose worker is lost: ShardUnavailable, never a partial answer; see reload_shard.
     """
 
     def __init__(self, client, dim: int, metric: str = "l2", dtype: str = "float32", device: str = "cpu",
@@ -112,16 +113,20 @@ class DaskIndex:
     def add(self, x, ids=None, labels=None) -> None:
         """Add vectors x (n, dim): NumPy (any Index input), or a dask.array whose blocks are checked and
         handed to the shards on the workers. `ids` and `labels` as Index.add; a failed add changes nothing."""
-        blocks = _is_dask_array(x)
-        vectors = self._dask_rows(x) if blocks else _validate.host_rows(x, self.dim, self.dtype)
-        n = int(vectors.shape[0])
+        blocks = None
+        if _is_dask_array(x):                  # checked in Index's order: the values first, then ids, labels
+            x, blocks = self._checked_blocks(x)
+        else:
+            x = _validate.host_rows(x, self.dim, self.dtype)
+        n = int(x.shape[0])
         given, row_labels = self._ids_and_labels(n, ids, labels)
         with self._lock:
             self._shards.check_alive()
             new = self._new_ids(n, given)
             if n == 0:
                 return
-            ids_of, running = (self._send_blocks if blocks else self._send_rows)(vectors, new, row_labels)
+            ids_of, running = (self._send_rows(x, new, row_labels) if blocks is None
+                               else self._send_blocks(x, blocks, new, row_labels))
             self._shards.add_parts(ids_of, running)
             self._next_auto = max(self._next_auto, int(new.max()) + 1)
 
@@ -160,23 +165,25 @@ class DaskIndex:
             taken.check_new(given, given=True)              # raises Index's message for ids already held
         return given
 
-    def _dask_rows(self, x):
+    def _checked_blocks(self, x):
+        """(x with whole rows per block, its blocks checked and converted where they are computed): Index.add's
+        checks on the workers, the first bad block's error raised before anything else happens."""
+        from dask import delayed
+
         if any(np.isnan(size) for size in x.shape) or any(np.isnan(c) for c in x.chunks[0]):
             raise ValueError("a dask.array of unknown chunk sizes cannot be added (its ids are numbered by row); "
                              "call x.compute_chunk_sizes() first")
         _validate.check_matrix_shape(x.shape, self.dim, "vectors to add")
-        return x.rechunk({1: -1}) if len(x.chunks[1]) > 1 else x
-
-    def _send_blocks(self, x, new: np.ndarray, row_labels):
-        """Each block checked and converted where it is computed, the first bad one failing the add before
-        any shard changed; then each handed to a shard (on the block's worker where the sizes allow) by a
-        task on the shard's worker."""
-        from dask import delayed
-
-        shards = self._shards
-        check = delayed(checked_block, pure=True)
+        x = x.rechunk({1: -1}) if len(x.chunks[1]) > 1 else x
+        check = delayed(checked_block, pure=False)        # fresh keys: a failed add's blocks never come back
         blocks = self.client.compute([check(block, self.dim, self.dtype) for block in x.to_delayed().ravel()])
         self._wait_blocks(blocks)
+        return x, blocks
+
+    def _send_blocks(self, x, blocks: list, new: np.ndarray, row_labels):
+        """Each checked block handed to a shard (one on the block's worker where the sizes allow) by a task on
+        the shard's worker, which gives it to the shard in process."""
+        shards = self._shards
         bounds = np.concatenate(([0], np.cumsum(x.chunks[0]))).astype(np.int64)
         ids_of, running = {}, {}
         for j, (block, shard) in enumerate(zip(blocks, shards.place(blocks, np.diff(bounds)))):
@@ -196,9 +203,7 @@ class DaskIndex:
         wait(blocks)
         for block in blocks:
             if block.status == "error":
-                error = block.exception()
-                self.client.cancel(blocks)
-                raise error.with_traceback(block.traceback())
+                raise block.exception().with_traceback(block.traceback())
 
     def remove(self, ids) -> int:
         """Remove the vectors of `ids` from every shard holding them; how many were removed."""
