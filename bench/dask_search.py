@@ -38,6 +38,7 @@ def parse(argv):
     add("--repeats", type=int, default=7, help="timed rounds (each times all three)")
     add("--warmup", type=int, default=2)
     add("--seed", type=int, default=0)
+    add("--note", default="", help="free text stored in the results (e.g. what else ran on the machine)")
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.queries, args.repeats, args.warmup = min(args.rows, 100_000), 200, 3, 1
