@@ -205,7 +205,7 @@ def bad_call(index, model: Model, kind: str):
         "wrong_dim": lambda: index.add(np.ones((2, dim + 1))), "one_d": lambda: index.add(np.ones(dim)),
         "three_d": lambda: index.add(np.ones((1, 2, dim))), "ints": lambda: index.add(np.ones((2, dim), np.int32)),
         "bools": lambda: index.add(np.ones((2, dim), bool)), "complex": lambda: index.add(good.astype(complex)),
-        "strings": lambda: index.add([["a"] * dim]), "ragged": lambda: index.add([[1.0] * dim, [1.0]]),
+        "strings": lambda: index.add([["a"] * dim]), "ragged": lambda: index.add([[1.0] * dim, [1.0] * (dim + 1)]),
         "masked": lambda: index.add(np.ma.masked_array(good, mask=good > 0)),
         "ids_length": lambda: index.add(good, ids=[1]), "ids_repeat": lambda: index.add(good, ids=[5, 5]),
         "ids_negative": lambda: index.add(good, ids=[-1, 3]), "ids_float": lambda: index.add(good, ids=[1.0, 2.0]),
