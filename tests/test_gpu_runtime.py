@@ -361,10 +361,15 @@ def test_garbage_collection_frees_memory_from_any_thread():
     device.ensure_context()
     baseline = _free_device_bytes()
     chunk = 256 << 20
+    temporaries = []
     for _ in range(40):                              # 10 GiB in total, never more than 256 MiB alive
-        DeviceBuffer(chunk)
+        temporaries.append(DeviceBuffer(chunk)._finalizer)
+    assert not any(f.alive for f in temporaries)     # each freed as its last reference went
     held = [DeviceBuffer(chunk) for _ in range(4)]
-    assert _free_device_bytes() <= baseline - 4 * chunk + (64 << 20)
+    held_finalizers = [b._finalizer for b in held]
+    # The device's free memory is shared with other processes (pytest-xdist runs GPU tests side by side),
+    # so the free-memory checks allow for what they allocate meanwhile; the finalizers are this process's own.
+    assert _free_device_bytes() <= baseline - 4 * chunk + (1 << 30)
     pinned = PinnedBuffer(1 << 20)
     view = pinned.array(np.float32, 1000)
     assert pinned.array(np.float32, 1000) is view    # views are cached per (dtype, shape)
@@ -385,7 +390,8 @@ def test_garbage_collection_frees_memory_from_any_thread():
     thread.start()
     thread.join()
     del view
-    assert _free_device_bytes() >= baseline - (64 << 20)
+    assert not any(f.alive for f in held_finalizers)  # freed on the thread with no current context
+    assert _free_device_bytes() >= baseline - (2 << 30)
 
 
 @pytest.mark.gpu
