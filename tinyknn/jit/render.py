@@ -201,13 +201,25 @@ def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: i
         lanes = 1
         while lanes < 32 and -(-chunks // lanes) > SCAN_CHUNKS_PER_LANE:
             lanes *= 2
-    per_lane = -(-chunks // lanes)
-    query_floats = lanes * per_lane * (stride // chunks)       # a query row in shared memory, padded
+    query_floats = _query_floats(chunks, stride, lanes)
     kp = padded_k(kl)
     if qb is None:
         qb = max(1, min(8, REGISTER_LIST_SLOTS // kp, _pow2_floor(SCAN_QUERY_SMEM // (4 * query_floats))))
     smem = _align16(qb * query_floats * 4) + _align16(qb * 4) + warps * qb * kp * 8
     return {"qb": qb, "lanes": lanes, "warps": warps, "smem": smem, "kl": kl}
+
+
+def _query_floats(chunks: int, stride: int, lanes: int) -> int:
+    """Floats of one query row in shared memory: padded so that each of `lanes` lanes reads whole chunks."""
+    return lanes * -(-chunks // lanes) * (stride // chunks)
+
+
+def _sort_slots(kl: int) -> int:
+    """The power of two the verify step sorts kl candidates in (next_pow2 in merge.cuh)."""
+    return max(2, 1 << (kl - 1).bit_length())
+
+
+_RADIX_BYTES = (256 + 4) * 4    # the radix histogram and gather counters (MERGE_SHARED_FIXED in merge.cuh)
 
 
 def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, warps: int = SINGLE_WARPS,
@@ -219,12 +231,11 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
     chunks, stride = row_layout(dim, dtype)
     if lanes is None:
         lanes = scan_params(dtype, dim, k)["lanes"]
-    query_floats = lanes * -(-chunks // lanes) * (stride // chunks)
     if unroll is None:
         unroll = SINGLE_UNROLL if ITEMSIZE[dtype] > 1 else 1
-    sort_slots = max(2, 1 << (kl - 1).bit_length())
-    slice_bytes = _align16(query_floats * 4) + 16 + rmax * 8 + sort_slots * 8 + (256 + 4) * 4
-    verify_bytes = _align16(sort_slots * 24 + (256 + 4) * 4 + 16) + cmax * 8
+    query_bytes = _align16(_query_floats(chunks, stride, lanes) * 4) + 16
+    slice_bytes = query_bytes + rmax * 8 + _sort_slots(kl) * 8 + _RADIX_BYTES
+    verify_bytes = _align16(verify_params(kl, False)["smem"]) + cmax * 8     # + the lists, copied
     return {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "unroll": unroll, "cmax": cmax,
             "smem": max(slice_bytes, verify_bytes)}
 
@@ -262,8 +273,7 @@ def tiled_params(dtype: str, dim: int, k: int, *, filter_key: bool = False, bq: 
 def verify_params(kl: int, filter_key: bool, warps: int = VERIFY_WARPS) -> dict[str, int]:
     """verify_kernel's layout over kl candidates: float64 keys, ids, float32 keys, positions (each
     next_pow2(kl) slots), the radix histogram and the query's float64 sum of squares."""
-    sort_slots = max(2, 1 << (kl - 1).bit_length())
-    params = {"kl": kl, "warps": warps, "smem": sort_slots * 24 + (256 + 4) * 4 + 16}
+    params = {"kl": kl, "warps": warps, "smem": _sort_slots(kl) * 24 + _RADIX_BYTES + 16}
     if filter_key:
         params["filter"] = 1
     return params
