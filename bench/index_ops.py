@@ -159,6 +159,8 @@ def filtered(b: Bench) -> None:
              (f"{len(allow):,}-id allow-list", allow, lambda q: {"filter": allow}))
     for kind, rows, kwargs in kinds:
         b.check(kind, b.index.search(few, 10, **kwargs(few)), rows, few, 10)
+    label_layout(b)
+    b.check("label, after the reorder", b.index.search(few, 10, labels=np.full(len(few), 7)), label_rows, few, 10)
     for nq in (1, 1000):
         q = b.queries[:nq]
         plain = b.time(f"unfiltered_{nq}q", lambda: b.index.search(q, 10))
@@ -168,6 +170,27 @@ def filtered(b: Bench) -> None:
             b.row(f"filtered 1 % by {kind}, {nq:,} {'query' if nq == 1 else 'queries'}: speed-up", plain / seconds,
                   "x", ">=", 5.0, "cpu+cuda", filtered_ms=seconds * 1e3, unfiltered_ms=plain * 1e3,
                   allowed_rows=len(rows))
+
+
+def label_layout(b: Bench, limit: int = 10_000) -> None:
+    """One-query searches of label 0, 1, 2, ... until the index puts each label's rows together
+    (tinyknn._layout: once the scattered rows read add up to the index's rows; searchers with permute_rows
+    only, the CPU's), each timed: how many it took, their median, and the one that paid for the reorder."""
+    layout, q = b.index._layout, b.queries[:1]
+    if not hasattr(b.index._searcher, "permute_rows"):
+        b.timings["label_layout"] = {"reorders": layout.reorders, "note": "this device's searcher keeps its order"}
+        return
+    clock, samples, before = time.perf_counter, [], layout.reorders
+    while layout.reorders == before and len(samples) < limit:
+        t0 = clock()
+        b.index.search(q, 10, labels=[len(samples) % LABELS])
+        samples.append(clock() - t0)
+    b.timings["label_layout"] = {"searches_until_reorder": len(samples), "reorders": layout.reorders,
+                                 "scattered_1q_median_ms": statistics.median(samples[:-1] or samples) * 1e3,
+                                 "search_with_reorder_ms": samples[-1] * 1e3, "total_s": sum(samples)}
+    print(f"label layout: {len(samples)} one-query labelled searches (median "
+          f"{b.timings['label_layout']['scattered_1q_median_ms']:.2f} ms), then one that reordered the rows: "
+          f"{samples[-1] * 1e3:.0f} ms", flush=True)
 
 
 def removal(b: Bench) -> None:

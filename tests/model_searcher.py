@@ -77,6 +77,12 @@ class ModelSearcher:
         self.truncate(n - r)
         return movers, holes
 
+    def permute_rows(self, order):
+        order = np.asarray(order)
+        assert order.dtype == np.int64 and np.array_equal(np.sort(order), np.arange(len(self.ids))), order
+        self.calls.append(("permute_rows", order))
+        self.rows, self.ids = self.rows[order], self.ids[order]
+
     def get_rows(self, positions):
         assert positions.dtype == np.int64
         return self.rows[positions].copy()

@@ -23,7 +23,7 @@ import pytest
 import tinyknn
 from reference import assert_exact, contract_distances, exact_search
 from serial_order import Clock, Op, Search, State, answers, judge
-from tinyknn import _validate
+from tinyknn import _layout, _validate
 
 SECONDS = float(os.environ.get("TINYKNN_STRESS_SECONDS", "2"))
 DIM, K, ID_SPACE, LABELS = 8, 10, 6000, 4
@@ -119,6 +119,8 @@ def test_searches_are_consistent_with_a_serial_order(device, rng, monkeypatch):
     """8 threads search (plain, filtered, labelled, range) while 1 adds and removes; every answer is the
     exact answer of a state in its window; the quiescent index answers exactly."""
     monkeypatch.setattr(_validate, "CHUNK_BYTES", 8 * DIM * 4)   # float64 adds go over 8 rows at a time
+    monkeypatch.setattr(_layout, "MIN_RUNS", 0)                   # labelled searches reorder the rows often
+    monkeypatch.setattr(_layout, "REORDER_FACTOR", 0.2)
     index, clock, stop = new_index(device), Clock(), threading.Event()
     ids = rng.choice(ID_SPACE, 1800, replace=False).astype(np.int64)
     x, labels = rng.standard_normal((len(ids), DIM)).astype(np.float32), rng.integers(0, LABELS, len(ids))
@@ -138,7 +140,9 @@ def test_searches_are_consistent_with_a_serial_order(device, rng, monkeypatch):
     failures, overlapping = judge(log, searches, "l2", radius)
     assert not failures, f"{len(failures)} of {len(searches)} searches ({len(log)} writer ops): {failures[:3]}"
     assert overlapping, f"none of {len(searches)} searches overlapped one of the {len(log)} writer operations"
-    print(f"{len(searches)} searches, {overlapping} overlapping one of {len(log)} writer operations")
+    print(f"{len(searches)} searches, {overlapping} overlapping one of {len(log)} writer operations, "
+          f"{index._layout.reorders} label reorders")
+    assert index._layout.reorders > 0 or not hasattr(index._searcher, "permute_rows")
 
     final = State(DIM)               # quiescent: every kind of search answers exactly over the final state
     for op in log:

@@ -406,6 +406,7 @@ _steps = st.one_of(
     st.tuples(st.just("range"), st.integers(1, 3), st.sampled_from(["none", "filter", "labels"]), _seeds),
     st.tuples(st.just("get"), st.integers(0, 5), _seeds),
     st.tuples(st.just("round_trip"),),
+    st.tuples(st.just("reorder"),),
 )
 
 
@@ -463,6 +464,9 @@ def _run_steps(device, metric, dtype, steps):
                                   np.array([oracle.vectors[int(i)] for i in chosen]).reshape(len(chosen), 3))
             assert index.contains(np.concatenate([chosen, removed[:3]]).astype(np.int64)).tolist() == \
                 [True] * len(chosen) + [False] * len(removed[:3])
+        elif step[0] == "reorder" and hasattr(index._searcher, "permute_rows"):
+            with index._add_lock, index._view:                  # what a labelled search does once it is due
+                index._put_labels_together(index._searcher)
         elif step[0] == "round_trip":
             index = pickle_round_trip(index)
             next_auto = max(oracle.vectors, default=-1) + 1

@@ -26,7 +26,9 @@ class Searcher(Protocol):
     there are (pad with id -1, distance +inf for l2, -inf for ip and cosine). `remove_rows(positions)`
     (sorted unique int64) swap-removes those rows at once and returns (moved_from, moved_to), int64
     arrays of the rows that moved; `get_rows(positions)` the stored rows (any int64 positions, in
-    order) in the storage dtype; `range_search` FAISS's (lims, distances, ids) (INDEX_OPS.md)."""
+    order) in the storage dtype; `range_search` FAISS's (lims, distances, ids) (INDEX_OPS.md). Optional:
+    `permute_rows(order)` (new row i is old row order[i], every row once; all or nothing), which lets the
+    Index keep each label's rows together (tinyknn._layout); a searcher without it keeps its order."""
 
     def add(self, vectors, ids: np.ndarray) -> None: ...
     def truncate(self, n_rows: int) -> None: ...

@@ -16,7 +16,8 @@ Until the first removal serial == row, and no more is stored. A removal (the sea
 from the end move into the holes) creates two int64 columns, serial -> row (-1: removed) and row ->
 serial, and updates them in O(removed) (`apply_removal`); the stores never change for it. An id added
 again after its removal gets its old serial back, so no store ever holds an id twice. Once removed
-serials outnumber the rows held, the stores are rebuilt from the live rows (serial == row again).
+serials outnumber the rows held, the stores are rebuilt from the live rows (serial == row again). A
+reorder of every row (tinyknn._layout) is the same two columns permuted, O(rows).
 """
 
 from __future__ import annotations
@@ -167,6 +168,15 @@ class IdMap:
         self._dead += len(rows)
         if self._dead > max(RECENT_LIMIT, self.count):
             self._rebuild()
+
+    def apply_permutation(self, order: np.ndarray) -> None:
+        """The searcher reordered its rows: new row i holds what row order[i] held (every row once)."""
+        if self._row_of_serial is None:
+            self._row_of_serial = np.arange(max(self.next_serial, 16), dtype=np.int64)
+            self._serial_of_row = np.arange(max(self.count, 16), dtype=np.int64)
+        serials = self._serial_of_row[order]
+        self._serial_of_row[:self.count] = serials
+        self._row_of_serial[serials] = np.arange(self.count, dtype=np.int64)
 
     def ids_of_rows(self) -> np.ndarray:
         """The id of every row (row order), from the stores: O(ids ever held since the last rebuild)."""

@@ -9,7 +9,9 @@ Two structures, kept in step by the Index (under its bookkeeping lock):
   first search that asks for a label folds its log into one sorted array, in O(that label's rows), so
   a removal costs O(rows removed or moved) whatever the labels hold, and a label's search pays only for
   the label it reads.
-Until the first labelled add nothing is stored (an index without labels costs nothing).
+Until the first labelled add nothing is stored (an index without labels costs nothing). When the Index
+reorders its rows label by label (tinyknn._layout), `partitioned_order` is that order and
+`apply_permutation` rebuilds both structures from the permuted column (each label then one run of rows).
 """
 
 from __future__ import annotations
@@ -123,6 +125,23 @@ class Labels:
         arriving = dict(_by_label(labels_arriving, rows_arriving))
         for label, gone in _by_label(labels_dropped, dropped):
             self._log(label, (gone, arriving.get(label, _EMPTY)))
+
+    def partitioned_order(self) -> np.ndarray:
+        """The row order that puts each label's rows together (labels ascending, each label's rows in their
+        present order), the rows without a label last (tinyknn._layout)."""
+        if self._values is None:
+            return np.arange(self.count, dtype=np.int64)
+        values, has = self._values[:self.count], self._has[:self.count]
+        return np.lexsort((values, ~has)).astype(np.int64)
+
+    def apply_permutation(self, order: np.ndarray) -> None:
+        """The searcher reordered its rows: new row i holds what row order[i] held (every row once)."""
+        if self._values is None:
+            return
+        values, has = self._values[order], self._has[order]
+        self._values[:self.count], self._has[:self.count] = values, has
+        rows = np.flatnonzero(has)
+        self._rows = {label: [group] for label, group in _by_label(values[rows], rows)}
 
     def nbytes(self) -> int:
         column = 0 if self._values is None else self._values.nbytes + self._has.nbytes

@@ -1,7 +1,8 @@
 """Index: owns the database's ids and labels, validates every input, and hands the work to a searcher.
 
 Ids and labels map onto row positions here (tinyknn._ids, tinyknn._labels); a filtered or labelled
-search becomes searcher calls over the allowed rows (tinyknn._groups). No CUDA and no ctypes here: the
+search becomes searcher calls over the allowed rows (tinyknn._groups), and labelled searches that read
+scattered rows make the index put each label's rows together (tinyknn._layout). No CUDA and no ctypes here: the
 searchers (tinyknn._backends) are imported lazily, so `import tinyknn` works on a machine with no GPU,
 driver or compiler.
 """
@@ -9,6 +10,7 @@ driver or compiler.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import threading
 from typing import Any, BinaryIO
@@ -22,8 +24,11 @@ from ._backends import DEVICES, Searcher, parse_device, parse_storage  # noqa: F
 from ._backends import make_searcher as _make_searcher  # tests replace it with a model searcher
 from ._ids import IdMap
 from ._labels import Labels
+from ._layout import LabelLayout
 from ._persist import FILE_FORMAT, FILE_VERSION  # noqa: F401 - re-exported for callers and tests
 from .spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
+
+_log = logging.getLogger(__name__)
 
 
 class Index:
@@ -62,6 +67,7 @@ class Index:
         self.storage = parse_storage(storage, self.device)
         self._ids = IdMap()
         self._labels = Labels()
+        self._layout = LabelLayout()
         self._add_lock = threading.Lock()      # one change (add, remove, reset, save) at a time
         # ids/labels -> rows and the searcher call that uses the rows happen under _view, so that a
         # removal (which moves rows) can never come between them; unfiltered searches need neither.
@@ -230,6 +236,7 @@ class Index:
         queries = self._queries(q)
         if filter is None and labels is None:
             return self._whole_adds_only(searcher.search, queries, k)
+        self._reorder_if_due(searcher, labels)
         with self._view:
             parts = self._groups(queries, filter, labels)
             return _groups.knn(searcher.search, queries, queries.shape[0], k, parts)
@@ -249,6 +256,7 @@ class Index:
                             "varying length: pass q.get() (CuPy) or q.cpu().numpy() (torch)")
         if filter is None and labels is None:
             return self._whole_adds_only(searcher.range_search, queries, radius, None)
+        self._reorder_if_due(searcher, labels)
         with self._view:
             parts = self._groups(queries, filter, labels)
             return _groups.ranges(searcher.range_search, queries, queries.shape[0], radius, parts)
@@ -265,10 +273,35 @@ class Index:
         allowed = None if filter is None else self._ids.rows_present(_ops.id_list(filter, "filter"))
         query_labels = None if labels is None else _ops.labels(labels, n_queries, "labels (one per query)")
         parts = _groups.groups(n_queries, allowed, query_labels, self._labels.rows_of)
+        if query_labels is not None:
+            for part in parts:
+                self._layout.record(part.rows)
         if isinstance(queries, _validate.DeviceArray) and (len(parts) > 1 or parts[0].queries is not None):
             raise ValueError("labels with CUDA queries must be one label for all of them; pass host queries "
                              "or search each label's queries on their own")
         return parts
+
+    def _reorder_if_due(self, searcher: Searcher, labels) -> None:
+        """Before a labelled search: put each label's rows together once the labelled searches have read
+        as many scattered rows as that costs (tinyknn._layout), on searchers that can reorder (the CPU's).
+        A reorder the memory cannot hold is skipped with a warning; it changes nothing, and no answer."""
+        if labels is None or not hasattr(searcher, "permute_rows") or not self._layout.due(self._ids.count):
+            return
+        with self._add_lock, self._view:
+            if self._layout.due(self._ids.count):
+                self._put_labels_together(searcher)
+
+    def _put_labels_together(self, searcher: Searcher) -> None:
+        """Reorder the rows label by label (tinyknn._layout), the maps in step (call under both locks)."""
+        order = self._labels.partitioned_order()
+        try:
+            searcher.permute_rows(order)
+        except MemoryError as exc:
+            _log.warning("tinyknn: skipped putting each label's rows together (%s); searches stay exact", exc)
+        else:
+            self._ids.apply_permutation(order)
+            self._labels.apply_permutation(order)
+        self._layout.reordered()
 
     def reset(self) -> None:
         """Remove every vector (the index keeps its dim, metric, dtype and device)."""
@@ -276,6 +309,7 @@ class Index:
             self._open_searcher().reset()
             self._ids.reset()
             self._labels.reset()
+            self._layout.scattered_runs = 0
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -220,6 +220,15 @@ __attribute__((visibility("default"))) int tk_index_remove_rows(tk_index* index,
   });
 }
 
+__attribute__((visibility("default"))) int tk_index_permute_rows(tk_index* index, const int64_t* order, int64_t n,
+                                                                 int threads) {
+  return guarded([&] {
+    require(n >= 0, "n must be >= 0");
+    require(n == 0 || order != nullptr, "a pointer is null");
+    open(index).permute_rows(order, n, threads < 1 ? 1 : threads);
+  });
+}
+
 __attribute__((visibility("default"))) int tk_index_get_rows(tk_index* index, const int64_t* positions, int64_t n,
                                                              void* vectors) {
   return guarded([&] {

@@ -3,7 +3,8 @@
 // Index operations (issue 14) work on row positions: a filtered search gathers the allowed rows into the
 // calling thread's temporary index (or, for a few float32 l2 queries, their float16 sketch rows) and
 // searches that, so its cost follows the rows allowed; remove_rows swap-removes (the last rows move into
-// the holes, in the panels, ids, inverse norms and sketch alike); range_search is range.h's.
+// the holes, in the panels, ids, inverse norms and sketch alike); permute_rows copies every row into a new
+// order (the Index's label-partitioned order: a label's rows then gather as one run); range_search is range.h's.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -67,6 +68,9 @@ class AnyIndex {
   // Removes rows positions[0 .. m) (sorted, unique, in range): the last live rows move into the holes;
   // returns how many moved, their old rows in moved_from and new rows in moved_to (both ascending).
   virtual int64_t remove_rows(const int64_t* positions, int64_t m, int64_t* moved_from, int64_t* moved_to) = 0;
+  // Puts the rows in the order order[0 .. n) (n = size, a permutation: new row i is old row order[i]), with
+  // `threads` threads; everything is allocated first (the strong guarantee).
+  virtual void permute_rows(const int64_t* order, int64_t n, int threads) = 0;
   // Rows positions[0 .. m) (any order, in range) into out, m * dim elements of the storage type.
   virtual void get_rows(const int64_t* positions, int64_t m, void* out) = 0;
   // range.h over every row (rows == nullptr) or rows[0 .. m) (sorted, unique, in range).
@@ -195,6 +199,25 @@ class Index final : public AnyIndex {
     db_.truncate(n_new);
     sketch_.truncate(sketched_ ? n_new : 0);
     return moved;
+  }
+
+  // The Index's label-partitioned order (tinyknn/_layout.py): a fresh copy of every row in the new order,
+  // swapped in under the writer gate, so a concurrent search sees the old order or the new one.
+  void permute_rows(const int64_t* order, int64_t n, int threads) override {
+    std::unique_lock<WriterFirstGate> lock(gate_);
+    require(n == db_.size(), "permute: the order must hold every row once");
+    std::vector<char> seen((std::size_t)n, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      require(order[i] >= 0 && order[i] < n && !seen[(std::size_t)order[i]],
+              "permute: the order must hold every row position once");
+      seen[(std::size_t)order[i]] = 1;
+    }
+    Database<Storage> rows(db_.dim());
+    rows.assign_rows(db_, order, n, Metric::needs_norms, on_threads(threads));
+    Sketch sketch(sketched_ ? db_.dim() : 1);
+    if (sketched_) sketch.assign_rows(sketch_, order, n, on_threads(threads));
+    db_ = std::move(rows);
+    if (sketched_) sketch_ = std::move(sketch);
   }
 
   void get_rows(const int64_t* positions, int64_t m, void* out) override {

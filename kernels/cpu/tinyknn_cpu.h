@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define TK_ABI_VERSION 5
+#define TK_ABI_VERSION 6
 
 #ifdef __cplusplus
 extern "C" {
@@ -72,6 +72,9 @@ int tk_index_search_rows(tk_index* index, const float* queries, int64_t nq, int6
 // ascending). Fails only in its checks, before anything changes.
 int tk_index_remove_rows(tk_index* index, const int64_t* positions, int64_t n, int64_t* moved_from,
                          int64_t* moved_to, int64_t* n_moved);
+// Reorders the rows: new row i is old row order[i] (order: every position in [0, size) once, n = size). A
+// copy of the rows is made first (fails with nothing changed), then swapped in; `threads` gather it.
+int tk_index_permute_rows(tk_index* index, const int64_t* order, int64_t n, int threads);
 // Copies rows positions[0 .. n) (any order, in [0, size)) into vectors (n * dim elements of the dtype).
 int tk_index_get_rows(tk_index* index, const int64_t* positions, int64_t n, void* vectors);
 // Every row (rows == NULL) or every row of rows[0 .. n_rows) whose contract float64 distance is strictly

@@ -45,6 +45,7 @@ _SIGNATURES = {
     "tk_index_search_rows": ([_ptr, _ptr, _i64, _i64, _int, _ptr, _i64, _ptr, _ptr], _int),
     "tk_index_remove_rows": ([_ptr, _ptr, _i64, _ptr, _ptr, ctypes.POINTER(_i64)], _int),
     "tk_index_get_rows": ([_ptr, _ptr, _i64, _ptr], _int),
+    "tk_index_permute_rows": ([_ptr, _ptr, _i64, _int], _int),
     "tk_index_range_search": ([_ptr, _ptr, _i64, ctypes.c_double, _ptr, _i64, _int, ctypes.POINTER(_ptr)], _int),
     "tk_range_total": ([_ptr, ctypes.POINTER(_i64)], _int),
     "tk_range_copy": ([_ptr, _ptr, _ptr, _ptr], _int),

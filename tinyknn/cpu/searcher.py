@@ -8,7 +8,8 @@ distances by the smaller id, the float64 distances rounded to float32 (kernels/c
 
 Index operations work on row positions (the Index maps ids and labels onto them), with GpuSearcher's meaning:
 search(rows=) over the allowed rows only (gathered into a temporary index of the library's), remove_rows
-(swap-remove: the last rows move into the holes), get_rows, range_search (kernels/cpu/range.h).
+(swap-remove: the last rows move into the holes), get_rows, range_search (kernels/cpu/range.h),
+permute_rows (the Index's label-partitioned order, tinyknn._layout).
 """
 
 from __future__ import annotations
@@ -93,6 +94,14 @@ class CpuSearcher:
         self._call("removing rows", self._library.tk_index_remove_rows, positions.ctypes.data, len(positions),
                    moved_from.ctypes.data, moved_to.ctypes.data, ctypes.byref(moved))
         return moved_from[:moved.value].copy(), moved_to[:moved.value].copy()
+
+    def permute_rows(self, order) -> None:
+        """Reorder the rows: new row i is old row order[i] (every row once). The library copies them in the new
+        order first, then swaps the copy in (a concurrent search sees one order or the other; a failed
+        allocation changes nothing): the Index's label-partitioned order (tinyknn._layout)."""
+        order = _positions(order, "order")
+        self._call("reordering the rows", self._library.tk_index_permute_rows, order.ctypes.data, len(order),
+                   self._threads)
 
     def get_rows(self, positions) -> np.ndarray:
         """Copies of the stored rows at `positions` (any order), (len, dim) in the storage dtype."""

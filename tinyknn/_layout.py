@@ -1,0 +1,41 @@
+"""LabelLayout: when the index puts each label's rows together (DESIGN: "a label-partitioned order").
+
+A labelled search reads the label's rows from the searcher's panels (kernels/cpu/database.h: a panel
+holds kPanel rows dimension by dimension). Rows that lie together stream; a row on its own costs a cache
+line per dimension, so a 1 % label spread over the index reads ~15 % of it (measured: bench/NOTES_INDEX_OPS.md).
+Reordering every row so that each label's rows are contiguous costs about one such scattered read per row.
+
+The policy is the ski-rental one: the runs of scattered rows that labelled searches read since the last
+reorder are counted (a run is a stretch of consecutive rows: its first row is the scattered read), and once
+they reach the index's row count, what the searches lost equals what a reorder costs, and the index
+reorders (at most twice the cost of the better choice made in hindsight, whatever the searches do). Adds
+append at the end and removals fill holes with the last rows, so the order decays and is restored the same
+way. Only searchers that can reorder their rows (`permute_rows`: the CPU one) take part.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+REORDER_FACTOR = 1.0          # reorder once the scattered runs read reach this many times the rows held
+MIN_RUNS = 4096               # below this a reorder costs too little to matter, and is never worth planning
+
+
+class LabelLayout:
+    """Counts the scattered reads of labelled searches and says when a reorder has paid for itself."""
+
+    def __init__(self):
+        self.scattered_runs = 0       # since the last reorder (or the index's creation)
+        self.reorders = 0             # reorders done (diagnostics, tests, bench)
+
+    def record(self, rows: np.ndarray) -> None:
+        """A labelled searcher call read `rows` (sorted, unique): count its runs beyond the first."""
+        if len(rows) > 1:
+            self.scattered_runs += int(np.count_nonzero(np.diff(rows) != 1))
+
+    def due(self, n_rows: int) -> bool:
+        return self.scattered_runs >= max(MIN_RUNS, REORDER_FACTOR * n_rows)
+
+    def reordered(self) -> None:
+        self.scattered_runs = 0
+        self.reorders += 1
