@@ -76,6 +76,52 @@ def test_filtered_few_queries_go_through_the_gathered_sketch(rng):
     searcher.close()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("metric", METRICS)
+def test_runs_of_consecutive_rows_at_every_offset(metric, dtype, rng):
+    """Runs of consecutive rows (a label's rows once the Index has put them together) are gathered a panel
+    line at a time (database.h copy_panel_of_rows): every start offset in a panel, runs shorter and longer than
+    a panel, mixed with single rows, each search exact."""
+    panel = library.build_param("panel_rows")
+    searcher, db, ids = build(rng, metric, dtype, n=12 * panel + 5, dim=19)
+    q = data(rng, 3, 19, dtype)
+    for start in range(panel + 1):
+        for length in (panel - 1, panel, panel + 1, 3 * panel + 2):
+            run = np.arange(start, start + length, dtype=np.int64)
+            mixed = np.concatenate([[0], run + 3, run + 6 * panel, [12 * panel + 4]]).astype(np.int64)
+            for rows in (run, np.unique(mixed)):
+                d, i = searcher.search(q, 4, rows=rows)
+                assert_exact(d, i, db[rows], q, 4, metric, NUMPY[dtype], id_map=ids[rows])
+    searcher.close()
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_runs_that_cross_a_block_of_panels(metric, rng):
+    """A run whose panels lie in two blocks (database.h kBlockBytes: 64 MiB of panels each) is copied an element
+    at a time where the two source panels are not adjacent. 2,048 dims: float32 blocks of 8,192 rows, float16
+    sketch blocks (l2 float32, one query) of 16,384 rows; runs across both, long enough for the sketch."""
+    dim, boundary, length = 2048, (64 << 20) // (2048 * 2), sketch_rows()
+    db = data(rng, boundary + length, dim, "float32")
+    base = 10 * data(rng, 1, dim, "float32")[0]
+    for edge in (boundary // 2, boundary):      # the 8 rows around each edge are the query's 8 best
+        db[edge - 4:edge + 4] = base + data(rng, 8, dim, "float32")
+    ids = rng.permutation(10 * len(db))[:len(db)].astype(np.int64)
+    searcher = CpuSearcher(dim, metric, "float32")
+    for part in (slice(0, boundary // 2), slice(boundary // 2, boundary), slice(boundary, None)):
+        searcher.add(db[part], ids[part])     # each add maps its own blocks: block edges are not adjacent
+    q = base[None, :]
+    sketched = searcher.sketch_counts()
+    for edge in (boundary // 2, boundary):
+        for start in (edge - length + 100, edge - 37, edge - library.build_param("panel_rows")):
+            rows = np.arange(start, start + length, dtype=np.int64)
+            d, i = searcher.search(q, 8, rows=rows)
+            assert_exact(d, i, db[rows], q, 8, metric, id_map=ids[rows])
+    # l2: every search went through the gathered sketch (a search it could not prove is answered from the
+    # gathered float32 rows, which cross the float32 blocks' edges too)
+    assert sum(searcher.sketch_counts()) - sum(sketched) == (6 if metric == "l2" else 0)
+    searcher.close()
+
+
 def test_filtered_searches_from_several_threads_at_once(rng):
     """Each calling thread gathers into its own temporary index (and sketch): concurrent filtered searches with
     different allowed rows never see each other's rows."""
