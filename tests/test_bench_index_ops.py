@@ -33,4 +33,4 @@ def test_index_ops_bench_cpu_writes_every_target_row(tmp_path):
         assert row["met"] == (row["measured"] <= row["limit"] if row["direction"] == "<=" else
                               row["measured"] >= row["limit"]), row
     assert {row["target_applies"] for row in rows} == {True, False}    # the cuda-only rows say so
-    assert len(results["exactness"]) == 8 and results["all_exact"], results["exactness"]
+    assert len(results["exactness"]) == 9 and results["all_exact"], results["exactness"]
