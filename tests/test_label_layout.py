@@ -87,8 +87,9 @@ def test_a_reorder_changes_no_answer_id_label_or_file(backend, rng, metric, dtyp
 
 
 def test_labelled_searches_reorder_once_the_scattered_reads_reach_the_rows(backend, rng, monkeypatch):
-    """Ski rental: the scattered runs that labelled searches read are counted; once they reach the index's
-    rows, the next labelled search reorders first; unfiltered and filter-only searches count nothing."""
+    """Ski rental: the scattered runs that labelled searches read are counted; once they reach REORDER_FACTOR
+    times the index's rows, the next labelled search reorders first; unfiltered and filter-only searches
+    count nothing."""
     monkeypatch.setattr(_layout, "MIN_RUNS", 0)
     index = scattered_index(rng)
     q = rng.standard_normal((1, 8)).astype(np.float32)
@@ -104,7 +105,8 @@ def test_labelled_searches_reorder_once_the_scattered_reads_reach_the_rows(backe
         assert_exact(*got, index._searcher.get_rows(want).astype(np.float32)
                      if backend == "cpu" else index._searcher.rows[want], q, 5, "l2",
                      id_map=index._ids.ids_of_rows()[want])
-    assert runs[-1] >= index.ntotal and all(r < index.ntotal for r in runs[:-1])
+    due = _layout.REORDER_FACTOR * index.ntotal
+    assert runs[-1] >= due and all(r < due for r in runs[:-1])
     assert len(runs) > 2 and label_rows_are_contiguous(index)
     assert index._layout.scattered_runs == 0    # the search that reordered read contiguous rows
     for label in range(5):
@@ -136,11 +138,12 @@ def test_a_reorder_that_cannot_allocate_changes_nothing(backend, rng, monkeypatc
         raise MemoryError("reordering the rows: out of memory (a test)")
 
     monkeypatch.setattr(index._searcher, "permute_rows", refuse)
-    index._layout.scattered_runs = index.ntotal
+    index._layout.scattered_runs = int(_layout.REORDER_FACTOR * index.ntotal) + 1
     with caplog.at_level(logging.WARNING, logger="tinyknn"):
         index.search(rng.standard_normal((1, 8)).astype(np.float32), 3, labels=[2])
     assert "skipped putting each label's rows together" in caplog.text
-    assert np.array_equal(index._labels.rows_of(2), rows_before) and index._layout.scattered_runs < index.ntotal
+    assert np.array_equal(index._labels.rows_of(2), rows_before)
+    assert index._layout.scattered_runs < _layout.REORDER_FACTOR * index.ntotal
     for was, now in zip(before, answers(index, np.random.default_rng(seed))):
         assert np.array_equal(was, now)
 

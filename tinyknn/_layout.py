@@ -1,14 +1,15 @@
 """LabelLayout: when the index puts each label's rows together (DESIGN: "a label-partitioned order").
 
 A labelled search reads the label's rows from the searcher's panels (kernels/cpu/database.h: a panel
-holds kPanel rows dimension by dimension). Rows that lie together stream; a row on its own costs a cache
-line per dimension, so a 1 % label spread over the index reads ~15 % of it (measured: bench/NOTES_INDEX_OPS.md).
-Reordering every row so that each label's rows are contiguous costs about one such scattered read per row.
+holds kPanel rows dimension by dimension). Rows that lie together are copied a panel line at a time; a row
+on its own costs a cache line per dimension, so a 1 % label spread over the index touches ~15 % of its
+lines (bench/NOTES_INDEX_OPS.md). Reordering every row so that each label's rows are contiguous is a copy
+of every row in the new order.
 
 The policy is the ski-rental one: the runs of scattered rows that labelled searches read since the last
 reorder are counted (a run is a stretch of consecutive rows: its first row is the scattered read), and once
-they reach the index's row count, what the searches lost equals what a reorder costs, and the index
-reorders (at most twice the cost of the better choice made in hindsight, whatever the searches do). Adds
+they reach REORDER_FACTOR times the rows held, what the searches lost is about what a reorder costs, and the
+index reorders (then at most about twice the cost of the better choice made in hindsight). Adds
 append at the end and removals fill holes with the last rows, so the order decays and is restored the same
 way. Only searchers that can reorder their rows (`permute_rows`: the CPU one) take part.
 """
@@ -17,7 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-REORDER_FACTOR = 1.0          # reorder once the scattered runs read reach this many times the rows held
+# Reorder once the scattered runs read reach this many times the rows held: measured on the CPU (1M x 128
+# float32, labels of 1 %: bench/NOTES_INDEX_OPS.md) a reorder costs ~1.6 us a row (a copy of every row in
+# the new order, its pages faulted in) and a scattered run ~0.27 us more than reading it in a run.
+REORDER_FACTOR = 6.0
 MIN_RUNS = 4096               # below this a reorder costs too little to matter, and is never worth planning
 
 
