@@ -112,7 +112,7 @@ def test_runs_that_cross_a_block_of_panels(metric, rng):
     q = base[None, :]
     sketched = searcher.sketch_counts()
     for edge in (boundary // 2, boundary):
-        for start in (edge - length + 100, edge - 37, edge - library.build_param("panel_rows")):
+        for start in (max(0, edge - length + 100), edge - 37, edge - library.build_param("panel_rows")):
             rows = np.arange(start, start + length, dtype=np.int64)
             d, i = searcher.search(q, 8, rows=rows)
             assert_exact(d, i, db[rows], q, 8, metric, id_map=ids[rows])
