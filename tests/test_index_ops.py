@@ -466,7 +466,7 @@ def _run_steps(device, metric, dtype, steps):
                 [True] * len(chosen) + [False] * len(removed[:3])
         elif step[0] == "reorder" and hasattr(index._searcher, "permute_rows"):
             with index._add_lock, index._view:                  # what a labelled search does once it is due
-                index._put_labels_together(index._searcher)
+                index._layout.reorder(index._searcher, index._ids, index._labels)
         elif step[0] == "round_trip":
             index = pickle_round_trip(index)
             next_auto = max(oracle.vectors, default=-1) + 1

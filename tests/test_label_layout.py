@@ -71,7 +71,7 @@ def test_a_reorder_changes_no_answer_id_label_or_file(backend, rng, metric, dtyp
     before, saved = answers(index, np.random.default_rng(seed)), io.BytesIO()
     assert not label_rows_are_contiguous(index)
     with index._add_lock, index._view:
-        index._put_labels_together(index._searcher)
+        index._layout.reorder(index._searcher, index._ids, index._labels)
     assert label_rows_are_contiguous(index) and index._layout.reorders == 1
     after = answers(index, np.random.default_rng(seed))
     for was, now in zip(before, after):

@@ -16,7 +16,11 @@ way. Only searchers that can reorder their rows (`permute_rows`: the CPU one) ta
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+
+_log = logging.getLogger(__name__)
 
 # Reorder once the scattered runs read reach this many times the rows held: measured on the CPU (1M x 128
 # float32, labels of 1 %: bench/NOTES_INDEX_OPS.md) a reorder costs ~1.6 us a row (a copy of every row in
@@ -40,6 +44,17 @@ class LabelLayout:
     def due(self, n_rows: int) -> bool:
         return self.scattered_runs >= max(MIN_RUNS, REORDER_FACTOR * n_rows)
 
-    def reordered(self) -> None:
+    def reorder(self, searcher, ids, labels) -> None:
+        """Reorder the searcher's rows label by label, the IdMap `ids` and the Labels `labels` in step (the
+        caller holds the Index's locks). A MemoryError from the searcher (which then changed nothing) skips
+        it with a warning; either way the count starts over."""
+        order = labels.partitioned_order()
+        try:
+            searcher.permute_rows(order)
+        except MemoryError as exc:
+            _log.warning("tinyknn: skipped putting each label's rows together (%s); searches stay exact", exc)
+        else:
+            ids.apply_permutation(order)
+            labels.apply_permutation(order)
         self.scattered_runs = 0
         self.reorders += 1

@@ -10,7 +10,6 @@ driver or compiler.
 from __future__ import annotations
 
 import io
-import logging
 import os
 import threading
 from typing import Any, BinaryIO
@@ -27,8 +26,6 @@ from ._labels import Labels
 from ._layout import LabelLayout
 from ._persist import FILE_FORMAT, FILE_VERSION  # noqa: F401 - re-exported for callers and tests
 from .spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
-
-_log = logging.getLogger(__name__)
 
 
 class Index:
@@ -289,19 +286,7 @@ class Index:
             return
         with self._add_lock, self._view:
             if self._layout.due(self._ids.count):
-                self._put_labels_together(searcher)
-
-    def _put_labels_together(self, searcher: Searcher) -> None:
-        """Reorder the rows label by label (tinyknn._layout), the maps in step (call under both locks)."""
-        order = self._labels.partitioned_order()
-        try:
-            searcher.permute_rows(order)
-        except MemoryError as exc:
-            _log.warning("tinyknn: skipped putting each label's rows together (%s); searches stay exact", exc)
-        else:
-            self._ids.apply_permutation(order)
-            self._labels.apply_permutation(order)
-        self._layout.reordered()
+                self._layout.reorder(searcher, self._ids, self._labels)
 
     def reset(self) -> None:
         """Remove every vector (the index keeps its dim, metric, dtype and device)."""
