@@ -109,3 +109,20 @@ def use_model(monkeypatch) -> list[ModelSearcher]:
 
     monkeypatch.setattr(tinyknn.index, "_make_searcher", make)
     return made
+
+
+def use_shards(monkeypatch, n_shards: int) -> list:
+    """Every Index created from now on (in this test) gets a ShardedSearcher over n_shards CPU searchers
+    (tinyknn._shards: the multi-GPU index's logic, on the CPU); returns the list of them."""
+    import tinyknn.index
+    from tinyknn._shards import ShardedSearcher
+    from tinyknn.cpu.searcher import CpuSearcher
+
+    made: list = []
+
+    def make(device, dim, metric, dtype):
+        made.append(ShardedSearcher([CpuSearcher(dim, metric, dtype) for _ in range(n_shards)], metric))
+        return made[-1]
+
+    monkeypatch.setattr(tinyknn.index, "_make_searcher", make)
+    return made

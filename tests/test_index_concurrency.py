@@ -22,6 +22,7 @@ import pytest
 
 import tinyknn
 from reference import assert_exact, contract_distances, exact_search
+from model_searcher import use_shards
 from serial_order import Clock, Op, Search, State, answers, judge
 from tinyknn import _layout, _validate
 
@@ -114,10 +115,14 @@ def run_threads(targets, stop: threading.Event) -> list[BaseException]:
     return errors
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", [*DEVICES, "sharded"])
 def test_searches_are_consistent_with_a_serial_order(device, rng, monkeypatch):
     """8 threads search (plain, filtered, labelled, range) while 1 adds and removes; every answer is the
-    exact answer of a state in its window; the quiescent index answers exactly."""
+    exact answer of a state in its window; the quiescent index answers exactly. "sharded": 3 CPU searchers
+    behind tinyknn._shards (an add or a removal there is several shard calls)."""
+    if device == "sharded":
+        use_shards(monkeypatch, 3)
+        device = "cpu"
     monkeypatch.setattr(_validate, "CHUNK_BYTES", 8 * DIM * 4)   # float64 adds go over 8 rows at a time
     monkeypatch.setattr(_layout, "MIN_RUNS", 0)                   # labelled searches reorder the rows often
     monkeypatch.setattr(_layout, "REORDER_FACTOR", 0.2)

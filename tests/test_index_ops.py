@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tinyknn
-from model_searcher import ModelSearcher, use_model
+from model_searcher import ModelSearcher, use_model, use_shards
 from reference import LARGER_IS_BETTER, assert_exact, contract_distances, exact_search
 from tinyknn.spec import numpy_dtype
 
@@ -30,11 +30,15 @@ def _has_protocol(device: str) -> bool:
     return all(hasattr(searcher, name) for name in ("remove_rows", "get_rows", "range_search"))
 
 
-@pytest.fixture(params=["model", "cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.fixture(params=["model", "cpu", "sharded", pytest.param("cuda", marks=pytest.mark.gpu)])
 def backend(request, monkeypatch):
-    """(device, searchers made): the model searcher or a real device whose searcher has the new methods."""
+    """(device, searchers made): the model searcher, three CPU searchers behind a ShardedSearcher (the
+    multi-GPU index's logic, tinyknn._shards), or a real device whose searcher has the new methods."""
     if request.param == "model":
         return "cpu", use_model(monkeypatch)
+    if request.param == "sharded":
+        use_shards(monkeypatch, 3)
+        return "cpu", None
     if not _has_protocol(request.param):
         pytest.skip(f"the {request.param} searcher does not implement remove_rows/get_rows/range_search yet")
     return request.param, None
