@@ -1,4 +1,5 @@
-"""The exact merge of per-shard answers (tinyknn.dask; tinyknn._shards): the answer one Index holding every shard's rows gives.
+"""The exact merge of per-shard answers (tinyknn.dask, tinyknn._shards): the answer one Index holding every
+shard's rows gives.
 
 Each shard answers under the exactness contract for its own rows: nearest first by the float64 distance,
 equal float64 distances by the smaller id, distances rounded to float32. Rounding float64 to float32 is
