@@ -319,8 +319,9 @@ class Database {
     }
   }
 
-  // A database of rows rows[0 .. n) of `source` (sorted, in range), ids and inverse norms copied, the
-  // largest norm kept (a bound for the subset too): what a filtered search searches (search.h).
+  // A database of rows rows[0 .. n) of `source` (in range; sorted for a filtered search, any order for
+  // permute_rows), ids and inverse norms copied, the largest norm kept (a bound for the subset too): what a
+  // filtered search searches, and a reorder's new table (search.h).
   // The rows are gathered in pieces of whole panels by `run(pieces, fn(piece))` (the caller's threads).
   template <class Run>
   void assign_rows(const Database& source, const int64_t* rows, int64_t n, bool with_norms, Run run) {
