@@ -21,6 +21,7 @@ from . import _groups, _persist, _validate
 from . import _validate_ops as _ops
 from ._backends import DEVICES, Searcher, parse_device, parse_storage  # noqa: F401 - DEVICES re-exported
 from ._backends import make_searcher as _make_searcher  # tests replace it with a model searcher
+from ._handover import Handover
 from ._ids import IdMap
 from ._labels import Labels
 from ._layout import LabelLayout
@@ -66,6 +67,7 @@ class Index:
         self._labels = Labels()
         self._layout = LabelLayout()
         self._add_lock = threading.Lock()      # one change (add, remove, reset, save) at a time
+        self._handover = Handover(self._add_lock)   # adds in pieces; unfiltered searches see whole adds
         # ids/labels -> rows and the searcher call that uses the rows happen under _view, so that a
         # removal (which moves rows) can never come between them; unfiltered searches need neither.
         self._view = threading.Lock()
@@ -110,7 +112,7 @@ class Index:
             self._ids.check_new(new, given=given is not None)
             if n == 0:
                 return
-            self._hand_over(searcher, vectors, new)
+            self._handover.hand_over(searcher, vectors, new, self._ids.count, self._storage, self.dim)
             with self._view:
                 self._ids.commit(new)
                 self._labels.append(n, row_labels, has_label)
@@ -159,60 +161,6 @@ class Index:
         with self._view:
             return bool(self._ids.rows_of(wanted)[0] >= 0)
 
-    # Odd while an add is being handed to the searcher in pieces (one writer: under _add_lock). Unfiltered
-    # searches take no lock: they read it before and after their searcher call (_whole_adds_only).
-    _pieces_in_flight = 0
-
-    def _hand_over(self, searcher: Searcher, vectors, ids: np.ndarray) -> None:
-        """Give the rows to the searcher; undo what it took if that fails part way.
-
-        Host input in another dtype or layout is converted CHUNK_BYTES at a time into one reused
-        buffer (never a full copy; a fresh allocation per piece would page-fault its memory in again
-        every time), each piece handed over as it is ready. Input already in the storage dtype and
-        C-contiguous, CUDA input, and any input to a searcher without truncate (an older backend) go
-        over in one piece: the searcher copies them straight from where they are. While the pieces go
-        over, _pieces_in_flight is odd (see _whole_adds_only)."""
-        n_before, n = self._ids.count, len(ids)
-        truncate = getattr(searcher, "truncate", None)
-        convert = not isinstance(vectors, _validate.DeviceArray) and (
-            vectors.dtype != self._storage or not vectors.flags.c_contiguous)
-        step = max(1, _validate.CHUNK_BYTES // (self.dim * self._storage.itemsize))
-        if not convert or truncate is None or n <= step:
-            try:
-                searcher.add(_validate.as_storage(vectors, self._storage) if convert else vectors, ids)
-            except BaseException:
-                if truncate is not None:
-                    truncate(n_before)
-                raise
-            return
-        buffer = np.empty((step, self.dim), dtype=self._storage)
-        self._pieces_in_flight += 1          # odd: an unfiltered search that overlaps this is answered again
-        try:
-            for start in range(0, n, step):
-                piece = buffer[:min(step, n - start)]
-                _validate.to_storage(vectors[start:start + step], piece)
-                searcher.add(piece, ids[start:start + step])
-        except BaseException:
-            truncate(n_before)
-            raise
-        finally:
-            self._pieces_in_flight += 1
-
-    def _whole_adds_only(self, call, *args):
-        """call(*args) (an unfiltered searcher call) as if no add were under way, or after it.
-
-        Searcher calls are atomic, but an add handed over in pieces is several of them; an unfiltered
-        search holds no lock of the Index (it must not serialise searches), so it reads the pieces counter
-        before and after its call: if an add in pieces was under way or began meanwhile, the answer may
-        hold part of it and the search is answered again under _add_lock, once that add is complete."""
-        before = self._pieces_in_flight
-        if not before % 2:
-            answer = call(*args)
-            if self._pieces_in_flight == before:
-                return answer
-        with self._add_lock:
-            return call(*args)
-
     def search(self, q: ArrayLike, k: int, *, filter: ArrayLike | None = None,
                labels: ArrayLike | None = None) -> tuple[Any, Any]:
         """The k nearest database vectors of each query: (distances float32 (nq, k), ids int64 (nq, k)).
@@ -232,7 +180,7 @@ class Index:
         k = _ops.search_k(k)
         queries = self._queries(q)
         if filter is None and labels is None:
-            return self._whole_adds_only(searcher.search, queries, k)
+            return self._handover.whole_adds_only(searcher.search, queries, k)
         self._reorder_if_due(searcher, labels)
         with self._view:
             parts = self._groups(queries, filter, labels)
@@ -252,7 +200,7 @@ class Index:
             raise TypeError("range_search takes host (NumPy) queries; its results are host arrays of "
                             "varying length: pass q.get() (CuPy) or q.cpu().numpy() (torch)")
         if filter is None and labels is None:
-            return self._whole_adds_only(searcher.range_search, queries, radius, None)
+            return self._handover.whole_adds_only(searcher.range_search, queries, radius, None)
         self._reorder_if_due(searcher, labels)
         with self._view:
             parts = self._groups(queries, filter, labels)
