@@ -136,8 +136,7 @@ class Panels {
     constexpr int64_t kStep = kLineElements > 0 ? kLineElements : 1;
     const int64_t end = first + n;
     for (int64_t i = first; i < end; ++i) {
-      if (i % kPanel == 0 && i + kPanel <= end && consecutive(rows + i)) {
-        copy_panel_of_rows(source, rows[i], i);
+      if (i % kPanel == 0 && i + kPanel <= end && consecutive(rows + i) && copy_panel_of_rows(source, rows[i], i)) {
         i += kPanel - 1;
         continue;
       }
@@ -203,23 +202,18 @@ class Panels {
   // line is the end of one source panel's line and the start of the next panel's. Where the two panels are
   // adjacent in memory (the loads then never leave the two panels), each line is two unaligned whole-line
   // loads and a bitwise blend: 10,000 consecutive rows gather in about half the time of an element at a
-  // time (measured: bench/NOTES_INDEX_OPS.md); else (a block's edge) an element at a time.
-  void copy_panel_of_rows(const Panels& source, int64_t from, int64_t to) noexcept {
+  // time (measured: bench/NOTES_INDEX_OPS.md). Else (a block's edge) false, nothing copied: gather_rows
+  // then copies those rows one by one.
+  bool copy_panel_of_rows(const Panels& source, int64_t from, int64_t to) noexcept {
     const int64_t offset = from % kPanel, keep = kPanel - offset, line = kPanel * (int64_t)sizeof(Storage);
     const Storage* a = source.slot_of(from - offset);
     Storage* out = slot_of(to);
     if (offset == 0) {
       std::memcpy(out, a, (std::size_t)(line * dim_));
-      return;
+      return true;
     }
     const Storage* b = source.slot_of(from + keep);
-    if (b != a + dim_ * kPanel) {
-      for (int64_t j = 0; j < kPanel; ++j) {
-        const Storage* row = j < keep ? a + offset + j : b + j - keep;
-        for (int64_t d = 0; d < dim_; ++d) out[d * kPanel + j] = row[d * kPanel];
-      }
-      return;
-    }
+    if (b != a + dim_ * kPanel) return false;
     typedef typename LineOf<kPanel * sizeof(Storage)>::type Line;
     Line from_head;
     for (int64_t i = 0; i < line; ++i) from_head[i] = i < keep * (int64_t)sizeof(Storage) ? 0xff : 0;
@@ -230,6 +224,7 @@ class Panels {
       const Line both = (head & from_head) | (tail & ~from_head);
       std::memcpy(out + d * kPanel, &both, line);
     }
+    return true;
   }
 
   Storage* slot_of(int64_t row) const {
