@@ -99,29 +99,27 @@ class ModelSearcher:
 
 def use_model(monkeypatch) -> list[ModelSearcher]:
     """Every Index created from now on (in this test) gets a ModelSearcher; returns the list of them."""
-    import tinyknn.index
-
-    made: list[ModelSearcher] = []
-
-    def make(device, dim, metric, dtype):
-        made.append(ModelSearcher(dim, metric, dtype))
-        return made[-1]
-
-    monkeypatch.setattr(tinyknn.index, "_make_searcher", make)
-    return made
+    return _inject(monkeypatch, lambda dim, metric, dtype: ModelSearcher(dim, metric, dtype))
 
 
 def use_shards(monkeypatch, n_shards: int) -> list:
     """Every Index created from now on (in this test) gets a ShardedSearcher over n_shards CPU searchers
     (tinyknn._shards: the multi-GPU index's logic, on the CPU); returns the list of them."""
-    import tinyknn.index
     from tinyknn._shards import ShardedSearcher
     from tinyknn.cpu.searcher import CpuSearcher
+
+    return _inject(monkeypatch, lambda dim, metric, dtype: ShardedSearcher(
+        [CpuSearcher(dim, metric, dtype) for _ in range(n_shards)], metric))
+
+
+def _inject(monkeypatch, build) -> list:
+    """Index's searcher factory replaced by build(dim, metric, dtype); the searchers made are listed."""
+    import tinyknn.index
 
     made: list = []
 
     def make(device, dim, metric, dtype):
-        made.append(ShardedSearcher([CpuSearcher(dim, metric, dtype) for _ in range(n_shards)], metric))
+        made.append(build(dim, metric, dtype))
         return made[-1]
 
     monkeypatch.setattr(tinyknn.index, "_make_searcher", make)

@@ -157,9 +157,7 @@ class IdMap:
         """The searcher removed `rows` (sorted, unique) and moved rows moved_from[i] -> moved_to[i]."""
         if len(rows) == 0:
             return
-        if self._row_of_serial is None:
-            self._row_of_serial = np.arange(max(self.next_serial, 16), dtype=np.int64)
-            self._serial_of_row = np.arange(max(self.count, 16), dtype=np.int64)
+        self._keep_columns()
         gone, moving = self._serial_of_row[rows], self._serial_of_row[moved_from]
         self._row_of_serial[gone] = -1
         self._row_of_serial[moving] = moved_to
@@ -171,12 +169,16 @@ class IdMap:
 
     def apply_permutation(self, order: np.ndarray) -> None:
         """The searcher reordered its rows: new row i holds what row order[i] held (every row once)."""
-        if self._row_of_serial is None:
-            self._row_of_serial = np.arange(max(self.next_serial, 16), dtype=np.int64)
-            self._serial_of_row = np.arange(max(self.count, 16), dtype=np.int64)
+        self._keep_columns()
         serials = self._serial_of_row[order]
         self._serial_of_row[:self.count] = serials
         self._row_of_serial[serials] = np.arange(self.count, dtype=np.int64)
+
+    def _keep_columns(self) -> None:
+        """Create the serial <-> row columns (serial == row so far) before the first move of rows."""
+        if self._row_of_serial is None:
+            self._row_of_serial = np.arange(max(self.next_serial, 16), dtype=np.int64)
+            self._serial_of_row = np.arange(max(self.count, 16), dtype=np.int64)
 
     def ids_of_rows(self) -> np.ndarray:
         """The id of every row (row order), from the stores: O(ids ever held since the last rebuild)."""

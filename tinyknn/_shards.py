@@ -146,8 +146,7 @@ class ShardedSearcher:
         if len(positions) and (positions[0] < 0 or positions[-1] >= n or np.any(np.diff(positions) <= 0)):
             raise ValueError(f"row positions must be sorted, unique and in [0, {n})")
         with self._gate.write():
-            local = [np.sort(self._local_of[positions[self._shard_of[positions] == s]])
-                     for s in range(len(self._shards))]
+            local = self._split(positions)
             moves = self._each(lambda shard, rows: shard.remove_rows(rows) if len(rows) else (_EMPTY, _EMPTY), local)
             for s, (moved_from, moved_to) in enumerate(moves):
                 rows = self._rows_of_shard[s]
@@ -179,12 +178,15 @@ class ShardedSearcher:
         self._pool.shutdown()
 
     # -- questions ----------------------------------------------------------------------------------
+    def _locals(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Each shard's local rows of `rows`, in the order of `rows`."""
+        return [self._local_of[rows[self._shard_of[rows] == s]] for s in range(len(self._shards))]
+
     def _split(self, rows):
         """Each shard's sorted local rows of `rows` (None: all of them)."""
         if rows is None:
             return [None] * len(self._shards)
-        rows = np.asarray(rows, dtype=np.int64)
-        return [np.sort(self._local_of[rows[self._shard_of[rows] == s]]) for s in range(len(self._shards))]
+        return [np.sort(local) for local in self._locals(np.asarray(rows, dtype=np.int64))]
 
     def search(self, queries, k: int, rows=None):
         return self._asked(lambda shard, local: shard.search(queries, k, local), queries, rows,
@@ -215,8 +217,7 @@ class ShardedSearcher:
 
     def _read(self, rows: np.ndarray):
         """The stored vectors of `rows`, in their order (call under the gate)."""
-        parts = self._each(lambda shard, local: shard.get_rows(local) if len(local) else None,
-                           [self._local_of[rows[self._shard_of[rows] == s]] for s in range(len(self._shards))])
+        parts = self._each(lambda shard, local: shard.get_rows(local) if len(local) else None, self._locals(rows))
         example = next(p for p in parts if p is not None)
         out = np.empty((len(rows),) + example.shape[1:], dtype=example.dtype)
         for s, part in enumerate(parts):
