@@ -174,7 +174,7 @@ def filtered(b: Bench) -> None:
 
 def label_layout(b: Bench, limit: int = 10_000) -> None:
     """One-query searches of label 0, 1, 2, ... until the index puts each label's rows together
-    (tinyknn._layout: once the scattered rows read add up to the index's rows; searchers with permute_rows
+    (tinyknn.index.layout: once the scattered rows read add up to the index's rows; searchers with permute_rows
     only, the CPU's), each timed: how many it took, their median, and the one that paid for the reorder."""
     layout, q = b.index._layout, b.queries[:1]
     if not hasattr(b.index._searcher, "permute_rows"):

@@ -16,7 +16,7 @@ TINYKNN_D void store_as(bf16_bits& out, double value) {
 TINYKNN_D void store_as(signed char& out, double value) { out = (signed char)(int)value; }
 TINYKNN_D void store_as(unsigned char& out, double value) { out = (unsigned char)(int)value; }
 
-// The values a stored element may take (same rule as tinyknn/_validate.py): float16's and 8-bit integers'
+// The values a stored element may take (same rule as tinyknn/inputs/validate.py): float16's and 8-bit integers'
 // ranges, else |x| <= 2^50 so that float32 sums of squares cannot overflow; 8-bit types take integers only.
 template <class T> struct StorageLimit {
   static constexpr double low = -1125899906842624.0, high = 1125899906842624.0;

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tinyknn  # noqa: E402
 from reference import LARGER_IS_BETTER, assert_exact, check_search, contract_distances, searched, stored  # noqa: E402
-from tinyknn import _validate  # noqa: E402
+from tinyknn.inputs import validate as _validate  # noqa: E402
 
 # Devices whose searches are compared bit for bit with the float64 oracle (reference.assert_exact);
 # any other gets the tie-tolerant check_search until it meets the contract.
@@ -244,7 +244,7 @@ def run(program: dict) -> None:
     dim, dtype = program["dim"], program["dtype"]
     device = program.get("device", "cpu")
     if device == "model":                    # the Index's own logic over tests/model_searcher.py
-        import tinyknn.index as index_module
+        import tinyknn.index.index as index_module
         from model_searcher import ModelSearcher
 
         index_module._make_searcher = lambda _device, *args: ModelSearcher(*args)

@@ -1,4 +1,4 @@
-"""A pure-NumPy Searcher (the protocol in tinyknn/index.py and /work/notes/INDEX_OPS.md), exact by
+"""A pure-NumPy Searcher (the protocol in tinyknn/index/index.py and /work/notes/INDEX_OPS.md), exact by
 construction: float64 distances as tests/reference.py computes them, ties by the smaller id. Injected
 into an Index (`use_model`) it tests the Index's own logic (ids, labels, filters, grouping, removal,
 persistence) on every dtype, with or without the real backends; it records its calls so that tests
@@ -104,8 +104,8 @@ def use_model(monkeypatch) -> list[ModelSearcher]:
 
 def use_shards(monkeypatch, n_shards: int) -> list:
     """Every Index created from now on (in this test) gets a ShardedSearcher over n_shards CPU searchers
-    (tinyknn._shards: the multi-GPU index's logic, on the CPU); returns the list of them."""
-    from tinyknn._shards import ShardedSearcher
+    (tinyknn.index.shards: the multi-GPU index's logic, on the CPU); returns the list of them."""
+    from tinyknn.index.shards import ShardedSearcher
     from tinyknn.cpu.searcher import CpuSearcher
 
     return _inject(monkeypatch, lambda dim, metric, dtype: ShardedSearcher(
@@ -114,7 +114,7 @@ def use_shards(monkeypatch, n_shards: int) -> list:
 
 def _inject(monkeypatch, build) -> list:
     """Index's searcher factory replaced by build(dim, metric, dtype); the searchers made are listed."""
-    import tinyknn.index
+    import tinyknn.index.index
 
     made: list = []
 
@@ -122,5 +122,5 @@ def _inject(monkeypatch, build) -> list:
         made.append(build(dim, metric, dtype))
         return made[-1]
 
-    monkeypatch.setattr(tinyknn.index, "_make_searcher", make)
+    monkeypatch.setattr(tinyknn.index.index, "_make_searcher", make)
     return made

@@ -151,6 +151,38 @@ def test_demo_prints_recall_and_time_per_query(shared_dir):
     assert bad.returncode == 2 and "--n must be a positive integer" in bad.stderr
 
 
+def test_demo_warms_every_path_it_times(monkeypatch):
+    """A first call loads (or compiles) the kernels of its path: each search shape the demo times must have
+    been searched once before the first timer starts."""
+    import argparse
+    import time
+
+    import tinyknn
+    from tinyknn.cli import demo
+
+    events = []
+    search, clock = tinyknn.Index.search, time.perf_counter
+
+    def logged_search(self, queries, k, **kwargs):
+        events.append(("search", len(queries)))
+        return search(self, queries, k, **kwargs)
+
+    def logged_clock():
+        events.append(("clock", None))
+        return clock()
+
+    monkeypatch.setattr(tinyknn.Index, "search", logged_search)
+    monkeypatch.setattr(demo.time, "perf_counter", logged_clock)
+    args = argparse.Namespace(device="cpu", n=2000, dim=16, k=5, queries=30, metric="l2", dtype="float32",
+                              seed=1, check=10, json=True)
+    result = demo.run_demo(args)
+    first_clock_after_add = [i for i, e in enumerate(events) if e[0] == "clock"][2]   # the add's two clocks first
+    warmed = {n for kind, n in events[:first_clock_after_add] if kind == "search"}
+    timed = {n for kind, n in events[first_clock_after_add:] if kind == "search"}
+    assert timed == {30, 1} and timed <= warmed
+    assert result["batch_ms"] > 0 and result["recall"] == 1.0
+
+
 def test_console_script_is_installed(tmp_path):
     script = shutil.which("tinyknn")
     assert script is not None, "pip install -e . should have installed the `tinyknn` console script"

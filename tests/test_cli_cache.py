@@ -59,7 +59,7 @@ def test_bare_tinyknn_prints_help_and_exits_0(tmp_path):
 
 
 def test_counted_nouns_are_singular_and_plural():
-    from tinyknn._cli_common import count
+    from tinyknn.cli.common import count
 
     assert (count(1, "kernel"), count(0, "kernel"), count(1274, "kernel"), count(2, "entry", "entries")) == \
         ("1 kernel", "0 kernels", "1,274 kernels", "2 entries")
@@ -130,7 +130,7 @@ def test_list_shows_tile_parameters_real_fields_only_and_fits_the_width(toy_cli)
 
     from rich.console import Console
 
-    from tinyknn import _cli_cache
+    from tinyknn.cli import cache as _cli_cache
 
     shown = [_cli_cache._shown(r) for r in toy_cli.cache.list_entries()]
     columns = _cli_cache._columns(shown)

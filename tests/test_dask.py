@@ -2,7 +2,7 @@
 tinyknn.Index holding the same rows, ids and distances bit for bit, for every metric, with filters, labels
 and removals, dask.array input, save/load, bad input (Index's messages, no shard changed) and a worker
 killed mid-test (a clear error naming the shard, then the shard reloads from its file). The exact merge
-itself (tinyknn._dask_merge) is also checked without a cluster, shards being local Index objects, on
+itself (tinyknn.index.merge) is also checked without a cluster, shards being local Index objects, on
 adversarial ties (hypothesis)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tinyknn
-from tinyknn import _dask_merge
+from tinyknn.index import merge as _dask_merge
 from reference import assert_exact, contract_distances, searched, stored
 
 distributed = pytest.importorskip("distributed")

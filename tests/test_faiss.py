@@ -18,9 +18,8 @@ from adapter_index_model import backend_fixture
 from reference import assert_exact, contract_distances
 
 import tinyknn.faiss as tkfaiss
-from tinyknn._index_ops import require
 
-backend = backend_fixture("tinyknn._faiss_index")
+backend = backend_fixture("tinyknn.faiss.index")
 METRICS = {tkfaiss.METRIC_L2: "l2", tkfaiss.METRIC_INNER_PRODUCT: "ip"}
 
 
@@ -302,19 +301,35 @@ def test_index_cpu_to_gpu_answers_as_the_cpu_index(rng):
     assert np.array_equal(on_gpu.search(xq, 5)[1], index.search(xq, 5)[1])
 
 
-def test_a_missing_index_operation_is_named():
-    with pytest.raises(NotImplementedError, match=r"tinyknn\.Index\.remove\(\)"):
-        require(object(), "remove")
-
-    class Old:
-        def search(self, q, k):
-            return None
-
-    with pytest.raises(NotImplementedError, match=r"tinyknn\.Index\.search\(filter=\.\.\.\)"):
-        require(Old(), "search", "filter")
-
-
 def test_import_tinyknn_does_not_import_the_adapters():
     code = "import sys, tinyknn; print(sorted(m for m in sys.modules if m.startswith(('tinyknn.faiss', 'tinyknn.sklearn', 'faiss', 'sklearn'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_omp_thread_settings_reach_the_cpu_library(monkeypatch):
+    """FAISS scripts begin with faiss.omp_set_num_threads(n): it sets the CPU library's threads for every
+    index from the next call on, and omp_get_max_threads reads it back."""
+    from tinyknn.config import reset_config
+
+    monkeypatch.setenv("TINYKNN_CPU_THREADS", "3")     # restored (or removed) when the test ends
+    reset_config()
+    assert tkfaiss.omp_get_max_threads() == 3
+    try:
+        rng = np.random.default_rng(5)
+        xb, xq = rng.standard_normal((500, 8)).astype(np.float32), rng.standard_normal((7, 8)).astype(np.float32)
+        index = tkfaiss.IndexFlatL2(8)
+        index.add(xb)
+        for threads in (1, 2):
+            tkfaiss.omp_set_num_threads(threads)
+            assert tkfaiss.omp_get_max_threads() == threads
+            D, I = index.search(xq, 4)
+            assert_exact(D, I, xb, xq, 4, "l2")
+        with pytest.raises(ValueError, match="at least 1; got 0"):
+            tkfaiss.omp_set_num_threads(0)
+        with pytest.raises(TypeError, match="integer; got float 1.5"):
+            tkfaiss.omp_set_num_threads(1.5)
+        assert tkfaiss.omp_get_max_threads() == 2
+    finally:
+        monkeypatch.undo()
+        reset_config()

@@ -159,7 +159,7 @@ def test_an_index_over_the_tier_answers_as_over_the_model(monkeypatch, rng):
         if kind == "model":
             use_model(monkeypatch)
         else:
-            monkeypatch.setattr(tinyknn.index, "_make_searcher",
+            monkeypatch.setattr(tinyknn.index.index, "_make_searcher",
                                 lambda device, dim, metric, dtype: model_tier(dim, metric, dtype, chunk_rows=41))
         index = tinyknn.Index(6, "cosine", device="cpu")
         index.add(db, ids=ids, labels=labels)

@@ -395,7 +395,9 @@ def test_garbage_collection_frees_memory_from_any_thread():
 
 @pytest.mark.gpu
 def test_stream_synchronize_releases_the_gil(module, stream):
-    """A counting thread keeps most of its free-running speed while we wait (held GIL: ~2%)."""
+    """A counting thread keeps running while we wait. With the GIL held during the wait it would run at ~2 %
+    of its free speed; released, at most of it. The bar sits between the two, far from both, because other
+    processes (pytest -n 8) share the CPUs: the free speed is measured in the same test, before and after."""
     spin = module.kernel("spin").prepare([ctypes.c_uint64], values=[300_000_000])   # 300 ms
     counter = [0]
     stop = threading.Event()
@@ -404,21 +406,26 @@ def test_stream_synchronize_releases_the_gil(module, stream):
         while not stop.is_set():
             counter[0] += 1
 
+    def free_rate() -> float:
+        before, t0 = counter[0], time.perf_counter()
+        time.sleep(0.1)
+        return (counter[0] - before) / (time.perf_counter() - t0)
+
     thread = threading.Thread(target=count)
     thread.start()
     try:
-        before, t0 = counter[0], time.perf_counter()
-        time.sleep(0.1)
-        free_rate = (counter[0] - before) / (time.perf_counter() - t0)
+        rate_before = free_rate()
         spin.launch(1, 1, 0, stream)
         time.sleep(0.01)
         before, t0 = counter[0], time.perf_counter()
         stream.synchronize()
-        share = (counter[0] - before) / (free_rate * (time.perf_counter() - t0))
+        waiting_rate = (counter[0] - before) / (time.perf_counter() - t0)
+        rate_after = free_rate()
     finally:
         stop.set()
         thread.join()
-    assert share > 0.5, f"the other thread ran at {share:.0%} of its free speed during a 300 ms wait"
+    share = waiting_rate / max(rate_before, rate_after)
+    assert share > 0.2, f"the other thread ran at {share:.0%} of its free speed during a 300 ms wait"
 
 
 @pytest.mark.gpu

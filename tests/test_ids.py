@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import tinyknn
-from tinyknn import _ids, _validate
-from tinyknn._ids import INT64_MAX, IdMap
+from tinyknn.index import ids as _ids
+from tinyknn.inputs import validate as _validate
+from tinyknn.index.ids import INT64_MAX, IdMap
 
 
 # -- automatic ids and the messages ----------------------------------------------------------------

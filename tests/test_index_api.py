@@ -7,7 +7,7 @@ import pytest
 
 import tinyknn
 from reference import check_search
-from tinyknn import _validate
+from tinyknn.inputs import validate as _validate
 
 METRICS = ("l2", "ip", "cosine")
 DTYPES = ("float32", "float16")
@@ -269,7 +269,7 @@ def test_a_cuda_dlpack_array_is_described_from_its_capsule(rng):
 
 
 def test_dlpack_dtypes_without_a_numpy_equivalent():
-    from tinyknn import _dlpack
+    from tinyknn.inputs import dlpack as _dlpack
 
     assert _dlpack._dtype(2, 16, 1) == np.float16 and _dlpack._dtype(0, 64, 1) == np.int64
     with pytest.raises(TypeError, match="code 4, 16 bits.*no NumPy equivalent"):

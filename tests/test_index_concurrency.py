@@ -24,7 +24,8 @@ import tinyknn
 from reference import assert_exact, contract_distances, exact_search
 from model_searcher import use_shards
 from serial_order import Clock, Op, Search, State, answers, judge
-from tinyknn import _layout, _validate
+from tinyknn.index import layout as _layout
+from tinyknn.inputs import validate as _validate
 
 SECONDS = float(os.environ.get("TINYKNN_STRESS_SECONDS", "2"))
 DIM, K, ID_SPACE, LABELS = 8, 10, 6000, 4
@@ -119,7 +120,7 @@ def run_threads(targets, stop: threading.Event) -> list[BaseException]:
 def test_searches_are_consistent_with_a_serial_order(device, rng, monkeypatch):
     """8 threads search (plain, filtered, labelled, range) while 1 adds and removes; every answer is the
     exact answer of a state in its window; the quiescent index answers exactly. "sharded": 3 CPU searchers
-    behind tinyknn._shards (an add or a removal there is several shard calls)."""
+    behind tinyknn.index.shards (an add or a removal there is several shard calls)."""
     if device == "sharded":
         use_shards(monkeypatch, 3)
         device = "cpu"

@@ -33,7 +33,7 @@ def _has_protocol(device: str) -> bool:
 @pytest.fixture(params=["model", "cpu", "sharded", pytest.param("cuda", marks=pytest.mark.gpu)])
 def backend(request, monkeypatch):
     """(device, searchers made): the model searcher, three CPU searchers behind a ShardedSearcher (the
-    multi-GPU index's logic, tinyknn._shards), or a real device whose searcher has the new methods."""
+    multi-GPU index's logic, tinyknn.index.shards), or a real device whose searcher has the new methods."""
     if request.param == "model":
         return "cpu", use_model(monkeypatch)
     if request.param == "sharded":
@@ -495,7 +495,7 @@ def test_sequences_match_the_model_dictionary(backend, dtype, metric, steps):
 def test_label_logs_are_folded_when_long(monkeypatch):
     """A label no search asks for still holds O(its rows): its log of adds and removals is folded once it
     holds LOG_LIMIT changes, and the folded rows are the label's."""
-    from tinyknn import _labels
+    from tinyknn.index import labels as _labels
 
     use_model(monkeypatch)
     index = tinyknn.Index(1)

@@ -1,4 +1,4 @@
-"""The label-partitioned row order (tinyknn._layout): labelled searches that read scattered rows make the
+"""The label-partitioned row order (tinyknn.index.layout): labelled searches that read scattered rows make the
 index put each label's rows together once they have read as many scattered rows as that costs; the reorder
 changes no answer, no id, no label and nothing saved, and one that cannot allocate changes nothing at all.
 
@@ -15,7 +15,7 @@ import pytest
 import tinyknn
 from model_searcher import use_model
 from reference import assert_exact
-from tinyknn import _layout
+from tinyknn.index import layout as _layout
 
 METRICS = ("l2", "ip", "cosine")
 

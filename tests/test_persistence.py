@@ -82,7 +82,7 @@ def test_load_streams_large_files_in_chunks(tmp_path, rng, monkeypatch):
     built = tinyknn.Index(16, metric="ip")
     built.add(rng.standard_normal((300, 16)), ids=rng.choice(10**6, 300, replace=False))
     built.save(tmp_path / "big")
-    monkeypatch.setattr(tinyknn._persist, "CHUNK_BYTES", 1024)
+    monkeypatch.setattr(tinyknn.index.persist, "CHUNK_BYTES", 1024)
     assert_same(built, tinyknn.Index.load(tmp_path / "big"))
 
 

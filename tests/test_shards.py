@@ -1,4 +1,4 @@
-"""ShardedSearcher (tinyknn._shards, issue 18's multi-GPU logic) over CPU searchers: bit for bit the answer of
+"""ShardedSearcher (tinyknn.index.shards, issue 18's multi-GPU logic) over CPU searchers: bit for bit the answer of
 one searcher holding every row, ties between shards settled in float64; adds that keep the shards even; a
 failed shard add that changes nothing; no search that sees part of an add.
 
@@ -14,7 +14,7 @@ import pytest
 import tinyknn
 from model_searcher import use_shards
 from reference import assert_exact
-from tinyknn import _shards
+from tinyknn.index import shards as _shards
 
 METRICS = ("l2", "ip", "cosine")
 

@@ -1,4 +1,4 @@
-"""The value check of tinyknn._validate accepts and refuses exactly what its definition says (finite,
+"""The value check of tinyknn.inputs.validate accepts and refuses exactly what its definition says (finite,
 |x| <= 2**50, and within float16's range for a float16 index), for every input dtype."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tinyknn import _validate
+from tinyknn.inputs import validate as _validate
 
 LIMIT = _validate.MAX_ABS_VALUE
 

@@ -85,7 +85,7 @@ def test_wheel_runs_a_cpu_search_without_compiler_or_cuda(tmp_path):
         names = set(archive.namelist())
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert {f"tinyknn/_prebuilt/libtinyknn-{level}.so{end}" for level in LEVELS for end in ("", ".json")} <= names
-    assert {"tinyknn/py.typed", "tinyknn/faiss.py", "tinyknn/sklearn.py", "tinyknn/kernels/cpu/api.cpp"} <= names
+    assert {"tinyknn/py.typed", "tinyknn/faiss/__init__.py", "tinyknn/sklearn.py", "tinyknn/kernels/cpu/api.cpp"} <= names
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: cuda-core")]
     assert requires and all("extra ==" in line for line in requires)   # the CUDA stack only as an extra
 

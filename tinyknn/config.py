@@ -83,6 +83,17 @@ def get_config() -> Config:
     )
 
 
+def set_cpu_threads(n: int) -> None:
+    """Make the CPU library use n threads from the next call on, in every index of this process (what
+    FAISS's omp_set_num_threads does); the setting is TINYKNN_CPU_THREADS, so child processes inherit it."""
+    if isinstance(n, bool) or not isinstance(n, int) and not hasattr(n, "__index__"):
+        raise TypeError(f"the number of CPU threads must be an integer; got {type(n).__name__} {n!r}")
+    if int(n) < 1:
+        raise ValueError(f"the number of CPU threads must be at least 1; got {int(n)}")
+    os.environ["TINYKNN_CPU_THREADS"] = str(int(n))
+    reset_config()
+
+
 def reset_config() -> None:
     """Forget the cached settings so the next get_config() reads the environment again."""
     get_config.cache_clear()

@@ -14,7 +14,6 @@ from scipy.sparse import csr_matrix
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._index_ops import require
 from .index import Index
 
 __all__ = ["NearestNeighbors"]
@@ -101,7 +100,7 @@ class NearestNeighbors(BaseEstimator):
         if not np.isfinite(radius) or radius < 0:
             raise ValueError(f"radius must be a finite number >= 0; got {radius!r}")
         queries = self._training_points() if itself else X
-        lims, distances, ids = require(self._index, "range_search")(queries.astype(np.float32, copy=False),
+        lims, distances, ids = self._index.range_search(queries.astype(np.float32, copy=False),
                                                                      self._index_radius(radius))
         lims = np.asarray(lims, dtype=np.int64)
         all_d = self._to_sklearn_distance(distances, _result_dtype(X))
@@ -134,7 +133,7 @@ class NearestNeighbors(BaseEstimator):
         return float(np.nextafter(1.0 - radius, -np.inf))
 
     def _training_points(self) -> np.ndarray:
-        return np.asarray(require(self._index, "get")(np.arange(self.n_samples_fit_, dtype=np.int64)))
+        return np.asarray(self._index.get(np.arange(self.n_samples_fit_, dtype=np.int64)))
 
 
 def _drop_self(distances: np.ndarray, ids: np.ndarray):

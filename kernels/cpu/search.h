@@ -201,7 +201,7 @@ class Index final : public AnyIndex {
     return moved;
   }
 
-  // The Index's label-partitioned order (tinyknn/_layout.py): a fresh copy of every row in the new order,
+  // The Index's label-partitioned order (tinyknn/index/layout.py): a fresh copy of every row in the new order,
   // swapped in under the writer gate, so a concurrent search sees the old order or the new one.
   void permute_rows(const int64_t* order, int64_t n, int threads) override {
     std::unique_lock<WriterFirstGate> lock(gate_);

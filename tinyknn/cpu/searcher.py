@@ -1,6 +1,6 @@
 """CpuSearcher: the Searcher of device="cpu", a thin owner of one index handle in the C++ library.
 
-Inputs arrive validated by tinyknn._validate (C-contiguous, the storage dtype for the database, float32
+Inputs arrive validated by tinyknn.inputs.validate (C-contiguous, the storage dtype for the database, float32
 queries), so this module only passes pointers. A search allocates nothing but its two result arrays;
 the library's threads (get_config().cpu_threads of them) do the work while the GIL is released. Answers
 keep the exactness contract (kernels/exact.cuh): the ids of an exhaustive float64 search, equal float64
@@ -9,7 +9,7 @@ distances by the smaller id, the float64 distances rounded to float32 (kernels/c
 Index operations work on row positions (the Index maps ids and labels onto them), with GpuSearcher's meaning:
 search(rows=) over the allowed rows only (gathered into a temporary index of the library's), remove_rows
 (swap-remove: the last rows move into the holes), get_rows, range_search (kernels/cpu/range.h),
-permute_rows (the Index's label-partitioned order, tinyknn._layout).
+permute_rows (the Index's label-partitioned order, tinyknn.index.layout).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ class CpuSearcher:
     def __init__(self, dim: int, metric: str, dtype: str):
         self.dim, self.metric, self.dtype = dim, metric, dtype
         self._library = get_library()
-        self._threads = get_config().cpu_threads
         handle = ctypes.c_void_p()
         check(self._library, self._library.tk_index_new(dim, METRIC_CODES[metric], DTYPE_CODES[dtype],
                                                         ctypes.byref(handle)), "creating a CPU index")
@@ -40,6 +39,11 @@ class CpuSearcher:
         # close() must not free the handle under a running call: calls count themselves in and out.
         self._state = threading.Condition()
         self._calls = 0
+
+    @property
+    def _threads(self) -> int:
+        """Read at every call, so that a change (tinyknn.faiss.omp_set_num_threads) reaches existing indexes."""
+        return get_config().cpu_threads
 
     def _enter(self) -> int:
         with self._state:
@@ -98,7 +102,7 @@ class CpuSearcher:
     def permute_rows(self, order) -> None:
         """Reorder the rows: new row i is old row order[i] (every row once). The library copies them in the new
         order first, then swaps the copy in (a concurrent search sees one order or the other; a failed
-        allocation changes nothing): the Index's label-partitioned order (tinyknn._layout)."""
+        allocation changes nothing): the Index's label-partitioned order (tinyknn.index.layout)."""
         order = _positions(order, "order")
         self._call("reordering the rows", self._library.tk_index_permute_rows, order.ctypes.data, len(order),
                    self._threads)

@@ -18,6 +18,9 @@ for candidates whose float32 distances are equal. A filter (rows=) gathers its a
 Device memory: TINYKNN_DEVICE_MEMORY_LIMIT caps both workers together (host_worker.Budget); a chunk's rows
 take at most half of it, the searches' scratch the rest. Without a cap a chunk is CHUNK_BYTES of rows (less when
 the GPU has little free memory).
+
+Length: one class whose two-worker pipeline, exact merge of the chunks' answers and the protocol's index
+operations share its chunk bookkeeping; its helpers already live in host_rows, host_merge and host_worker.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._validate import DeviceArray, check_values
+from ..inputs.validate import DeviceArray, check_values
 from ..config import get_config
 from ..jit import render
 from ..spec import numpy_dtype
@@ -67,7 +70,7 @@ class _Slot:
 
 
 class HostTierSearcher:
-    """The Searcher protocol (tinyknn._backends) over rows held in host memory.
+    """The Searcher protocol (tinyknn.index.backends) over rows held in host memory.
 
     make_worker (tests): a factory of chunk searchers (default: ChunkWorker on the current GPU);
     allocate (tests): host memory (default: pinned); chunk_rows: rows per chunk (default: from the cap)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cuda.bindings import driver
 
-from .._validate import DeviceArray
+from ..inputs.validate import DeviceArray
 
 
 def device_ordinal(array: DeviceArray, what: str) -> int:

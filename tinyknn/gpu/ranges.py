@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .._validate import check_values
+from ..inputs.validate import check_values
 from ..jit import render
 from .memory import DeviceBuffer
 

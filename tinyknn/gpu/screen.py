@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from .._validate import check_values
+from ..inputs.validate import check_values
 from ..jit import render, render_screen as rs
 from .memory import DeviceBuffer, PinnedBuffer
 

@@ -32,6 +32,9 @@ The tiled kernel stages a tile 16 dimensions at a time in a loop that does not u
 dimension, and ingest is off the search path, so both take the padded row length at run time and
 one instantiation serves every dim: specs that differ only in dim render the same name expression,
 hence the same cache key and one cubin. That keeps the default manifest at ~550 kernels per arch.
+
+Length: one short params/spec function per kernel variant, kept beside the variant catalogue above so that
+a tuning change and its spec change together (the screen's are in render_screen.py).
 """
 
 from __future__ import annotations

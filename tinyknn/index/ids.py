@@ -17,7 +17,7 @@ from the end move into the holes) creates two int64 columns, serial -> row (-1: 
 serial, and updates them in O(removed) (`apply_removal`); the stores never change for it. An id added
 again after its removal gets its old serial back, so no store ever holds an id twice. Once removed
 serials outnumber the rows held, the stores are rebuilt from the live rows (serial == row again). A
-reorder of every row (tinyknn._layout) is the same two columns permuted, O(rows).
+reorder of every row (tinyknn.index.layout) is the same two columns permuted, O(rows).
 """
 
 from __future__ import annotations

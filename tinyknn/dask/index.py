@@ -6,15 +6,18 @@
     index.add(x)                      # NumPy, or a dask.array (its chunks go to the workers, not the client)
     D, I = index.search(q, k=10)      # the answer one tinyknn.Index holding every row gives, bit for bit
 
-Each shard is a tinyknn.Index inside a Dask actor (tinyknn._dask_shard), pinned to one worker and handled
-from the client by tinyknn._dask_shards; Dask brings the transport and the scheduling, tinyknn the shards
-and the exact merge (tinyknn._dask_merge). The client keeps only the shards' handles and sizes and the next
+Each shard is a tinyknn.Index inside a Dask actor (tinyknn.dask.shard), pinned to one worker and handled
+from the client by tinyknn.dask.shards; Dask brings the transport and the scheduling, tinyknn the shards
+and the exact merge (tinyknn.index.merge). The client keeps only the shards' handles and sizes and the next
 automatic id; ids are unique across the shards (checked with them on every add of given ids). Input is
 checked on the client with Index's own checks and messages before any shard changes; an add that fails on
 a shard part way is undone on the others.
 
 A shard whose worker is lost is never answered around: a call that needs it raises ShardUnavailable naming
 it; `reload_shard` brings it back from a file written by `save` (one file per shard plus manifest.json).
+
+Length: one class mirroring Index's surface across shards; the shard actor and the client's handles live
+in shard.py and shards.py.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _dask_merge, _validate
-from . import _validate_ops as _ops
-from ._backends import parse_device
-from ._dask_shard import add_block, checked_block
-from ._dask_shards import Shards, ShardUnavailable
-from ._ids import IdMap
-from .spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
+from ..index import merge as _dask_merge
+from ..inputs import validate as _validate
+from ..inputs import validate_ops as _ops
+from ..index.backends import parse_device
+from .shard import add_block, checked_block
+from .shards import Shards, ShardUnavailable
+from ..index.ids import IdMap
+from ..spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT, MANIFEST_VERSION = "tinyknn-dask", 1
@@ -381,5 +385,3 @@ def _shard_number(value, n_shards: int) -> int:
         raise ValueError(f"shard must be in 0 .. {n_shards - 1}; got {int(value)}")
     return int(value)
 
-
-__all__ = ["DaskIndex", "ShardUnavailable"]

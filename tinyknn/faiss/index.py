@@ -1,14 +1,13 @@
 """The index classes of tinyknn.faiss (IndexFlat, IndexFlatL2, IndexFlatIP, IndexIDMap, IndexIDMap2)
-over tinyknn.Index; conventions in tinyknn/faiss.py's docstring."""
+over tinyknn.Index; conventions in tinyknn/faiss/__init__.py's docstring."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._faiss_selectors import IDSelector, SearchParameters, as_selector
-from ._index_ops import require
-from .errors import TinyKnnError
-from .index import Index
+from .selectors import IDSelector, SearchParameters, as_selector
+from ..errors import TinyKnnError
+from ..index import Index
 
 METRIC_INNER_PRODUCT = 0
 METRIC_L2 = 1
@@ -141,7 +140,7 @@ class IndexFlat:
         if allowed is None:
             distances, ids = self._index.search(x, k)
         else:
-            distances, ids = require(self._index, "search", "filter")(x, k, filter=allowed)
+            distances, ids = self._index.search(x, k, filter=allowed)
         ids = np.asarray(ids, dtype=np.int64)
         return _into(D, _fill_missing(distances, ids, self.metric_type)), _into(I, self._to_public(ids))
 
@@ -151,7 +150,7 @@ class IndexFlat:
         x = _checked_rows(x, self.d, "queries")
         allowed = self._allowed(params)
         kwargs = {} if allowed is None else {"filter": allowed}
-        lims, distances, ids = require(self._index, "range_search")(x, float(thresh), **kwargs)
+        lims, distances, ids = self._index.range_search(x, float(thresh), **kwargs)
         lims, distances, ids = (np.asarray(lims, dtype=np.int64), np.asarray(distances, dtype=np.float32),
                                 np.asarray(ids, dtype=np.int64))
         order = np.lexsort((self._storage_order(ids), np.repeat(np.arange(len(lims) - 1), np.diff(lims))))
@@ -164,7 +163,7 @@ class IndexFlat:
         removed = as_selector(sel).members(universe)
         if not removed.any():
             return 0
-        count = int(require(self._index, "remove")(self._to_internal(universe[removed])))
+        count = int(self._index.remove(self._to_internal(universe[removed])))
         self._rows.delete(removed)
         return count
 
@@ -183,7 +182,7 @@ class IndexFlat:
         if missing.size:
             raise FaissError(f"key {int(missing[0])} not found (the index holds {self.ntotal} vectors"
                              + (f"; {missing.size} keys are missing)" if missing.size > 1 else ")"))
-        return np.asarray(require(self._index, "get")(self._to_internal(keys)), dtype=np.float32)
+        return np.asarray(self._index.get(self._to_internal(keys)), dtype=np.float32)
 
     def reset(self) -> None:
         self._index.reset()
@@ -234,7 +233,7 @@ class IndexIDMap(IndexFlat):
         return by_id[np.searchsorted(self._rows.view, internal, sorter=by_id)]
 
     def _known(self, keys: np.ndarray) -> np.ndarray:
-        return np.asarray(require(self._index, "contains")(keys), dtype=bool)
+        return np.asarray(self._index.contains(keys), dtype=bool)
 
     def add(self, x) -> None:
         raise FaissError("add does not make sense with IndexIDMap, use add_with_ids")

@@ -22,7 +22,7 @@ def _package_version(name: str) -> str:
 
 def _nvrtc() -> str:
     try:
-        from .jit.compiler import nvrtc_version
+        from ..jit.compiler import nvrtc_version
 
         return ".".join(map(str, nvrtc_version()))
     except Exception as exc:  # noqa: BLE001 - a probe: any failure is the answer
@@ -31,7 +31,7 @@ def _nvrtc() -> str:
 
 def _gpu() -> dict:
     try:
-        from .gpu.device import current_device, driver_version, has_gpu, why_no_gpu
+        from ..gpu.device import current_device, driver_version, has_gpu, why_no_gpu
 
         if not has_gpu():
             return {"available": False, "reason": why_no_gpu()}
@@ -48,8 +48,8 @@ def _cpu_library() -> str:
     try:
         import numpy as np
 
-        from .cpu.library import get_library
-        from .index import Index
+        from ..cpu.library import get_library
+        from ..index import Index
 
         with Index(dim=4, device="cpu") as index:
             index.add(np.eye(2, 4, dtype=np.float32))
@@ -62,8 +62,8 @@ def _cpu_library() -> str:
 
 
 def gather() -> dict:
-    from ._version import __version__
-    from .jit.cache import default_cache
+    from .._version import __version__
+    from ..jit.cache import default_cache
 
     return {
         "tinyknn": __version__,

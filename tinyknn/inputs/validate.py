@@ -27,12 +27,11 @@ Conversion policy (also in README and the Index docstrings):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from . import _dlpack
-from .spec import MAX_K, parse_k
+from .arrays import (DeviceArray, describe_device_array, dlpack_device_kind, from_dlpack, is_device_array,  # noqa: F401
+                     name_of)
+from ..spec import MAX_K, parse_k
 
 # Largest |value| accepted in float32 data or queries: with dim up to 65536 the squared L2 distance
 # (2 * 2**50)**2 * 2**16 = 2**118 and the inner product stay far inside float32's 2**128.
@@ -46,120 +45,34 @@ _ACCEPTED_FLOATS = (np.float16, np.float32, np.float64)
 EIGHT_BIT = ("int8", "uint8")
 
 
-@dataclass(frozen=True)
-class DeviceArray:
-    """A CUDA array seen through __cuda_array_interface__ (v2/v3): no data is touched."""
-
-    obj: object
-    framework: str            # "cupy", "torch" or the owner's module name
-    ptr: int
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    strides: tuple[int, ...] | None   # None means C-contiguous
-    stream: int | None        # the producer's stream handle, if it named one (v3; 1 for DLPack)
-    readonly: bool
-    keepalive: object = field(default=None, compare=False, repr=False)   # a DLPack capsule, held while used
-
-    @property
-    def c_contiguous(self) -> bool:
-        if self.strides is None:
-            return True
-        expected, step = [], self.dtype.itemsize
-        for extent in reversed(self.shape):
-            expected.append(step)
-            step *= extent
-        return tuple(reversed(expected)) == tuple(self.strides) or int(np.prod(self.shape)) <= 1
-
-
-def is_device_array(x) -> bool:
-    """True for CuPy arrays, torch CUDA tensors, anything that exports __cuda_array_interface__, and
-    DLPack exporters whose __dlpack_device__ is a CUDA device (e.g. JAX arrays on a GPU)."""
-    if x.__class__ is np.ndarray:   # the common case, decided in one comparison
-        return False
-    if type(x).__module__.startswith("torch"):
-        return bool(getattr(x, "is_cuda", False))
-    if hasattr(type(x), "__cuda_array_interface__") or hasattr(x, "__cuda_array_interface__"):
-        return True
-    return _dlpack_device_kind(x) == "cuda"
-
-
-def describe_device_array(x) -> DeviceArray:
-    """Where a CUDA array's data lives and how it is laid out, from __cuda_array_interface__ or DLPack."""
-    if not (hasattr(type(x), "__cuda_array_interface__") or hasattr(x, "__cuda_array_interface__")):
-        return _dlpack.describe(x)
-    interface = x.__cuda_array_interface__
-    shape = tuple(int(n) for n in interface["shape"])
-    dtype = np.dtype(interface["typestr"])
-    strides = interface.get("strides")
-    pointer, readonly = interface["data"]
-    framework = type(x).__module__.split(".")[0]
-    return DeviceArray(
-        obj=x,
-        framework=framework,
-        ptr=int(pointer),
-        shape=shape,
-        dtype=dtype,
-        strides=None if strides is None else tuple(int(s) for s in strides),
-        stream=interface.get("stream"),
-        readonly=bool(readonly),
-    )
-
-
-def _dlpack_device_kind(x) -> str | None:
-    """'cpu' or 'cuda' for a DLPack exporter (by its __dlpack_device__), 'other' for another device,
-    None when x exports no DLPack at all."""
-    if x.__class__ is np.ndarray or not hasattr(x, "__dlpack__") or not hasattr(x, "__dlpack_device__"):
-        return None
-    try:
-        device_type = int(x.__dlpack_device__()[0])
-    except Exception:  # noqa: BLE001 - a broken exporter is simply not a DLPack array
-        return None
-    return _dlpack.DEVICE_KINDS.get(device_type, "other")
-
-
-def _name_of(x) -> str:
-    return f"{type(x).__module__}.{type(x).__name__}"
-
-
 def to_host_array(x, what: str, integers: bool = False) -> np.ndarray:
     """Turn a host input into an ndarray without copying when possible; refuse CUDA arrays, non-floats
     (integers too unless `integers`: an 8-bit index) and inputs that would silently lose information
     (masked arrays, sparse matrices)."""
     if is_device_array(x):
         raise TypeError(
-            f"{what} is a CUDA array ({_name_of(x)}) but this index lives on the CPU; "
+            f"{what} is a CUDA array ({name_of(x)}) but this index lives on the CPU; "
             "move it with .get() (CuPy), .cpu() (torch) or jax.device_put (JAX), or create the index with device='cuda'"
         )
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{what} is a masked array; masks are not supported: fill the masked values first "
                         "(x.filled(value)) or drop the rows that hold them")
     if hasattr(x, "toarray") and hasattr(x, "nnz"):
-        raise TypeError(f"{what} is a sparse matrix ({_name_of(x)}); tinyknn needs dense rows: pass x.toarray()")
-    kind = _dlpack_device_kind(x)
+        raise TypeError(f"{what} is a sparse matrix ({name_of(x)}); tinyknn needs dense rows: pass x.toarray()")
+    kind = dlpack_device_kind(x)
     if kind == "other":
-        raise TypeError(f"{what} ({_name_of(x)}) lives on a device tinyknn cannot read (DLPack device "
+        raise TypeError(f"{what} ({name_of(x)}) lives on a device tinyknn cannot read (DLPack device "
                         f"{x.__dlpack_device__()}); move it to the CPU or a CUDA GPU")
-    array = _from_dlpack(x, what) if kind == "cpu" else None
+    array = from_dlpack(x, what) if kind == "cpu" else None
     if array is None:
         try:
             array = np.asarray(x)
         except Exception as exc:  # noqa: BLE001 - anything that is not array-like
-            raise TypeError(f"{what} must be an array of floats; got {_name_of(x)} ({exc})") from None
+            raise TypeError(f"{what} must be an array of floats; got {name_of(x)} ({exc})") from None
     if integers and array.dtype.kind in "iu":
         return array
     check_float_dtype(array.dtype, what, integers)
     return array
-
-
-def _from_dlpack(x, what: str) -> np.ndarray | None:
-    """A CPU DLPack array read in place; None when NumPy cannot read it that way (np.asarray then tries)."""
-    try:
-        return np.from_dlpack(x)
-    except (BufferError, TypeError, ValueError, RuntimeError, AttributeError):
-        if hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
-            return None
-        raise TypeError(f"{what} ({_name_of(x)}) exports DLPack but NumPy cannot read it "
-                        "(its dtype or layout); pass a NumPy array") from None
 
 
 def check_float_dtype(dtype: np.dtype, what: str, integers: bool = False) -> None:
@@ -302,8 +215,8 @@ def user_ids(ids, n: int) -> np.ndarray:
     """The caller's ids of n new vectors as a fresh int64 array: integers in 0 .. 2**63 - 1.
 
     -1 stays free (FAISS's "no result" marker, tinyknn's padding). Uniqueness is the index's check
-    (tinyknn._ids), which knows the ids already held."""
-    if is_device_array(ids) or _dlpack_device_kind(ids) == "cuda":
+    (tinyknn.index.ids), which knows the ids already held."""
+    if is_device_array(ids) or dlpack_device_kind(ids) == "cuda":
         raise TypeError("ids must be a host (NumPy) array of integers; got a CUDA array")
     if isinstance(ids, np.ma.MaskedArray):
         raise TypeError("ids must not be a masked array (masks are not supported); pass ids.compressed() "
@@ -311,7 +224,7 @@ def user_ids(ids, n: int) -> np.ndarray:
     if isinstance(ids, (list, tuple)):
         given = _python_ids(ids)
     else:
-        given = _from_dlpack(ids, "ids") if _dlpack_device_kind(ids) == "cpu" else None
+        given = from_dlpack(ids, "ids") if dlpack_device_kind(ids) == "cpu" else None
         given = np.asarray(ids) if given is None else given
     if given.shape != (n,):
         raise ValueError(f"ids must have shape ({n},), one per added vector; got shape {given.shape}")

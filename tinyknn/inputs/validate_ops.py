@@ -1,5 +1,5 @@
 """Checks of the index operations' arguments (issue 14): labels, id lists (filter, remove, get,
-contains), the search k and the range-search radius. Vectors and queries: tinyknn._validate.
+contains), the search k and the range-search radius. Vectors and queries: tinyknn.inputs.validate.
 
 Every check returns a fresh, C-contiguous array the caller may keep, or raises a TypeError (wrong
 kind of value) or ValueError (wrong shape or range) naming what was given and what is expected.
@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ._validate import _dlpack_device_kind, _from_dlpack, is_device_array
+from .arrays import dlpack_device_kind, from_dlpack, is_device_array
 
 INT64_MAX = int(np.iinfo(np.int64).max)
 # Index.search takes any k >= 1 (the searchers serve k beyond the kernels' spec.MAX_K by selecting over
@@ -33,7 +33,7 @@ def search_k(k) -> int:
 def _host_integers(values, what: str) -> np.ndarray:
     """A host array-like of integers as an ndarray (no copy yet); lists of Python ints beyond int64,
     floats, bools, strings and CUDA arrays are refused."""
-    if is_device_array(values) or _dlpack_device_kind(values) == "cuda":
+    if is_device_array(values) or dlpack_device_kind(values) == "cuda":
         raise TypeError(f"{what} must be a host (NumPy) array of integers; got a CUDA array")
     if isinstance(values, np.ma.MaskedArray):
         raise TypeError(f"{what} must not be a masked array (masks are not supported)")
@@ -47,7 +47,7 @@ def _host_integers(values, what: str) -> np.ndarray:
                 raise ValueError(f"{what} must lie in int64's range; got {int(value)}")
         array = np.asarray(values) if len(values) else np.empty(0, dtype=np.int64)
     else:
-        array = _from_dlpack(values, what) if _dlpack_device_kind(values) == "cpu" else None
+        array = from_dlpack(values, what) if dlpack_device_kind(values) == "cpu" else None
         array = np.asarray(values) if array is None else array
     if array.size == 0 and array.dtype.kind == "f":
         array = array.astype(np.int64)                      # [] or np.array([]) with no values

@@ -14,10 +14,10 @@ import argparse
 import logging
 import sys
 
-from ._cli_common import UsageError
-from ._version import __version__
-from .config import _usable_cores
-from .spec import DTYPES, METRICS
+from .common import UsageError
+from .._version import __version__
+from ..config import _usable_cores
+from ..spec import DTYPES, METRICS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -34,10 +34,10 @@ def _ints(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ._cli_cache import cmd_clear, cmd_info, cmd_list, cmd_verify
-    from ._cli_demo import add_demo_arguments, cmd_demo
-    from ._cli_info import cmd_report
-    from ._cli_warm import cmd_warm
+    from .cache import cmd_clear, cmd_info, cmd_list, cmd_verify
+    from .demo import add_demo_arguments, cmd_demo
+    from .info import cmd_report
+    from .warm import cmd_warm
 
     parser = argparse.ArgumentParser(prog="tinyknn", description="Exact k-nearest-neighbour search.")
     parser.add_argument("--version", action="version", version=f"tinyknn {__version__}")

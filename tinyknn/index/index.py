@@ -1,10 +1,12 @@
 """Index: owns the database's ids and labels, validates every input, and hands the work to a searcher.
 
-Ids and labels map onto row positions here (tinyknn._ids, tinyknn._labels); a filtered or labelled
-search becomes searcher calls over the allowed rows (tinyknn._groups), and labelled searches that read
-scattered rows make the index put each label's rows together (tinyknn._layout). No CUDA and no ctypes here: the
-searchers (tinyknn._backends) are imported lazily, so `import tinyknn` works on a machine with no GPU,
+Ids and labels map onto row positions here (tinyknn.index.ids, tinyknn.index.labels); a filtered or labelled
+search becomes searcher calls over the allowed rows (tinyknn.index.groups), and labelled searches that read
+scattered rows make the index put each label's rows together (tinyknn.index.layout). No CUDA and no ctypes here: the
+searchers (tinyknn.index.backends) are imported lazily, so `import tinyknn` works on a machine with no GPU,
 driver or compiler.
+
+Length: the public class, one method per operation; each operation's work lives in the modules above.
 """
 
 from __future__ import annotations
@@ -17,16 +19,17 @@ from typing import Any, BinaryIO
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import _groups, _persist, _validate
-from . import _validate_ops as _ops
-from ._backends import DEVICES, Searcher, parse_device, parse_storage  # noqa: F401 - DEVICES re-exported
-from ._backends import make_searcher as _make_searcher  # tests replace it with a model searcher
-from ._handover import Handover
-from ._ids import IdMap
-from ._labels import Labels
-from ._layout import LabelLayout
-from ._persist import FILE_FORMAT, FILE_VERSION  # noqa: F401 - re-exported for callers and tests
-from .spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
+from . import groups as _groups, persist as _persist
+from ..inputs import validate as _validate
+from ..inputs import validate_ops as _ops
+from .backends import DEVICES, Searcher, parse_device, parse_storage  # noqa: F401 - DEVICES re-exported
+from .backends import make_searcher as _make_searcher  # tests replace it with a model searcher
+from .handover import Handover
+from .ids import IdMap
+from .labels import Labels
+from .layout import LabelLayout
+from .persist import FILE_FORMAT, FILE_VERSION  # noqa: F401 - re-exported for callers and tests
+from ..spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
 
 
 class Index:
@@ -39,7 +42,7 @@ class Index:
       `cosine` the cosine similarity (largest first); a zero vector has similarity 0 with everything.
     - The database is stored in `dtype`; queries are searched in float32 whatever the index's dtype.
       Answers follow the exactness contract (README "Exactness"): the float64 order, ties by the smaller id.
-    - Input conversion: see `tinyknn._validate` (float16/32/64 and bfloat16 arrays, and for an 8-bit
+    - Input conversion: see `tinyknn.inputs.validate` (float16/32/64 and bfloat16 arrays, and for an 8-bit
       index integer arrays, NumPy or DLPack/CUDA; NaN, infinity, |x| > 2**50, masked arrays refused).
     - Ids: int64 in 0 .. 2**63 - 1, unique in the index. Without ids, an add numbers its rows on from
       the largest id the index has held since it was created, loaded or reset (0, 1, 2, ... for an
@@ -228,7 +231,7 @@ class Index:
 
     def _reorder_if_due(self, searcher: Searcher, labels) -> None:
         """Before a labelled search: put each label's rows together once the labelled searches have read
-        as many scattered rows as that costs (tinyknn._layout), on searchers that can reorder (the CPU's).
+        as many scattered rows as that costs (tinyknn.index.layout), on searchers that can reorder (the CPU's).
         A reorder the memory cannot hold is skipped with a warning; it changes nothing, and no answer."""
         if labels is None or not hasattr(searcher, "permute_rows") or not self._layout.due(self._ids.count):
             return

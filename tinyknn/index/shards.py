@@ -1,5 +1,5 @@
 """ShardedSearcher: one Searcher over several (issue 18: one per GPU), the rows split between them and the
-answers merged exactly (tinyknn._dask_merge: the answer one searcher holding every row gives, bit for bit).
+answers merged exactly (tinyknn.index.merge: the answer one searcher holding every row gives, bit for bit).
 
 The Index's rows are names here: row g lives in shard shard_of[g] at local row local_of[g]. An add goes to
 the shards that hold the fewest rows, split so that their counts even out; a removal removes in each shard
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import _dask_merge as merge
+from . import merge
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -70,7 +70,7 @@ class _Held:
 
 
 class ShardedSearcher:
-    """The Searcher protocol (tinyknn._backends) over `shards`, searchers of one (dim, metric, dtype)."""
+    """The Searcher protocol (tinyknn.index.backends) over `shards`, searchers of one (dim, metric, dtype)."""
 
     def __init__(self, shards: list, metric: str):
         if not shards:

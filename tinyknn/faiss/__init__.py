@@ -22,19 +22,31 @@ import tempfile
 
 import numpy as np
 
-from ._faiss_index import (FLT_MAX, METRIC_INNER_PRODUCT, METRIC_L2, FaissError, IndexFlat, IndexFlatIP,
+from .index import (FLT_MAX, METRIC_INNER_PRODUCT, METRIC_L2, FaissError, IndexFlat, IndexFlatIP,
                            IndexFlatL2, IndexIDMap, IndexIDMap2)
-from ._faiss_selectors import *  # noqa: F401,F403 - the selectors are part of this module's surface
-from ._faiss_selectors import __all__ as _selector_names
-from .index import Index
+from .selectors import *  # noqa: F401,F403 - the selectors are part of this module's surface
+from .selectors import __all__ as _selector_names
+from ..config import get_config, set_cpu_threads
+from ..index import Index
 
 __all__ = ["METRIC_L2", "METRIC_INNER_PRODUCT", "FLT_MAX", "FaissError", "IndexFlat", "IndexFlatL2", "IndexFlatIP",
            "IndexIDMap", "IndexIDMap2", "index_factory", "knn", "normalize_L2", "StandardGpuResources",
            "GpuIndexFlatL2", "GpuIndexFlatIP", "index_cpu_to_gpu", "index_gpu_to_cpu", "index_cpu_to_all_gpus",
-           *_selector_names]
+           "omp_set_num_threads", "omp_get_max_threads", *_selector_names]
 
 
 # -- functions -------------------------------------------------------------------------------
+def omp_set_num_threads(n: int) -> None:
+    """FAISS's thread setting, mapped to the CPU library's thread count (TINYKNN_CPU_THREADS) for every
+    index of this process from the next call on."""
+    set_cpu_threads(n)
+
+
+def omp_get_max_threads() -> int:
+    """The CPU library's thread count (TINYKNN_CPU_THREADS, else the usable cores)."""
+    return get_config().cpu_threads
+
+
 _FACTORY = {"flat": None, "idmap,flat": IndexIDMap, "flat,idmap": IndexIDMap,
             "idmap2,flat": IndexIDMap2, "flat,idmap2": IndexIDMap2}
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._validate import CHUNK_BYTES
-from .spec import DTYPES, MAX_DIM, METRICS, numpy_dtype
+from ..inputs.validate import CHUNK_BYTES
+from ..spec import DTYPES, MAX_DIM, METRICS, numpy_dtype
 
 FILE_FORMAT = "tinyknn.index"
 FILE_VERSION = 2

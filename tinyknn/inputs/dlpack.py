@@ -58,9 +58,7 @@ def capsule_of(x):
 
 
 def describe(x):
-    """A _validate.DeviceArray for a DLPack exporter; the capsule is kept alive with it."""
-    from ._validate import DeviceArray   # _validate imports this module at its top
-
+    """The fields of an arrays.DeviceArray for a DLPack exporter; the capsule is kept alive with it."""
     capsule, stream = capsule_of(x)
     if not _capsule_valid(capsule, b"dltensor"):
         raise TypeError(f"{type(x).__name__}.__dlpack__() did not return an unused 'dltensor' capsule")
@@ -70,7 +68,7 @@ def describe(x):
     strides = None
     if tensor.strides:
         strides = tuple(int(tensor.strides[i]) * dtype.itemsize for i in range(tensor.ndim))   # elements -> bytes
-    return DeviceArray(
+    return dict(
         obj=x, framework=type(x).__module__.split(".")[0], ptr=int(tensor.data or 0) + int(tensor.byte_offset),
         shape=shape, dtype=dtype, strides=strides, stream=stream, readonly=False, keepalive=capsule,
     )

@@ -12,13 +12,13 @@ import dataclasses
 import sys
 import time
 
-from ._cli_common import UsageError, count, print_json
-from .config import get_config
-from .spec import DTYPES, METRICS
+from .common import UsageError, count, print_json
+from ..config import get_config
+from ..spec import DTYPES, METRICS
 
 
 def normalise_arch(text: str) -> str:
-    from .jit.compiler import normalise_arch as normalise
+    from ..jit.compiler import normalise_arch as normalise
 
     try:
         return normalise(text)
@@ -28,8 +28,8 @@ def normalise_arch(text: str) -> str:
 
 def check_arches(arches: list[str]) -> None:
     """Refuse, once and up front, an arch this NVRTC cannot compile for, listing those it can."""
-    from .errors import TinyKnnError
-    from .jit.compiler import arch_problem, supported_arches
+    from ..errors import TinyKnnError
+    from ..jit.compiler import arch_problem, supported_arches
 
     try:
         problems = {arch: arch_problem(arch) for arch in arches}
@@ -45,7 +45,7 @@ def check_arches(arches: list[str]) -> None:
 
 def _combinations(args) -> tuple[list, tuple[str, ...], str]:
     """(combinations, the manifest's arches, where they came from)."""
-    from .jit.manifest import cross_product, default_manifest_path, read_manifest
+    from ..jit.manifest import cross_product, default_manifest_path, read_manifest
 
     flags = (args.metric, args.dtype, args.dim, args.k)
     if any(value is not None for value in flags):
@@ -75,7 +75,7 @@ def resolve_arches(given: list[str] | None, manifest_arches: tuple[str, ...]) ->
     if get_config().arch:
         return [normalise_arch(get_config().arch)]
     try:
-        from .gpu.device import current_device, has_gpu, why_no_gpu
+        from ..gpu.device import current_device, has_gpu, why_no_gpu
 
         if has_gpu():
             return [current_device().arch]
@@ -97,8 +97,8 @@ def describe(specs) -> str:
 
 
 def cmd_warm(args) -> int:
-    from .jit.cache import default_cache
-    from .jit.warm import plan_specs
+    from ..jit.cache import default_cache
+    from ..jit.warm import plan_specs
 
     combinations, manifest_arches, source = _combinations(args)
     arches = resolve_arches(args.arch, manifest_arches)
@@ -166,7 +166,7 @@ def _run_with_progress(cache, specs, jobs: int):
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
-    from .jit.warm import warm_specs
+    from ..jit.warm import warm_specs
 
     console = Console(stderr=True)
     if not console.is_terminal:

@@ -1,4 +1,4 @@
-"""The exact merge of per-shard answers (tinyknn.dask, tinyknn._shards): the answer one Index holding every
+"""The exact merge of per-shard answers (tinyknn.dask, tinyknn.index.shards): the answer one Index holding every
 shard's rows gives.
 
 Each shard answers under the exactness contract for its own rows: nearest first by the float64 distance,

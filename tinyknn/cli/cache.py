@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime
 import sys
 
-from ._cli_common import count, print_json
-from .config import get_config
+from .common import count, print_json
+from ..config import get_config
 
 # The renderer gives variants that the dim or k do not change a canonical value (k 0; dim 1 for all but the
 # ingest, scan and tiled kernels: verify, band, range, rows... in jit/render.py); those are not dims or ks of
@@ -15,7 +15,7 @@ _DIM_VARIANTS = {"norms", "scan", "single", "tiled"}
 
 
 def _cache():
-    from .jit.cache import default_cache
+    from ..jit.cache import default_cache
 
     return default_cache()
 
@@ -35,7 +35,7 @@ def _shown(row: dict) -> dict:
 
 
 def cmd_list(args) -> int:
-    from .jit.maintenance import stray_paths
+    from ..jit.maintenance import stray_paths
 
     cache = _cache()
     rows = [_shown(row) for row in cache.list_entries()]

@@ -10,7 +10,7 @@ Two structures, kept in step by the Index (under its bookkeeping lock):
   a removal costs O(rows removed or moved) whatever the labels hold, and a label's search pays only for
   the label it reads.
 Until the first labelled add nothing is stored (an index without labels costs nothing). When the Index
-reorders its rows label by label (tinyknn._layout), `partitioned_order` is that order and
+reorders its rows label by label (tinyknn.index.layout), `partitioned_order` is that order and
 `apply_permutation` rebuilds both structures from the permuted column (each label then one run of rows).
 """
 
@@ -128,7 +128,7 @@ class Labels:
 
     def partitioned_order(self) -> np.ndarray:
         """The row order that puts each label's rows together (labels ascending, each label's rows in their
-        present order), the rows without a label last (tinyknn._layout)."""
+        present order), the rows without a label last (tinyknn.index.layout)."""
         if self._values is None:
             return np.arange(self.count, dtype=np.int64)
         values, has = self._values[:self.count], self._has[:self.count]

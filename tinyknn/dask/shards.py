@@ -1,4 +1,4 @@
-"""Shards: the client's handles on a DaskIndex's shards (Dask actors, tinyknn._dask_shard.Shard), for tinyknn.dask.
+"""Shards: the client's handles on a DaskIndex's shards (Dask actors, tinyknn.dask.shard.Shard), for tinyknn.dask.
 
 Owns what is Dask-specific: creating a shard pinned to one worker, calling every shard at once and
 waiting, noticing a lost worker (the actor's future leaves the "finished" state) so that no call ever
@@ -14,8 +14,8 @@ import uuid
 
 import numpy as np
 
-from ._dask_shard import Shard
-from .errors import TinyKnnError
+from .shard import Shard
+from ..errors import TinyKnnError
 
 POLL_S = 0.5      # how often a call that is still running checks that its shard's worker is alive
 

@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from . import _validate
+from ..inputs import validate as _validate
 
 
 class Handover:

@@ -28,7 +28,7 @@ class Searcher(Protocol):
     arrays of the rows that moved; `get_rows(positions)` the stored rows (any int64 positions, in
     order) in the storage dtype; `range_search` FAISS's (lims, distances, ids) (INDEX_OPS.md). Optional:
     `permute_rows(order)` (new row i is old row order[i], every row once; all or nothing), which lets the
-    Index keep each label's rows together (tinyknn._layout); a searcher without it keeps its order."""
+    Index keep each label's rows together (tinyknn.index.layout); a searcher without it keeps its order."""
 
     def add(self, vectors, ids: np.ndarray) -> None: ...
     def truncate(self, n_rows: int) -> None: ...
@@ -64,17 +64,17 @@ def parse_storage(storage, device: str) -> str:
 
 def make_searcher(device: str, dim: int, metric: str, dtype: str, storage: str = "device") -> Searcher:
     if storage == "host":
-        from .gpu.host_tier import HostTierSearcher
+        from ..gpu.host_tier import HostTierSearcher
 
         return HostTierSearcher(dim=dim, metric=metric, dtype=dtype)
     if device == "cpu":
-        from .cpu.library import DTYPE_CODES
-        from .cpu.searcher import CpuSearcher
+        from ..cpu.library import DTYPE_CODES
+        from ..cpu.searcher import CpuSearcher
 
         if dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {dtype!r} is not available on device='cpu' (it stores "
                              f"{', '.join(map(repr, DTYPE_CODES))}); use one of those or device='cuda'")
         return CpuSearcher(dim=dim, metric=metric, dtype=dtype)
-    from .gpu.searcher import GpuSearcher
+    from ..gpu.searcher import GpuSearcher
 
     return GpuSearcher(dim=dim, metric=metric, dtype=dtype)

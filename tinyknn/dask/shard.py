@@ -1,7 +1,7 @@
 """Shard: one tinyknn.Index held in a Dask worker's memory between calls (a Dask actor), for tinyknn.dask.
 
 Every method runs on the worker; arguments and results travel through Dask's own serialisation. The
-Index does the validation and keeps the exactness contract for the shard's rows; tinyknn._dask_merge
+Index does the validation and keeps the exactness contract for the shard's rows; tinyknn.index.merge
 merges the shards' answers. `add_block` is the task that hands a dask.array chunk already on the shard's
 worker to the shard in process (no copy through the client, no second trip through the network).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._dask_merge import exact_distances
-from .index import Index
+from ..index.merge import exact_distances
+from ..index import Index
 
 
 class Shard:
@@ -77,7 +77,7 @@ def add_block(actor_key: str, block: np.ndarray, ids: np.ndarray, labels) -> int
 def checked_block(block, dim: int, dtype: str) -> np.ndarray:
     """A task where a dask.array block is: Index.add's checks, then the block in the storage dtype, so that a
     bad value anywhere fails the add before any shard has changed."""
-    from . import _validate
-    from .spec import numpy_dtype
+    from ..inputs import validate as _validate
+    from ..spec import numpy_dtype
 
     return _validate.as_storage(_validate.host_rows(block, dim, dtype), numpy_dtype(dtype))

@@ -1,0 +1,53 @@
+"""The GPU searcher's plan for CUDA-array queries (CuPy, torch, JAX): read in place by the ingest kernel,
+results written straight into arrays of the caller's framework, ordered after the caller's stream both ways."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..inputs.validate import DeviceArray
+from . import interop, plan as plans
+from .memory import Stream, copy_host_to_address
+
+
+class DeviceQueries:
+    """Mixin of GpuSearcher: batches of CUDA-array queries (the caller, search, holds the lock)."""
+
+    def _search_device(self, queries: DeviceArray, k: int):
+        """CUDA queries, batch by batch (the caller, search, holds the lock)."""
+        interop.check_device(queries, self._ordinal, "queries")
+        step = interop.row_step(queries, "queries")
+        n_queries = queries.shape[0]
+        distances, ids, distances_ptr, ids_ptr = interop.empty_results(queries, n_queries, k, self._ordinal)
+        caller = interop.caller_stream(queries)
+        self._wait_for_caller(caller)        # after the result arrays were allocated on it
+        self._buffers["status"].fill_bytes(0, 4, self._stream)
+        item = queries.dtype.itemsize
+        statuses = self._device("device_status", min(n_queries, plans.MAX_BATCH) * 4)  # before the plans
+        for start in range(0, n_queries, plans.MAX_BATCH):
+            count = min(plans.MAX_BATCH, n_queries - start)
+            search_plan = self._plan(count, k, "device")
+            self._ingest(queries.ptr + start * step * item, queries.dtype, step, count, "float32",
+                         self._pointer("queries"), 0, False)
+            search_plan.set_outputs(distances_ptr + start * k * 4, ids_ptr + start * k * 8, statuses.ptr,
+                                    self._pointer("thresholds"))
+            search_plan.launch(self._stream)
+            found = np.empty(count, dtype=np.int32)
+            statuses.copy_to_host(found, count * 4, self._stream)
+            self._raise_if_bad("queries")    # one synchronisation for the flag and the statuses
+            unproven = np.flatnonzero(found)
+            if len(unproven):               # their rows are rewritten with the band search's answers
+                band_d, band_i = self._band(unproven, k)
+                for row, d_row, i_row in zip(unproven.tolist(), band_d, band_i):
+                    at = start + row
+                    copy_host_to_address(distances_ptr + at * k * 4, d_row, self._stream)
+                    copy_host_to_address(ids_ptr + at * k * 8, i_row, self._stream)
+        done = self._events[1]
+        done.record(self._stream)
+        Stream.from_handle(caller).wait(done)
+        return distances, ids
+
+    def _wait_for_caller(self, caller: int) -> None:
+        ready = self._events[0]
+        ready.record(Stream.from_handle(caller))
+        self._stream.wait(ready)

@@ -1,0 +1,153 @@
+"""The GPU searcher's plan for host (NumPy) queries: pinned staging allocated once, one copy in, the
+selection kernel (single, scan or tiled by batch shape) and the verify step, one copy out, a CUDA graph for
+a shape seen twice; large batches go through the tensor-core screen first; queries verify could not prove
+go to the band search (every row within their k-th candidate's float64 distance, sorted by (key, id))."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..inputs.validate import check_values
+from ..jit import render
+from . import plan as plans
+from .memory import DeviceBuffer
+
+BAND_MIN_CAPACITY = 256         # band entries per query at first (grown to the largest count when exceeded)
+PLAN_CACHE = 32
+
+
+class HostQueries:
+    """Mixin of GpuSearcher: host batches, their plans and the band search."""
+
+    def _search_host_batch(self, queries: np.ndarray, k: int, exact: bool = False,
+                           screen: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """One batch of host queries; fresh result arrays (the only allocations of the call). Large batches
+        on a screened index go through the tensor cores (gpu/screen.py); what it cannot settle comes here."""
+        if screen and not exact and self.use_screen and self._screen.applies(len(queries), k):
+            screened = self._screen.search(queries, k)
+            if screened is not None:
+                distances, ids, unproven = screened
+                if len(unproven):
+                    distances[unproven], ids[unproven] = self._search_host_batch(queries[unproven], k, screen=False)
+                return distances, ids
+        batch = self._host_batch(len(queries), k, exact)
+        if self._stride == self.dim:
+            np.copyto(batch.stage, queries)
+        else:
+            batch.stage[:, :self.dim] = queries
+        batch.run(self._stream, self.use_graphs)
+        try:    # NaN, infinity and magnitude: checked here, on the host, while the device searches
+            check_values(queries, "queries", "float32")
+        finally:
+            self._stream.synchronize()
+        distances, ids = batch.distances.copy(), batch.ids.copy()
+        unproven = np.flatnonzero(batch.status)
+        if len(unproven):
+            distances[unproven], ids[unproven] = self._band(unproven, k)
+        return distances, ids
+
+    def _band(self, which: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Answers of the batch's queries `which` that verify could not prove: every row whose float64 key
+        is within the query's threshold (its k-th candidate's key, an upper bound of the true k-th), found
+        by band_kernel over the queries still in the 'queries' buffer, then sorted here by (key, id).
+        Rare (near-ties beyond the margin), so its buffers are allocated per call."""
+        self.exact_reruns += len(which)
+        loaded = self._kernel(render.band_spec(self.metric, self.dtype, self._arch))
+        f = len(which)
+        view = self._view
+        blocks = max(1, min(math.ceil(view.n / plans.ROW_KERNEL_THREADS), self._sm_count * 8))
+        capacity = max(BAND_MIN_CAPACITY, 4 * k)
+        with DeviceBuffer(f * 4) as which_buffer, DeviceBuffer(f * 4) as counts:
+            which_buffer.copy_from_host(np.ascontiguousarray(which, dtype=np.int32), f * 4, self._stream)
+            while True:
+                keys, band_ids = DeviceBuffer(f * capacity * 8), DeviceBuffer(f * capacity * 8)
+                counts.fill_bytes(0, f * 4, self._stream)
+                launch = loaded.prepare(self._pointer(view.prefix + "data"), self._pointer(view.prefix + "ids"), view.n,
+                                        self._stride, self.dim,
+                                        self._pointer("queries"), which_buffer.ptr, self._pointer("thresholds"),
+                                        capacity, keys.ptr, band_ids.ptr, counts.ptr)
+                launch.launch((blocks, f, 1), loaded.threads, 0, self._stream)
+                found = np.empty(f, dtype=np.uint32)
+                counts.copy_to_host(found, f * 4, self._stream)
+                self._stream.synchronize()
+                if int(found.max()) <= capacity:
+                    break
+                keys.close()
+                band_ids.close()
+                capacity = int(found.max())
+            host_keys, host_ids = np.empty((f, capacity)), np.empty((f, capacity), dtype=np.int64)
+            keys.copy_to_host(host_keys, host_keys.nbytes, self._stream)
+            band_ids.copy_to_host(host_ids, host_ids.nbytes, self._stream)
+            self._stream.synchronize()
+            keys.close()
+            band_ids.close()
+        larger = self.metric != "l2"
+        distances = np.full((f, k), -np.inf if larger else np.inf, dtype=np.float32)
+        ids = np.full((f, k), -1, dtype=np.int64)
+        for i, count in enumerate(found.tolist()):
+            order = np.lexsort((host_ids[i, :count], host_keys[i, :count]))[:k]
+            chosen = host_keys[i, order]
+            distances[i, :len(order)] = (-chosen if larger else chosen).astype(np.float32)
+            ids[i, :len(order)] = host_ids[i, order]
+        return distances, ids
+
+    def _host_batch(self, n_queries: int, k: int, exact: bool = False) -> plans.HostBatch:
+        key = (n_queries, k, "host", exact, self._view)
+        batch = self._plans.get(key)
+        if batch is None:
+            result_bytes = plans.result_layout(n_queries, k)[2]
+            stage = self._pinned("query_stage", n_queries * self._stride * 4)
+            results_stage = self._pinned("result_stage", result_bytes)
+            results = self._device("results", result_bytes)
+            search_plan = self._plan(n_queries, k, "host", exact)     # after the buffers: they may move
+            batch = self._plans[key] = plans.HostBatch(
+                search_plan, self._buffers["queries"], stage, n_queries * self._stride * 4, results, results_stage,
+                self._stride)
+        self._plans.move_to_end(key)
+        return batch
+
+    def _main_spec(self, n_queries: int, k: int, exact: bool):
+        args = (self.metric, self.dtype, self.dim, k, self._arch)
+        variant = plans.choose_variant(n_queries, k)
+        if variant == "single":
+            return render.single_spec(*args)
+        if variant == "scan":
+            return render.scan_spec(*args, n_queries=n_queries)
+        return render.tiled_spec(*args, exact=exact, n_queries=n_queries)
+
+    def _plan(self, n_queries: int, k: int, purpose: str, exact: bool = False) -> plans.SearchPlan:
+        """The cached plan of a batch shape; the buffers it needs are grown first. exact: no filter key."""
+        view = self._view
+        key = (n_queries, k, purpose, exact, view, "plan")
+        found = self._plans.get(key)
+        if found is not None:
+            self._plans.move_to_end(key)
+            return found
+        main = self._kernel(self._main_spec(n_queries, k, exact))
+        verify = None if main.spec.variant == "single" else self._kernel(render.verify_spec(main.spec))
+        per_list = plans.list_k(main.spec)
+        groups = math.ceil(n_queries / plans.queries_per_block(main.spec))
+        slices, rows = plans.split_rows(view.n, groups, main, self._sm_count, per_list, self.slices_override)
+        self._device("queries", n_queries * self._stride * 4)
+        self._device("candidates", plans.candidate_bytes(n_queries, slices, per_list))
+        bounds = self._device("bounds", n_queries * 4)
+        self._device("thresholds", n_queries * 8)
+        ids_offset, status_offset, _ = plans.result_layout(n_queries, k)
+        results = self._pointer("results")
+        candidates = self._pointer("candidates")
+        search_plan = plans.build_plan(
+            main, verify, n_queries=n_queries, k=k, n_data=view.n, dim=self.dim, slices=slices, rows_per_slice=rows,
+            row_stride=self._stride, data_ptr=self._pointer(view.prefix + "data"),
+            norms_ptr=self._pointer(view.prefix + "norms"), queries_ptr=self._pointer("queries"), keys_ptr=candidates,
+            positions_ptr=candidates + n_queries * slices * per_list * 4, ids_ptr=self._pointer(view.prefix + "ids"),
+            distances_out=results, ids_out=results + ids_offset, bounds=bounds,
+            row_stats_ptr=self._pointer("row_stats"), status_ptr=results + status_offset,
+            threshold_ptr=self._pointer("thresholds"))
+        self._plans[key] = search_plan
+        while len(self._plans) > PLAN_CACHE:
+            _, dropped = self._plans.popitem(last=False)
+            if isinstance(dropped, plans.HostBatch):
+                dropped.close()
+        return search_plan
