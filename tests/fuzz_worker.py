@@ -61,7 +61,7 @@ class Model:
         self.ids, self.rows, self.labels = ([column[i] for i in keep] for column in (self.ids, self.rows, self.labels))
 
     def accepts(self, values: np.ndarray) -> bool:
-        """The definition of valid values (README): finite, |x| <= 2**50, and float16-representable."""
+        """The definition of valid values (docs/index-operations.md, "Input conversion"): finite, |x| <= 2**50, and float16-representable."""
         limit = _validate.FLOAT16_MAX if self.dtype == "float16" else _validate.MAX_ABS_VALUE
         return bool(np.all(np.isfinite(values)) and (values.size == 0 or np.max(np.abs(values)) <= limit))
 

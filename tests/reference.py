@@ -1,6 +1,6 @@
 """The float64 oracle of the exactness contract, and the older tie-aware comparison.
 
-`exact_search` / `assert_exact` are the contract (README "Exactness", kernels/exact.cuh): float64 distances
+`exact_search` / `assert_exact` are the contract (docs/exactness.md, kernels/exact.cuh): float64 distances
 computed operation by operation as the kernels compute them (sequential over dimensions, every product and
 sum rounded, no fused multiply-add), nearest first, equal float64 distances broken by the smaller id,
 distances returned as those float64 values rounded to float32; `assert_exact` compares bit for bit.

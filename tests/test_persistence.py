@@ -68,7 +68,7 @@ def test_save_load_empty_index(tmp_path):
 
 
 def test_the_file_is_a_plain_npz(tmp_path, index):
-    """README promises np.load reads the file: the format is the .npz np.savez writes."""
+    """docs/index-operations.md promises np.load reads the file: the format is the .npz np.savez writes."""
     index.save(tmp_path / "saved")
     with np.load(tmp_path / "saved", allow_pickle=False) as archive:
         header = json.loads(bytes(archive["header"]).decode())

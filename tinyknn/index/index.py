@@ -41,7 +41,7 @@ class Index:
     - `l2` reports squared Euclidean distances (smallest first), `ip` inner products (largest first),
       `cosine` the cosine similarity (largest first); a zero vector has similarity 0 with everything.
     - The database is stored in `dtype`; queries are searched in float32 whatever the index's dtype.
-      Answers follow the exactness contract (README "Exactness"): the float64 order, ties by the smaller id.
+      Answers follow the exactness contract (docs/exactness.md): the float64 order, ties by the smaller id.
     - Input conversion: see `tinyknn.inputs.validate` (float16/32/64 and bfloat16 arrays, and for an 8-bit
       index integer arrays, NumPy or DLPack/CUDA; NaN, infinity, |x| > 2**50, masked arrays refused).
     - Ids: int64 in 0 .. 2**63 - 1, unique in the index. Without ids, an add numbers its rows on from

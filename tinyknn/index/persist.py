@@ -1,4 +1,4 @@
-"""Saving and loading an Index (format: README 'File format'), and pickling through the same bytes.
+"""Saving and loading an Index (format: docs/index-operations.md, 'File format'), and pickling through the same bytes.
 
 The file is an uncompressed NumPy .npz (np.load reads it): header.npy (uint8, UTF-8 JSON: format,
 version, dim, metric, dtype, ntotal, labels), vectors.npy ((ntotal, dim) in the storage dtype; bfloat16

@@ -1,6 +1,6 @@
 """The one place user inputs are checked and converted.
 
-Conversion policy (also in README and the Index docstrings):
+Conversion policy (also in docs/index-operations.md, "Input conversion", and the Index docstrings):
 - Host arrays (NumPy, anything `np.asarray` turns into a real floating array, torch CPU tensors):
   float16/float32/float64 are accepted. The database is stored in the index's dtype and queries are
   searched in float32, so an input in another float dtype, or not C-contiguous, is copied once
