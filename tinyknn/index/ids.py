@@ -249,7 +249,7 @@ class IdMap:
         self._segments.append((sorted_ids, rows))
 
     def nbytes(self) -> int:
-        """Approximate memory the map holds (for the README's footprint table and tests)."""
+        """Approximate memory the map holds (for the footprint table in docs/index-operations.md and tests)."""
         columns = sum(column.nbytes for column in (self._row_of_serial, self._serial_of_row) if column is not None)
         return (sum(ids.nbytes + rows.nbytes for ids, rows in self._segments) + 100 * len(self._recent)
                 + 3 * 36 * len(self._run_start) + columns)

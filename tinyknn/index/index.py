@@ -267,7 +267,7 @@ class Index:
 
     # -- persistence --------------------------------------------------------------------------
     def save(self, path: str | os.PathLike | BinaryIO) -> None:
-        """Write the index to `path` (format: README 'File format'; an uncompressed NumPy .npz, version 2),
+        """Write the index to `path` (format: docs/index-operations.md, 'File format'; an uncompressed NumPy .npz, version 2),
         or onto a binary file object (e.g. io.BytesIO) as it is.
 
         A path is written to a temporary file beside it and renamed over it: a failed save leaves no
