@@ -14,8 +14,10 @@ for HDF5 and only when used, h5py (`pip install tinyknn[hdf5]`).
 
 from .neighbors import (FORMATS, RANGE_FORMATS, KnnGroundTruth, RangeGroundTruth, guess_format, output_paths,
                         read_knn_groundtruth, read_range_groundtruth, write_knn_groundtruth, write_range_groundtruth)
+from ._files import atomic_path, atomic_write
 from .vectors import EXTENSIONS, extension_of, open_vectors, read_vectors, split_dataset, write_vectors
 
 __all__ = ["open_vectors", "read_vectors", "write_vectors", "extension_of", "split_dataset", "EXTENSIONS",
            "read_knn_groundtruth", "write_knn_groundtruth", "read_range_groundtruth", "write_range_groundtruth",
-           "KnnGroundTruth", "RangeGroundTruth", "guess_format", "output_paths", "FORMATS", "RANGE_FORMATS"]
+           "KnnGroundTruth", "RangeGroundTruth", "guess_format", "output_paths", "FORMATS", "RANGE_FORMATS",
+           "atomic_write", "atomic_path"]
