@@ -170,7 +170,10 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
         shard_rows = max(1, _memory_budget(device) // (2 * (row_bytes + 16)))
     shard_rows = min(n, _positive(shard_rows, "shard_rows"))
     n_shards, n_batches = -(-n // shard_rows), -(-nq // query_batch)
-    key = {"base": base.fingerprint(n), "queries": query_source.fingerprint(nq), "metric": metric, "dtype": dtype,
+    fingerprints = {"base": base.fingerprint(n), "queries": query_source.fingerprint(nq)}
+    # the checkpoint's key: what the inputs hold, not where they are (a moved file still resumes)
+    key = {**{name: {f: v for f, v in value.items() if f != "file"} for name, value in fingerprints.items()},
+           "metric": metric, "dtype": dtype,
            "k": k, "radius": None if radius is None else float(radius), "shard_rows": shard_rows,
            "query_batch": query_batch}
 
@@ -249,8 +252,8 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
     else:
         result = merge_ranges(parts, metric, run.resolver(queries))
     if output is not None:
-        _write_output(run, result, output, format, k, radius, device, storage, base, query_source, nq,
-                      n_shards, time.perf_counter() - started, key)
+        _write_output(run, result, output, format, k, radius, device, storage, base, n_shards,
+                      time.perf_counter() - started, key, fingerprints)
     if checkpoint_path is not None and not keep_checkpoint and os.path.exists(checkpoint_path):
         os.unlink(checkpoint_path)
     return result
@@ -273,8 +276,8 @@ def converted(run: _Run, result_d: np.ndarray, result_i: np.ndarray, name: str, 
     return out
 
 
-def _write_output(run, result, output, format, k, radius, device, storage, base, query_source, nq, n_shards,
-                  seconds, key) -> None:
+def _write_output(run, result, output, format, k, radius, device, storage, base, n_shards, seconds, key,
+                  fingerprints) -> None:
     name = conventions.convention(format, run.metric)
     if radius is None:
         distances, ids = result
@@ -292,7 +295,7 @@ def _write_output(run, result, output, format, k, radius, device, storage, base,
         "format": "tinyknn.groundtruth.record", "version": 1, "tinyknn": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "kind": "knn" if radius is None else "range", "metric": run.metric, "dtype": run.dtype,
-        "k": k, "radius": key["radius"], "base": key["base"], "queries": key["queries"],
+        "k": k, "radius": key["radius"], "base": fingerprints["base"], "queries": fingerprints["queries"],
         "device": device, "storage": storage, "shards": n_shards, "shard_rows": key["shard_rows"],
         "query_batch": key["query_batch"], "seconds": round(seconds, 3),
         "output": {"format": format, "files": list(written), "distance_convention": name,
