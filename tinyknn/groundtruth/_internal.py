@@ -6,7 +6,9 @@
 - as_storage: a row block rounded to the index's storage dtype exactly as an add rounds it.
 """
 
-from tinyknn._dask_merge import exact_distances  # noqa: F401  (moves to tinyknn/index/merge.py)
-from tinyknn._dask_merge import knn as merge_knn  # noqa: F401
-from tinyknn._dask_merge import ranges as merge_ranges  # noqa: F401
-from tinyknn._validate import as_storage  # noqa: F401  (moves to tinyknn/inputs/validate.py)
+from tinyknn._dask_merge import exact_distances  # moves to tinyknn/index/merge.py
+from tinyknn._dask_merge import knn as merge_knn
+from tinyknn._dask_merge import ranges as merge_ranges
+from tinyknn._validate import as_storage  # moves to tinyknn/inputs/validate.py
+
+__all__ = ["exact_distances", "merge_knn", "merge_ranges", "as_storage"]

@@ -22,7 +22,7 @@ import dataclasses
 import numpy as np
 
 from . import conventions
-from .compute import _Run, _storage_dtype, converted
+from .exact import Exact, storage_dtype
 from .inputs import open_pair
 from .recall import convention_of, exact_counts, load_groundtruth, pair_distances, recall
 
@@ -57,14 +57,17 @@ class Comparison:
         if self.differ:
             lines += [f"  ties (equal float64 distance, another id order): {self.ties:,}",
                       f"  float32 misorderings (distinct in float64, within float32 rounding): "
-                      f"{self.float32_misorderings:,} (of which {self.float32_equal:,} round to the same float32)",
+                      f"{self.float32_misorderings:,} (of which {self.float32_equal:,} round to the same "
+                      "float32)",
                       f"  real errors: {self.errors:,} (repeated ids {self.duplicates:,}, -1 or unknown ids "
                       f"{self.invalid_ids:,})"]
         if self.distances_checked:
-            lines.append(f"distances: {self.distances_differing:,} of {self.distances_checked:,} differ from the float64 "
-                         f"value rounded to float32 (largest relative difference {self.max_distance_relative_error:.3g})")
+            lines.append(f"distances: {self.distances_differing:,} of {self.distances_checked:,} differ from the "
+                         f"float64 value rounded to float32 (largest relative difference "
+                         f"{self.max_distance_relative_error:.3g})")
         if self.recall:
-            lines.append("recall@k of the candidate: " + ", ".join(f"{rule} {value:.6f}" for rule, value in self.recall.items()))
+            shown = ", ".join(f"{rule} {value:.6f}" for rule, value in self.recall.items())
+            lines.append(f"recall@k of the candidate: {shown}")
         for example in self.examples:
             lines.append(f"  e.g. query {example['query']}, position {example['position']}: {example['kind']}: "
                          f"id {example['candidate_id']} (float64 {example['candidate_distance']!r}) where the exact "
@@ -72,7 +75,7 @@ class Comparison:
         return "\n".join(lines)
 
 
-def _bounds(run: _Run, query_rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def _bounds(run: Exact, query_rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The float32 error bound of each (query, id) pair's distance (see the module docstring)."""
     q = run.queries[query_rows].astype(np.float64)
     x = run.stored_rows(ids).astype(np.float64)
@@ -104,7 +107,7 @@ def compare(candidate, exact, base, queries, k: int | None = None, metric: str |
     base_source, query_source = open_pair(base, queries)
     try:
         n = base_source.shape[0]
-        run = _Run(base_source, query_source.rows(0, nq), n, metric, _storage_dtype(base_source, dtype))
+        run = Exact(base_source, query_source.rows(0, nq), n, metric, storage_dtype(base_source, dtype))
         result = Comparison(queries=nq, k=k, entries=nq * k)
         differ = c_ids != r_ids
         result.differ = int(differ.sum())
@@ -135,7 +138,8 @@ def compare(candidate, exact, base, queries, k: int | None = None, metric: str |
         for kind in ("error", "float32 misordering", "tie"):
             for i in np.flatnonzero(kinds == kind)[:EXAMPLES - len(result.examples)]:
                 result.examples.append({"kind": kind, "query": int(q_ok[i]), "position": int(p_ok[i]),
-                                        "candidate_id": int(c_ids[q_ok[i], p_ok[i]]), "exact_id": int(r_ids[q_ok[i], p_ok[i]]),
+                                        "candidate_id": int(c_ids[q_ok[i], p_ok[i]]),
+                                        "exact_id": int(r_ids[q_ok[i], p_ok[i]]),
                                         "candidate_distance": float(d_c[i]), "exact_distance": float(d_r[i])})
         if cand.distances is not None:
             name = convention_of(cand, metric, candidate_convention)

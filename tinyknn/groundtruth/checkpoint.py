@@ -53,7 +53,8 @@ def load(path, key: dict) -> tuple[int, int, dict[str, np.ndarray]] | None:
     if header["key"] != json.loads(json.dumps(key)):
         theirs, ours = _flatten(header["key"]), _flatten(json.loads(json.dumps(key)))
         differ = sorted(name for name in set(theirs) | set(ours) if theirs.get(name) != ours.get(name))
-        shown = "; ".join(f"{name}: checkpoint {theirs.get(name)!r}, this run {ours.get(name)!r}" for name in differ[:6])
+        shown = "; ".join(f"{name}: checkpoint {theirs.get(name)!r}, this run {ours.get(name)!r}"
+                          for name in differ[:6])
         raise ValueError(f"the checkpoint {os.fspath(path)} was written for different inputs or parameters ({shown}); "
                          "remove it to start afresh, or pass another checkpoint path")
     return int(header["shard"]), int(header["batch"]), arrays

@@ -112,7 +112,8 @@ def _metric(args, *paths) -> str:
 def _compute(args, base: str, queries: str) -> int:
     from .. import io as tio
     from . import conventions
-    from .compute import groundtruth, record_path
+    from .compute import groundtruth
+    from .output import record_path
 
     if args.output is None:
         _error("-o/--output is required: where to write the ground truth")
@@ -235,7 +236,9 @@ def _has_handler() -> bool:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def _rate_column():

@@ -16,25 +16,23 @@ refused. With `output=PATH` the answer is written in `format`, its distances in 
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import time
 
 import numpy as np
 
 from .. import io as tio
-from .._version import __version__
-from ..spec import numpy_dtype, parse_dtype, parse_metric
+from ..spec import parse_metric
 from . import checkpoint as _checkpoint
 from . import conventions
-from ._internal import as_storage, exact_distances, merge_knn, merge_ranges
-from .inputs import FirstRows, Source, open_pair
+from ._internal import merge_knn, merge_ranges
+from .exact import Exact, storage_dtype
+from .inputs import Source, open_pair
+from .output import write_output
 
 DEFAULT_QUERY_BATCH = 4096
 ADD_CHUNK_BYTES = 64 << 20
 CUDA_INDEX_BYTES = 32 << 30          # default device-memory budget of one shard (override: shard_rows)
-PAIR_CHUNK = 1 << 16                 # (query, id) pairs whose float64 distances are computed at a time
 
 
 def _memory_budget(device: str) -> int:
@@ -45,16 +43,6 @@ def _memory_budget(device: str) -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
     except (AttributeError, ValueError, OSError):
         return 8 << 30
-
-
-def _storage_dtype(source: Source, dtype) -> str:
-    if dtype is not None:
-        return parse_dtype(dtype)
-    name = source.dtype.name
-    if name in ("float32", "float16", "bfloat16", "uint8", "int8"):
-        return name
-    raise ValueError(f"the base {source.name} holds {name} values; tinyknn indexes float32, float16, bfloat16, "
-                     "uint8 and int8. Pass dtype='float32' (or another) to search the values rounded to it")
 
 
 def _positive(value, what: str) -> int:
@@ -70,31 +58,6 @@ def _limit(value, available: int, what: str, source: Source) -> int:
     if value > available:
         raise ValueError(f"{what} = {value:,} but {source.name} holds {available:,} rows")
     return value
-
-
-class _Run:
-    """One ground-truth computation: its inputs, plan and the helpers every step shares."""
-
-    def __init__(self, base: Source, queries: np.ndarray, n: int, metric: str, dtype: str):
-        self.base, self.queries, self.n, self.metric, self.dtype = base, queries, n, metric, dtype
-        self.storage = numpy_dtype(dtype)
-
-    def stored_rows(self, ids: np.ndarray) -> np.ndarray:
-        """The base rows of `ids` as the Index stores them (rounded to its dtype as an add rounds)."""
-        rows = self.base.take(ids)
-        return rows if rows.dtype == self.storage else as_storage(rows, self.storage)
-
-    def exact(self, query_rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """float64 contract distances of (query_rows[i], base row ids[i]), PAIR_CHUNK pairs at a time."""
-        out = np.empty(len(ids), dtype=np.float64)
-        for start in range(0, len(ids), PAIR_CHUNK):
-            stop = start + PAIR_CHUNK
-            out[start:stop] = exact_distances(query_rows[start:stop], self.stored_rows(ids[start:stop]), self.metric)
-        return out
-
-    def resolver(self, queries: np.ndarray):
-        """resolve(query_numbers, ids, shard) for tinyknn's exact merge, query numbers into `queries`."""
-        return lambda numbers, ids, _shard: self.exact(queries[numbers], ids)
 
 
 def _concat_ranges(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
@@ -159,10 +122,10 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
     from ..index import Index
 
     started = time.perf_counter()
-    dtype = _storage_dtype(base, dtype)
+    dtype = storage_dtype(base, dtype)
     dim = base.shape[1]
     queries = query_source.rows(0, nq)
-    run = _Run(base, queries, n, metric, dtype)
+    run = Exact(base, queries, n, metric, dtype)
     row_bytes = dim * run.storage.itemsize
     query_batch = _positive(query_batch, "query_batch")
     batch_rows = max(1, ADD_CHUNK_BYTES // row_bytes) if batch_rows is None else _positive(batch_rows, "batch_rows")
@@ -252,66 +215,10 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
     else:
         result = merge_ranges(parts, metric, run.resolver(queries))
     if output is not None:
-        _write_output(run, result, output, format, k, radius, device, storage, base, n_shards,
+        write_output(run, result, output, format, k, radius, device, storage, base, n_shards,
                       time.perf_counter() - started, key, fingerprints)
     if checkpoint_path is not None and not keep_checkpoint and os.path.exists(checkpoint_path):
         os.unlink(checkpoint_path)
     return result
 
 
-def converted(run: _Run, result_d: np.ndarray, result_i: np.ndarray, name: str, query_of=None) -> np.ndarray:
-    """The result's distances in convention `name`, each from its pair's float64 distance rounded once. As
-    a check of the whole chain, the float64 distances must round to the float32 distances the Index gave."""
-    if name == conventions.NATIVE[run.metric]:
-        return result_d
-    out = result_d.astype(np.float32).copy()
-    valid = result_i >= 0
-    if query_of is None:
-        query_of = np.broadcast_to(np.arange(result_i.shape[0])[:, None], result_i.shape)[valid]
-    d64 = run.exact(run.queries[query_of], result_i[valid])
-    if not np.array_equal(d64.astype(np.float32).view(np.uint32), result_d[valid].astype(np.float32).view(np.uint32)):
-        raise RuntimeError("internal error: the float64 distances recomputed for the output convention do not round to "
-                           "the distances tinyknn returned; please report this")
-    out[valid] = conventions.to_float32(d64, run.metric, name)
-    return out
-
-
-def _write_output(run, result, output, format, k, radius, device, storage, base, n_shards, seconds, key,
-                  fingerprints) -> None:
-    name = conventions.convention(format, run.metric)
-    if radius is None:
-        distances, ids = result
-        written = tio.write_knn_groundtruth(
-            output, ids, converted(run, distances, ids, name), format=format,
-            distance=conventions.HDF5_DISTANCE[run.metric],
-            train=FirstRows(base, run.n) if format == "hdf5" else None,
-            test=run.queries if format == "hdf5" else None)
-    else:
-        lims, distances, ids = result
-        query_of = np.repeat(np.arange(len(lims) - 1), np.diff(lims))
-        written = tio.write_range_groundtruth(output, lims, ids, converted(run, distances, ids, name, query_of),
-                                              format=format)
-    record = {
-        "format": "tinyknn.groundtruth.record", "version": 1, "tinyknn": __version__,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "kind": "knn" if radius is None else "range", "metric": run.metric, "dtype": run.dtype,
-        "k": k, "radius": key["radius"], "base": fingerprints["base"], "queries": fingerprints["queries"],
-        "device": device, "storage": storage, "shards": n_shards, "shard_rows": key["shard_rows"],
-        "query_batch": key["query_batch"], "seconds": round(seconds, 3),
-        "output": {"format": format, "files": list(written), "distance_convention": name,
-                   "distance_description": conventions.describe(name),
-                   "larger_is_better": conventions.larger_is_better(name)},
-        "order": "nearest first by the float64 distance (stored vectors widened exactly, queries as float32), "
-                 "equal float64 distances by the smaller id; distances are those float64 values in the "
-                 "convention above, rounded to float32 once",
-    }
-    if radius is not None:
-        record["hits"] = int(result[0][-1])
-        record["radius_meaning"] = "l2: squared distance < radius" if run.metric == "l2" else "similarity > radius"
-    with tio.atomic_write(record_path(output)) as handle:
-        handle.write((json.dumps(record, indent=2) + "\n").encode())
-
-
-def record_path(output) -> str:
-    """Where the JSON record of a run writing `output` goes."""
-    return os.fspath(output) + ".json"

@@ -28,7 +28,6 @@ import numpy as np
 
 from .. import io as tio
 from . import conventions
-from ._internal import exact_distances
 
 RULES = ("exact", "ids", "bigann", "ann-benchmarks", "ann-benchmarks-epsilon")
 BIGANN_TIE = 1e-6
@@ -135,7 +134,7 @@ def recall(result_ids, gt, k: int = 10, rule: str = "exact", *, base=None, queri
 
 
 def pair_distances(run, ids: np.ndarray) -> np.ndarray:
-    """float64 contract distances of every (query i, ids[i, j]) on an open compute._Run; NaN where the id is
+    """float64 contract distances of every (query i, ids[i, j]) on an open exact.Exact; NaN where the id is
     -1 or outside the base."""
     valid = (ids >= 0) & (ids < run.n)
     out = np.full(ids.shape, np.nan)
@@ -146,7 +145,7 @@ def pair_distances(run, ids: np.ndarray) -> np.ndarray:
 
 def _distances_of(ids: np.ndarray, base, queries, metric: str, dtype=None) -> np.ndarray:
     """pair_distances of ids on base and queries given as arrays or files."""
-    from .compute import _Run, _storage_dtype
+    from .exact import Exact, storage_dtype
     from .inputs import open_pair
 
     if base is None or queries is None or metric is None:
@@ -155,8 +154,8 @@ def _distances_of(ids: np.ndarray, base, queries, metric: str, dtype=None) -> np
     try:
         if query_source.shape[0] < ids.shape[0]:
             raise ValueError(f"{ids.shape[0]:,} result rows but only {query_source.shape[0]:,} queries")
-        run = _Run(base_source, query_source.rows(0, ids.shape[0]), base_source.shape[0], metric,
-                   _storage_dtype(base_source, dtype))
+        run = Exact(base_source, query_source.rows(0, ids.shape[0]), base_source.shape[0], metric,
+                   storage_dtype(base_source, dtype))
         return pair_distances(run, ids)
     finally:
         base_source.close()

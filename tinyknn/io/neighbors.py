@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from . import binfmt, hdf5, npy, texmex
+from . import binfmt, cuvs, hdf5, npy, texmex
 from ._files import check_slice, shown
 
 FORMATS = ("bigann", "cuvs", "ivecs", "hdf5", "npy")
@@ -89,7 +89,7 @@ def guess_format(path) -> str:
         return "npy"
     if lower.endswith((".ivecs", ".fvecs")):
         return "ivecs"
-    if lower.endswith(binfmt.CUVS_SUFFIXES) or any(os.path.exists(binfmt.cuvs_stem(text) + s)
+    if lower.endswith(cuvs.SUFFIXES) or any(os.path.exists(cuvs.stem_of(text) + s)
                                                    for s in (".neighbors.ibin", ".neighbors.u64bin")):
         return "cuvs"
     return "bigann"
@@ -106,24 +106,26 @@ def output_paths(path, format: str, ids=None, radius: bool = False) -> tuple[str
     """The files a write of `format` to `path` creates."""
     format = _check_format(format, path, RANGE_FORMATS if radius else FORMATS)
     if format == "cuvs":
-        return binfmt.cuvs_paths(path, np.zeros(0, dtype=np.int64) if ids is None else ids)
+        return cuvs.paths(path, np.zeros(0, dtype=np.int64) if ids is None else ids)
     if format == "ivecs":
         return ivecs_paths(path)
     if format == "npy":
         names = npy_paths(path)
-        return tuple(names[n] for n in (("lims", "neighbors", "distances") if radius else ("neighbors", "distances")))
+        kinds = ("lims", "neighbors", "distances") if radius else ("neighbors", "distances")
+        return tuple(names[kind] for kind in kinds)
     return (os.fspath(path),)
 
 
-def read_knn_groundtruth(path, format: str | None = None, start: int = 0, stop: int | None = None) -> KnnGroundTruth:
+def read_knn_groundtruth(path, format: str | None = None, start: int = 0,
+                         stop: int | None = None) -> KnnGroundTruth:
     """Queries start .. stop - 1 of a k-NN ground truth (format: guessed from the name when None)."""
     format = _check_format(format, path)
     if format == "bigann":
         ids, distances = binfmt.read_knn(path, start, stop)
         return KnnGroundTruth(ids, distances, format, paths=(os.fspath(path),))
     if format == "cuvs":
-        ids, distances = binfmt.read_cuvs(path, start, stop)
-        return KnnGroundTruth(ids, distances, format, paths=binfmt.cuvs_paths(path))
+        ids, distances = cuvs.read(path, start, stop)
+        return KnnGroundTruth(ids, distances, format, paths=cuvs.paths(path))
     if format == "hdf5":
         ids, distances, distance = hdf5.read_knn(path, start, stop)
         return KnnGroundTruth(ids, distances, format, distance, (os.fspath(path),))
@@ -136,7 +138,8 @@ def read_knn_groundtruth(path, format: str | None = None, start: int = 0, stop: 
             if distances.shape != ids.shape:
                 raise ValueError(f"{distances_path} holds distances of shape {distances.shape} but {ids_path} "
                                  f"ids of shape {ids.shape}")
-        return KnnGroundTruth(ids, distances, format, paths=(ids_path,) + ((distances_path,) if distances is not None else ()))
+        files = (ids_path,) + ((distances_path,) if distances is not None else ())
+        return KnnGroundTruth(ids, distances, format, paths=files)
     names = npy_paths(path)
     ids_all = npy.open_array(names["neighbors"])
     start, stop = check_slice(names["neighbors"], ids_all.shape[0], start, stop, "queries")
@@ -148,7 +151,8 @@ def read_knn_groundtruth(path, format: str | None = None, start: int = 0, stop: 
             raise ValueError(f"{names['distances']} holds distances of shape {distances_all.shape} but "
                              f"{names['neighbors']} ids of shape {ids_all.shape}")
         distances = np.array(distances_all[start:stop]).astype(np.float32)
-    return KnnGroundTruth(ids, distances, format, paths=(names["neighbors"],) + ((names["distances"],) if distances is not None else ()))
+    files = (names["neighbors"],) + ((names["distances"],) if distances is not None else ())
+    return KnnGroundTruth(ids, distances, format, paths=files)
 
 
 def write_knn_groundtruth(path, ids, distances, format: str = "bigann", distance: str | None = None,
@@ -164,7 +168,7 @@ def write_knn_groundtruth(path, ids, distances, format: str = "bigann", distance
         binfmt.write_knn(path, ids, distances)
         return (os.fspath(path),)
     if format == "cuvs":
-        return binfmt.write_cuvs(path, ids, distances)
+        return cuvs.write(path, ids, distances)
     if format == "hdf5":
         if distance is None:
             raise ValueError(f"cannot write {shown(path)}: an ann-benchmarks file needs its `distance` attribute "
@@ -185,7 +189,8 @@ def write_knn_groundtruth(path, ids, distances, format: str = "bigann", distance
     return names["neighbors"], names["distances"]
 
 
-def read_range_groundtruth(path, format: str | None = None, start: int = 0, stop: int | None = None) -> RangeGroundTruth:
+def read_range_groundtruth(path, format: str | None = None, start: int = 0,
+                           stop: int | None = None) -> RangeGroundTruth:
     format = "npy" if format is None and os.fspath(path).endswith(".npy") else (format or "bigann")
     format = _check_format(format, path, RANGE_FORMATS)
     if format == "bigann":
