@@ -11,7 +11,9 @@ Each position j < k where the candidate's id c differs from the exact ground tru
 The bound: a float32 distance summed over d dimensions in any order (directly or by the norm expansion
 |q|^2 + |x|^2 - 2 q.x) errs by at most gamma = (d + 2) * 2**-24 (first order) times the sum of the absolute
 terms: (|q| + |x|)^2 for l2, |q| |x| for ip, 2 for cosine. A pair counts as misordered when the distances
-differ by no more than twice the two pairs' bounds added. The candidate's own distances, when it has
+differ by no more than twice the two pairs' bounds added. The bound is a worst case: a misordering is
+what a float32 computation *may* produce, so in an approximate index's result an id a little farther than
+the true one (by less than the bound) is counted as one too. The candidate's own distances, when it has
 them, are compared with the exact ones in its format's convention (float32 of the float64 value).
 """
 
