@@ -79,6 +79,17 @@ def test_files_rows_queries_limit_and_padding(tmp_path, rng):
     assert np.all(i[:, 5:] == -1) and np.all(d[:, 5:] == -np.inf)
 
 
+def test_bases_tinyknn_cannot_store_need_a_dtype(rng):
+    x, q = _data(rng, "random", n=200)
+    with pytest.raises(ValueError, match=r"holds float64 values.*Pass dtype='float32'"):
+        groundtruth(x.astype(np.float64), q, 5)
+    _assert_bits(groundtruth(x.astype(np.float64), q, 5, dtype="float32"), exact_search(x, q, 5, "l2"))
+    with pytest.raises(ValueError, match="exactly one of k .* or radius"):
+        groundtruth(x, q, 5, radius=1.0)
+    with pytest.raises(ValueError, match=r"rows = 201 but <ndarray \(200, 12\)> holds 200 rows"):
+        groundtruth(x, q, 5, rows=201)
+
+
 def test_hdf5_train_and_test_of_one_file(tmp_path, rng):
     pytest.importorskip("h5py", reason="h5py (the hdf5 extra) is not installed")
     x, q = _data(rng, "random", n=500)
@@ -200,7 +211,7 @@ def test_compare_classifies_a_float32_groundtruth(rng):
     order = np.argsort(part_d, axis=1)
     ids32, d32 = np.take_along_axis(part, order, 1), np.take_along_axis(part_d, order, 1).astype(np.float32)
     exact = groundtruth(x, q, k, "l2")
-    result = compare((ids32, d32), exact[::-1], x, q, k, "l2")
+    result = compare((ids32, d32), exact, x, q, k, "l2")
     # the classification, recomputed independently from the oracle's float64 distances
     d64 = contract_distances(stored(x, "float32"), searched(q), "l2")
     differ = ids32 != exact[1]
@@ -215,10 +226,10 @@ def test_compare_classifies_a_float32_groundtruth(rng):
     planted = ids32.copy()
     far = int(np.argmax(d64[5]))
     planted[5, 3] = far
-    again = compare((planted, None), exact[::-1], x, q, k, "l2")
+    again = compare((planted, None), exact, x, q, k, "l2")
     assert again.errors == 1 and again.examples[0]["kind"] == "error" and again.examples[0]["candidate_id"] == far
     planted[6, 4] = planted[6, 2]
-    assert compare((planted, None), exact[::-1], x, q, k, "l2").duplicates == 1
+    assert compare((planted, None), exact, x, q, k, "l2").duplicates == 1
 
 
 def test_command_computes_and_checks(tmp_path, rng, capsys):

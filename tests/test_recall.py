@@ -112,6 +112,16 @@ def test_rules_from_files_with_their_conventions(tmp_path, rng):
     assert recall(shifted, path, k=10, rule="ann-benchmarks", base=x, queries=q) == 1.0    # repeats count there
 
 
+def test_groundtruths_own_return_value_is_accepted(rng):
+    x = rng.standard_normal((300, 6)).astype(np.float32)
+    q = rng.standard_normal((9, 6)).astype(np.float32)
+    d, i = groundtruth(x, q, 5, "l2")
+    for gt in ((d, i), (i, d)):
+        assert recall(i, gt, k=5, rule="bigann") == 1.0
+    with pytest.raises(TypeError, match="ids must be integers"):
+        recall(i, (d, d), k=5, rule="ids")
+
+
 def test_recall_refuses_bad_arguments():
     gt = np.array([[0, 1, 2]])
     with pytest.raises(ValueError, match="rule must be one of"):

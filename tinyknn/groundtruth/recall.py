@@ -35,15 +35,21 @@ ANN_BENCHMARKS_EPSILON = {"ann-benchmarks": 1e-3, "ann-benchmarks-epsilon": 0.01
 
 
 def load_groundtruth(gt, k: int | None = None) -> tio.KnnGroundTruth:
-    """A KnnGroundTruth from one, a path (format guessed by name), an (ids, distances) pair or ids alone."""
+    """A KnnGroundTruth from one, a path (format guessed by name), an (ids, distances) pair (or (distances,
+    ids), as groundtruth() returns: the integer array is the ids) or ids alone."""
     if isinstance(gt, tio.KnnGroundTruth):
         return gt
     if isinstance(gt, (str, os.PathLike)):
         return tio.read_knn_groundtruth(gt)
     if isinstance(gt, tuple) and len(gt) == 2:
-        ids, distances = gt
-        return tio.KnnGroundTruth(np.asarray(ids, dtype=np.int64), None if distances is None else
-                                  np.asarray(distances, dtype=np.float32), "arrays")
+        ids, distances = (np.asarray(a) if a is not None else None for a in gt)
+        if distances is not None and ids.dtype.kind == "f" and distances.dtype.kind in "iu":
+            ids, distances = distances, ids              # (distances, ids), as groundtruth() and search() return
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"ground-truth ids must be integers; got dtype {ids.dtype} (pass (ids, distances) "
+                            "or (distances, ids))")
+        return tio.KnnGroundTruth(ids.astype(np.int64), None if distances is None else
+                                  distances.astype(np.float32), "arrays")
     return tio.KnnGroundTruth(np.asarray(gt, dtype=np.int64), None, "arrays")
 
 
@@ -96,7 +102,8 @@ def recall(result_ids, gt, k: int = 10, rule: str = "exact", *, base=None, queri
            per_query: bool = False, dtype=None):
     """Recall@k of `result_ids` (n_queries, >= k) against `gt` under `rule` (see the module's table).
 
-    gt: a KnnGroundTruth, a path to a ground-truth file, an (ids, distances) pair or ids alone.
+    gt: a KnnGroundTruth, a path to a ground-truth file, an (ids, distances) or (distances, ids) pair (what
+    groundtruth() returns; the integer array is the ids) or ids alone.
     base, queries (arrays or vector files) and metric: needed by `exact`, and by the ann-benchmarks rules to
     compute the returned ids' distances when `result_distances` (in the GT's convention) is not given.
     convention: of the GT's distances (default: its format's for `metric`; tinyknn's own for arrays).
