@@ -1,0 +1,224 @@
+"""Exact ground truth at any scale: the base streamed from its (memory-mapped) file into tinyknn Indexes.
+
+How: the base's first `rows` rows are cut into shards of `shard_rows` (default: one shard when it fits the
+memory budget, which is most of the time). Each shard is added to one `tinyknn.Index`, `batch_rows` rows at a
+time, with the rows' numbers as ids; the queries are searched in batches of `query_batch`. With one shard
+the Index's answer is the answer. With several, each query batch's running answer is merged with the next
+shard's by tinyknn's exact merge (float32 ties between shards ordered by their float64 distances, then by
+the smaller id), so the result is bit for bit the answer one Index holding every row gives: the float64
+oracle's ids, ties by the smaller id, distances its float32 roundings.
+
+Resumable: with `checkpoint=PATH` the answer so far is saved atomically after every query batch; a run
+with the same inputs and parameters resumes there and gives the same bits; a checkpoint of other inputs is
+refused. With `output=PATH` the answer is written in `format`, its distances in that format's convention
+(tinyknn.groundtruth.conventions), with a JSON record beside it (PATH.json).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .. import io as tio
+from ..spec import parse_metric
+from . import checkpoint as _checkpoint
+from . import conventions
+from ._internal import merge_knn, merge_ranges
+from .exact import Exact, storage_dtype
+from .inputs import Source, open_pair
+from .output import write_output
+
+DEFAULT_QUERY_BATCH = 4096
+ADD_CHUNK_BYTES = 64 << 20
+CUDA_INDEX_BYTES = 32 << 30          # default device-memory budget of one shard (override: shard_rows)
+
+
+def _memory_budget(device: str) -> int:
+    """Bytes one shard's Index may take: half the machine's memory on the CPU, CUDA_INDEX_BYTES on a GPU."""
+    if device == "cuda":
+        return CUDA_INDEX_BYTES
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (AttributeError, ValueError, OSError):
+        return 8 << 30
+
+
+def _positive(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
+        raise ValueError(f"{what} must be a positive integer; got {value!r}")
+    return int(value)
+
+
+def _limit(value, available: int, what: str, source: Source) -> int:
+    if value is None:
+        return available
+    value = _positive(value, what)
+    if value > available:
+        raise ValueError(f"{what} = {value:,} but {source.name} holds {available:,} rows")
+    return value
+
+
+def _concat_ranges(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
+    """Consecutive query batches' (lims, distances, ids) as one."""
+    if not pieces:
+        return np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.float32), np.empty(0, dtype=np.int64)
+    lims, offset = [np.zeros(1, dtype=np.int64)], 0
+    for piece_lims, _, _ in pieces:
+        lims.append(np.asarray(piece_lims[1:], dtype=np.int64) + offset)
+        offset += int(piece_lims[-1])
+    return (np.concatenate(lims), np.concatenate([d for _, d, _ in pieces]).astype(np.float32),
+            np.concatenate([i for _, _, i in pieces]).astype(np.int64))
+
+
+def groundtruth(base, queries, k: int | None = None, metric: str = "l2", device: str = "cpu", rows: int | None = None,
+                queries_limit: int | None = None, batch_rows: int | None = None, checkpoint=None, progress=None, *,
+                radius: float | None = None, dtype=None, query_batch: int = DEFAULT_QUERY_BATCH,
+                shard_rows: int | None = None, storage: str = "device", output=None, format: str = "bigann",
+                keep_checkpoint: bool = False):
+    """Exact k-NN (or, with `radius`, range) ground truth of `queries` against `base`.
+
+    base, queries: arrays (anything with shape, dtype and row slicing) or vector files (tinyknn.io: .fvecs,
+    .bvecs, .fbin, .u8bin, .i8bin, .f16bin, .npy, FILE.hdf5 - its `train` for the base, its `test` for the
+    queries). rows / queries_limit: use only the first N of each. metric 'l2' | 'ip' | 'cosine'; dtype: the
+    Index's storage dtype (default: the base's own; a float64 base needs it said). device 'cpu' | 'cuda'
+    (storage='host' streams a base larger than the GPU through it). batch_rows: rows added to an Index at a
+    time (default: 64 MiB of them); query_batch: queries searched at a time (the checkpoint's step);
+    shard_rows: rows per Index (default: all of them when they fit half the memory, 32 GiB on a GPU).
+    progress(done_rows, total_rows, stage): called after every step; done_rows counts base rows searched
+    against every query (so done_rows / seconds is a rate in rows/s).
+
+    Returns (distances float32 (nq, k), ids int64 (nq, k)) in tinyknn's convention (l2: squared distances;
+    ip, cosine: similarities, larger first), bit for bit the float64 oracle's answer, ties by the smaller
+    id; padded with (+inf / -inf, -1) where k exceeds the rows. With `radius`: (lims, distances, ids) in
+    FAISS's layout (l2: d < radius; ip, cosine: d > radius). With `output`, also writes `format`'s files
+    (distances in its convention) and OUTPUT.json, the record of what was computed.
+    """
+    metric = parse_metric(metric)
+    if (k is None) == (radius is None):
+        raise ValueError("give exactly one of k (k-NN ground truth) or radius (range ground truth)")
+    k = None if k is None else _positive(k, "k")
+    if format not in (tio.RANGE_FORMATS if radius is not None else tio.FORMATS):
+        allowed = tio.RANGE_FORMATS if radius is not None else tio.FORMATS
+        raise ValueError(f"format must be one of {', '.join(allowed)}" + (" for range ground truth" if radius is not
+                         None else "") + f"; got {format!r}")
+    base_source, query_source = open_pair(base, queries)
+    try:
+        n = _limit(rows, base_source.shape[0], "rows", base_source)
+        nq = _limit(queries_limit, query_source.shape[0], "queries_limit", query_source)
+        if n == 0 or nq == 0:
+            raise ValueError(f"nothing to search: {n:,} base rows ({base_source.name}) and {nq:,} queries "
+                             f"({query_source.name})")
+        return _compute(base_source, query_source, n, nq, k, radius, metric, device, dtype, batch_rows, query_batch,
+                        shard_rows, storage, checkpoint, progress, output, format, keep_checkpoint)
+    finally:
+        base_source.close()
+        query_source.close()
+
+
+def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_rows, query_batch, shard_rows,
+             storage, checkpoint_path, progress, output, format, keep_checkpoint):
+    from ..index import Index
+
+    started = time.perf_counter()
+    dtype = storage_dtype(base, dtype)
+    dim = base.shape[1]
+    queries = query_source.rows(0, nq)
+    run = Exact(base, queries, n, metric, dtype)
+    row_bytes = dim * run.storage.itemsize
+    query_batch = _positive(query_batch, "query_batch")
+    batch_rows = max(1, ADD_CHUNK_BYTES // row_bytes) if batch_rows is None else _positive(batch_rows, "batch_rows")
+    if shard_rows is None:
+        shard_rows = max(1, _memory_budget(device) // (2 * (row_bytes + 16)))
+    shard_rows = min(n, _positive(shard_rows, "shard_rows"))
+    n_shards, n_batches = -(-n // shard_rows), -(-nq // query_batch)
+    fingerprints = {"base": base.fingerprint(n), "queries": query_source.fingerprint(nq)}
+    # the checkpoint's key: what the inputs hold, not where they are (a moved file still resumes)
+    key = {**{name: {f: v for f, v in value.items() if f != "file"} for name, value in fingerprints.items()},
+           "metric": metric, "dtype": dtype,
+           "k": k, "radius": None if radius is None else float(radius), "shard_rows": shard_rows,
+           "query_batch": query_batch}
+
+    larger = conventions.LARGER_IS_BETTER[metric]
+    shard, batch, saved = 0, 0, None
+    if checkpoint_path is not None:
+        state = _checkpoint.load(checkpoint_path, key)
+        if state is not None:
+            shard, batch, saved = state
+    if radius is None:
+        distances = np.full((nq, k), -np.inf if larger else np.inf, dtype=np.float32)
+        ids = np.full((nq, k), -1, dtype=np.int64)
+        if saved is not None:
+            distances, ids = saved["distances"], saved["ids"]
+        parts, current = [], []
+    else:
+        parts = [(saved[f"lims{i}"], saved[f"distances{i}"], saved[f"ids{i}"])
+                 for i in range(int(saved["parts"]))] if saved is not None else []
+        current = [(saved["lims_current"], saved["distances_current"], saved["ids_current"])] \
+            if saved is not None and batch else []
+
+    def save_state(next_shard: int, next_batch: int) -> None:
+        if checkpoint_path is None:
+            return
+        if radius is None:
+            arrays = {"distances": distances, "ids": ids}
+        else:
+            arrays = {"parts": np.array(len(parts))}
+            for i, (lims_i, d_i, i_i) in enumerate(parts):
+                arrays.update({f"lims{i}": lims_i, f"distances{i}": d_i, f"ids{i}": i_i})
+            arrays.update(dict(zip(("lims_current", "distances_current", "ids_current"), _concat_ranges(current))))
+        _checkpoint.save(checkpoint_path, key, next_shard, next_batch, arrays)
+
+    total_units = float(n)
+    done_units = sum(min(shard_rows, n - s * shard_rows) for s in range(shard)) + \
+        (min(shard_rows, n - shard * shard_rows) * min(nq, batch * query_batch) / nq if shard < n_shards else 0)
+
+    for s in range(shard, n_shards):
+        first, last = s * shard_rows, min(n, (s + 1) * shard_rows)
+        start_batch = batch if s == shard else 0
+        stage = f"shard {s + 1}/{n_shards}" if n_shards > 1 else "searching"
+        with Index(dim, metric=metric, dtype=dtype, device=device, storage=storage) as index:
+            for a in range(first, last, batch_rows):
+                b = min(last, a + batch_rows)
+                index.add(base.rows(a, b), ids=np.arange(a, b, dtype=np.int64))
+                if progress is not None:
+                    progress(done_units, total_units, f"adding {stage}" if n_shards > 1 else "adding rows")
+            for t in range(start_batch, n_batches):
+                qa, qb = t * query_batch, min(nq, (t + 1) * query_batch)
+                q = queries[qa:qb]
+                if radius is None:
+                    shard_d, shard_i = index.search(q, k)
+                    if s == 0:
+                        distances[qa:qb], ids[qa:qb] = shard_d, shard_i
+                    else:
+                        distances[qa:qb], ids[qa:qb] = merge_knn([(distances[qa:qb], ids[qa:qb]), (shard_d, shard_i)],
+                                                                 k, metric, run.resolver(q))
+                else:
+                    current.append(index.range_search(q, radius))
+                done_units += (last - first) * (qb - qa) / nq
+                if t + 1 < n_batches:
+                    save_state(s, t + 1)
+                elif radius is not None:
+                    parts.append(_concat_ranges(current))
+                    current = []
+                    save_state(s + 1, 0)
+                else:
+                    save_state(s + 1, 0)
+                if progress is not None:
+                    progress(done_units, total_units, stage)
+
+    if radius is None:
+        result = (distances, ids)
+    elif len(parts) == 1:
+        result = parts[0]
+    else:
+        result = merge_ranges(parts, metric, run.resolver(queries))
+    if output is not None:
+        write_output(run, result, output, format, k, radius, device, storage, base, n_shards,
+                      time.perf_counter() - started, key, fingerprints)
+    if checkpoint_path is not None and not keep_checkpoint and os.path.exists(checkpoint_path):
+        os.unlink(checkpoint_path)
+    return result
+
+
