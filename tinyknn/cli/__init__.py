@@ -1,4 +1,4 @@
-"""The `tinyknn` command: `cache warm|list|info|verify|clear`, `info`, `demo`.
+"""The `tinyknn` command: `cache warm|list|info|verify|clear`, `info`, `demo`, `groundtruth [check]`.
 
 Exit codes: 0 done (bare `tinyknn` prints the help and exits 0: asking what the command does is not an
 error); 1 something failed (a compile, a kernel that could not be written, a corrupt cache entry, a file
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .demo import add_demo_arguments, cmd_demo
     from .info import cmd_report
     from .warm import cmd_warm
+    from ..groundtruth import command as groundtruth_command
 
     parser = argparse.ArgumentParser(prog="tinyknn", description="Exact k-nearest-neighbour search.")
     parser.add_argument("--version", action="version", version=f"tinyknn {__version__}")
@@ -73,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="search a built-in data set; print recall and time per query")
     add_demo_arguments(demo)
     demo.set_defaults(run=cmd_demo)
+    truth = commands.add_parser("groundtruth", help="exact ground truth of vector files; 'check' compares one with it")
+    groundtruth_command.add_arguments(truth)
+    truth.set_defaults(run=groundtruth_command.run)
     return parser
 
 
