@@ -113,20 +113,8 @@ def _fsync_directory(directory: Path) -> None:
 def atomic_write(path):
     """A binary handle onto a temporary file beside `path`; when the block ends without an exception the
     file is flushed, fsync'ed and renamed onto `path`, else it is removed."""
-    target = Path(path)
-    temporary = _temporary(target)
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    _fsync_directory(target.parent)
+    with atomic_path(path) as temporary, open(temporary, "xb") as handle:
+        yield handle
 
 
 @contextlib.contextmanager
