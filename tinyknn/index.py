@@ -282,7 +282,9 @@ class Index:
 
     @classmethod
     def load(cls, path: str | os.PathLike | BinaryIO, device: str = "cpu", storage: str = "device") -> "Index":
-        """Read an index written by save() from a path or a binary file object.
+        """Read an index written by save() from a path (a regular file holding one index) or a binary file
+        object (read from its current position, and left just after the index: indexes saved one after
+        another into one stream load in turn). Anything else is a TypeError.
 
         Files of format versions 1 (no labels) and 2 load. A damaged file, a file of another format
         version or one whose sizes disagree with its header is a ValueError (nothing larger than the file is allocated to find out).
