@@ -643,6 +643,62 @@ def test_an_index_written_to_an_unseekable_stream_still_loads(rng, tmp_path):
     assert twice.tell() == 0
 
 
+# -- saves: long names, symbolic links, errors that name the path given ---------------------------------
+def test_save_to_the_longest_file_name_the_file_system_takes(tmp_path, index):
+    """The temporary file's name used to be the target's name plus ~25 characters: ENAMETOOLONG."""
+    path = tmp_path / ("a" * 240 + ".tknn")
+    index.save(path)
+    assert_same(index, tinyknn.Index.load(path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_save_over_a_symbolic_link_updates_its_target(tmp_path, index, rng):
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "index.tknn"
+    tinyknn.Index(8).save(target)
+    link = tmp_path / "link.tknn"
+    link.symlink_to(os.path.join("real", "index.tknn"))
+    index.save(link)
+    assert link.is_symlink() and os.readlink(link) == os.path.join("real", "index.tknn")
+    assert_same(index, tinyknn.Index.load(target))
+    assert not leftovers(tmp_path) and not leftovers(tmp_path / "real")
+    dangling = tmp_path / "dangling.tknn"
+    dangling.symlink_to(tmp_path / "real" / "new.tknn")
+    index.save(dangling)
+    assert dangling.is_symlink() and (tmp_path / "real" / "new.tknn").is_file()
+
+
+def _raise_on(monkeypatch, name, error_number):
+    real = getattr(os, name)
+
+    def failing(first, *args, **kwargs):
+        raise OSError(error_number, os.strerror(error_number), str(first))
+
+    monkeypatch.setattr(os, name, failing)
+    return real
+
+
+@pytest.mark.parametrize("case", ["missing-directory", "under-a-file", "read-only-fs", "replace-refused"])
+def test_a_failed_save_names_the_path_given(tmp_path, index, monkeypatch, case):
+    given = os.path.join(str(tmp_path), "no-such-dir", "x.tknn")
+    expected = FileNotFoundError
+    if case == "under-a-file":
+        (tmp_path / "file").write_bytes(b"x")
+        given, expected = os.path.join(str(tmp_path), "file", "x.tknn"), NotADirectoryError
+    elif case == "read-only-fs":
+        given, expected = str(tmp_path / "x.tknn"), OSError
+        _raise_on(monkeypatch, "open", errno.EROFS)
+    elif case == "replace-refused":
+        given, expected = str(tmp_path / "x.tknn"), PermissionError
+        _raise_on(monkeypatch, "replace", errno.EACCES)
+    with pytest.raises(expected) as caught:
+        index.save(given)
+    message = str(caught.value)
+    assert caught.value.filename == given and repr(given) in message and ".tmp" not in message, message
+    assert "cannot save the index" in message
+    assert not leftovers(tmp_path)
+
+
 def test_indexes_with_zip64_end_records_load_one_after_another(rng, monkeypatch):
     """Past 4 GiB zipfile writes zip64 end records; a small limit makes it write them here, and the walk
     to each index's end crosses them."""

@@ -14,8 +14,9 @@ one after another into one stream load one after another: the archive's end is f
 headers forward (_archive_end), never by reading the zip directory at the end of the stream, which is
 the last index's. A path must hold exactly one index.
 (This module is past 300 lines because the zip walk and window belong with the format they read.)
-Saving writes a uniquely named temporary file beside the target and renames it over the target, so
-a failed save leaves no temporary file and the previous file intact.
+Saving writes a uniquely (and shortly) named temporary file beside the target, or beside a symbolic
+link's target, and renames it over the target, so a failed save leaves no temporary file and the
+previous file intact; its errors name the path the caller gave, never the temporary file.
 """
 
 from __future__ import annotations
@@ -75,25 +76,43 @@ def write(handle, dim: int, metric: str, dtype: str, vectors: np.ndarray, ids: n
 def save(path, write_to) -> None:
     """Call write_to(handle) on a fresh temporary file beside `path`, then rename it onto `path`.
 
-    The temporary name is unique (pid and a random part), so concurrent saves never collide; it is
-    created with os.open(..., 0o666) so the saved file gets the usual umask permissions."""
+    A symbolic link at `path` stays: its target is written (the temporary file goes beside the target).
+    The temporary name is short (the target's may already be as long as the file system allows) and
+    unique (pid and a random part), so concurrent saves never collide; it is created with
+    os.open(..., 0o666) so the saved file gets the usual umask permissions. An OSError names `path` as
+    given (FileNotFoundError, NotADirectoryError, PermissionError, a read-only or full file system)."""
+    given = os.fspath(path)
     path = Path(path)
     if path.is_dir():
-        raise IsADirectoryError(f"cannot save the index to {path}: it is a directory; pass a file name")
-    temporary = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        raise IsADirectoryError(f"cannot save the index to {given}: it is a directory; pass a file name")
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    temporary = target.with_name(f".tknn-{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
+    created = False
     try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        created = True
         with os.fdopen(descriptor, "wb") as handle:
             write_to(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
+        os.replace(temporary, target)
+    except BaseException as exc:
+        if created:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+        if isinstance(exc, OSError):
+            raise _naming(exc, given) from None
         raise
+
+
+def _naming(exc: OSError, given) -> OSError:
+    """The error of a failed save, naming the path the caller gave (not the temporary file): the same
+    OSError subclass, errno and reason."""
+    if exc.errno is None:
+        return OSError(f"cannot save the index to {given!r}: {exc}")
+    return OSError(exc.errno, f"{exc.strerror or os.strerror(exc.errno)}; cannot save the index", given)
 
 
 # -- loading -----------------------------------------------------------------------------------------

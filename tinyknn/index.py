@@ -267,8 +267,9 @@ class Index:
         """Write the index to `path` (format: README 'File format'; an uncompressed NumPy .npz, version 2),
         or onto a binary file object (e.g. io.BytesIO) as it is.
 
-        A path is written to a temporary file beside it and renamed over it: a failed save leaves no
-        temporary file behind and any previous file at `path` intact."""
+        A path is written to a temporary file beside it (beside its target, for a symbolic link) and
+        renamed over it: a failed save leaves no temporary file behind and any previous file at `path`
+        intact, and its OSError names `path`."""
         if hasattr(path, "write"):
             self._write(path)
         else:
