@@ -98,7 +98,7 @@ def test_bfloat16_input_is_accepted_and_checked():
     assert _validate.host_queries(np.ones((2, 3), ml_dtypes.bfloat16), 3, True).dtype == np.float32
     with pytest.raises(ValueError, match="contains NaN"):
         _validate.host_rows(np.full((1, 3), np.nan, ml_dtypes.bfloat16), 3, "float32")
-    with pytest.raises(ValueError, match="holds 2.2518e\\+15; tinyknn accepts \\|value\\| <= 2\\*\\*50"):
+    with pytest.raises(ValueError, match="holds 2251799813685248.0 at row 0, column 0; tinyknn accepts \\|value\\| <= 2\\*\\*50"):
         _validate.host_rows(np.full((1, 3), 2.0**51), 3, "bfloat16")
     with pytest.raises(TypeError, match="float16, float32, float64 or bfloat16; got dtype int64"):
         _validate.host_rows(np.ones((1, 3), np.int64), 3, "bfloat16")
@@ -151,3 +151,22 @@ def test_eight_bit_cuda_inputs():
         _validate.device_matrix(FakeCuda("<f4"), 3, "queries", "uint8", queries=True)
     with pytest.raises(TypeError, match="got dtype int8"):
         _validate.device_matrix(FakeCuda("|i1"), 3, "vectors to add", "float32")
+
+
+@pytest.mark.parametrize("values, storage, text", [
+    # float16: 65504.001 rounds to 65504 but is beyond the largest float16; :g printed both as 65504
+    (np.array([[1.0, -65504.001]]), "float16",
+     "x holds -65504.001 at row 0, column 1, beyond float16's largest finite value 65504.0"),
+    # just past 2**50: :g printed both as 1.1259e+15
+    (np.array([[np.nextafter(2.0**50, np.inf)], [0.5]]), "float32",
+     "x holds 1125899906842624.2 at row 0, column 0; tinyknn accepts \\|value\\| <= 2\\*\\*50 "
+     "\\(1125899906842624.0\\)"),
+    (np.array([[0.0, np.nextafter(np.float32(2.0**50), np.float32(np.inf))]], np.float32), "float32",
+     "x holds 1125900041060352.0 at row 0, column 1; tinyknn accepts \\|value\\| <= 2\\*\\*50 \\(1125899906842624.0\\)"),
+    # a finite float64 beyond float32: not "infinity"
+    (np.full((2, 2), -1e39), "float32", "x holds -1e\\+39 at row 0, column 0, beyond float32's range "
+     "\\(largest finite 3.4028234663852886e\\+38\\); tinyknn accepts"),
+])
+def test_the_numbers_in_a_refusal_differ_visibly(values, storage, text):
+    with pytest.raises(ValueError, match=text):
+        _validate.check_values(values, "x", storage)

@@ -38,6 +38,7 @@ from .spec import MAX_K, parse_k
 # (2 * 2**50)**2 * 2**16 = 2**118 and the inner product stay far inside float32's 2**128.
 MAX_ABS_VALUE = float(2**50)
 FLOAT16_MAX = float(np.finfo(np.float16).max)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 INT64_MAX = int(np.iinfo(np.int64).max)
 # Host vectors are converted to the storage dtype and handed to the searcher this many bytes at a time.
 CHUNK_BYTES = 64 << 20
@@ -235,14 +236,23 @@ def check_values(array: np.ndarray, what: str, storage_dtype: str) -> None:
         raise ValueError(f"{what} contains {bad}; tinyknn accepts finite values only")
     if storage_dtype == "float16" and largest > FLOAT16_MAX:
         raise ValueError(
-            f"{what} holds {largest:g}, beyond float16's largest finite value {FLOAT16_MAX:g}; "
+            f"{what} holds {_largest_at(array)}, beyond float16's largest finite value {FLOAT16_MAX!r}; "
             "use dtype='float32' for this data"
         )
     if largest > MAX_ABS_VALUE:
+        beyond = f", beyond float32's range (largest finite {FLOAT32_MAX!r})" if largest > FLOAT32_MAX else ""
         raise ValueError(
-            f"{what} holds {largest:g}; tinyknn accepts |value| <= 2**50 ({MAX_ABS_VALUE:g}) so that "
-            "squared distances and inner products stay finite in float32"
+            f"{what} holds {_largest_at(array)}{beyond}; tinyknn accepts |value| <= 2**50 ({MAX_ABS_VALUE!r}) so "
+            "that squared distances and inner products stay finite in float32"
         )
+
+
+def _largest_at(array: np.ndarray) -> str:
+    """The value of largest magnitude and where it is, e.g. "-65504.001 at row 3, column 7": the float64
+    repr (the shortest that reads back exactly), so that it differs visibly from any limit it exceeds."""
+    where = tuple(int(i) for i in np.unravel_index(int(np.argmax(np.abs(array))), array.shape))
+    place = f"row {where[0]}, column {where[1]}" if len(where) == 2 else f"position {where}"
+    return f"{float(array[where])!r} at {place}"
 
 
 def host_rows(x, dim: int, storage_dtype: str) -> np.ndarray:
