@@ -83,10 +83,11 @@ def _copy_to(index: IndexFlat, device: str) -> IndexFlat:
         index._index.save(path)
         loaded = Index.load(path, device=device)
     copy = type(index).__new__(type(index))
+    copy._setup(loaded, index.metric_type, index._rows.view.copy(), index._next_id)
     if isinstance(index, IndexIDMap):
         copy.index = type(index.index).__new__(type(index.index))
         copy.index._setup(loaded, index.metric_type)
-    copy._setup(loaded, index.metric_type, index._rows.view.copy(), index._next_id)
+        copy._wrap(copy.index)
     return copy
 
 
