@@ -294,6 +294,33 @@ def test_the_flat_index_inside_an_id_map_answers_in_its_own_positions(rng, kind)
     assert copied.index.search(q, 2)[1].tolist() == [[0, 1]] and copied.search(q, 2)[1].tolist() == [[40, 30]]
 
 
+@pytest.mark.parametrize("call, error, text", [
+    (lambda index, xb: tkfaiss.knn(xb[:2], xb[0], 3), ValueError,
+     r"xb \(the database\) must be a 2-D array of shape \(n, d\); got shape \(12,\)"),
+    (lambda index, xb: tkfaiss.knn(xb[:2], 5.0, 3), ValueError, r"got shape \(\)"),
+    (lambda index, xb: index.reconstruct(10**30), ValueError, "key must lie in int64's range; got 10{30}"),
+    (lambda index, xb: index.reconstruct(2**63), ValueError, "int64's range"),
+    (lambda index, xb: index.reconstruct(1.7), TypeError, r"key must be an integer id; got 1.7 \(float\)"),
+    (lambda index, xb: index.reconstruct(np.float32(1)), TypeError, "key must be an integer id"),
+    (lambda index, xb: index.reconstruct(True), TypeError, "key must be an integer id; got True"),
+    (lambda index, xb: index.reconstruct_n(1.5, 2), TypeError, "n0 must be an integer"),
+    (lambda index, xb: index.reconstruct_n(0, 2.0), TypeError, "ni must be an integer"),
+    (lambda index, xb: index.reconstruct_batch([1.7, 2]), TypeError, "keys must be integers"),
+    (lambda index, xb: index.reconstruct_batch(np.array([1.7])), TypeError, "keys must be integers"),
+    (lambda index, xb: index.reconstruct_batch([2**64]), ValueError, "int64's range"),
+])
+def test_bad_keys_and_shapes_are_clear_errors(rng, call, error, text):
+    """knn of a 1-D database was IndexError (tuple index out of range), reconstruct(10**30) OverflowError,
+    and reconstruct(1.7) silently read key 1."""
+    xb, _ = data(rng, n=10)
+    index = tkfaiss.IndexFlatL2(12)
+    index.add(xb)
+    with pytest.raises(error, match=text):
+        call(index, xb)
+    assert index.ntotal == 10 and np.array_equal(index.reconstruct(np.int64(1)), xb[1])
+    assert np.array_equal(index.reconstruct_batch(np.array([[3], [1]])), xb[[3, 1]])
+
+
 def test_knn_and_normalize_agree_with_faiss(rng, real_faiss):
     xb, xq = data(rng)
     D, I = tkfaiss.knn(xq, xb, 6, tkfaiss.METRIC_INNER_PRODUCT)

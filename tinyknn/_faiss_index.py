@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _validate_ops as _ops
 from ._faiss_selectors import IDSelector, SearchParameters, as_selector
 from ._index_ops import require
 from .errors import TinyKnnError
@@ -197,14 +198,16 @@ class IndexFlat:
         return count
 
     def reconstruct(self, key: int, x=None) -> np.ndarray:
-        return _into(x, self._get(np.asarray([key], dtype=np.int64))[0])
+        return _into(x, self._get(np.array([_ops.one_id(key, "key")], dtype=np.int64))[0])
 
     def reconstruct_n(self, n0: int = 0, ni: int = -1, x=None) -> np.ndarray:
+        n0, ni = _ops.one_id(n0, "n0"), _ops.one_id(ni, "ni")
         ni = self.ntotal - n0 if ni < 0 else ni
         return _into(x, self._get(np.arange(n0, n0 + ni, dtype=np.int64)))
 
     def reconstruct_batch(self, keys, x=None) -> np.ndarray:
-        return _into(x, self._get(np.asarray(keys, dtype=np.int64).ravel()))
+        keys = np.ravel(keys) if isinstance(keys, np.ndarray) else keys
+        return _into(x, self._get(_ops.id_list(keys, "keys")))
 
     def _get(self, keys: np.ndarray) -> np.ndarray:
         missing = keys[~self._known(keys)]

@@ -52,7 +52,10 @@ def index_factory(d: int, description: str, metric: int = METRIC_L2, *, device: 
 
 def knn(xq, xb, k: int, metric: int = METRIC_L2, *, device: str = "cpu"):
     """(D, I) of the k nearest rows of xb for each row of xq, as faiss.knn."""
-    index = IndexFlat(np.shape(xb)[1], metric, device=device)
+    shape = np.shape(xb)
+    if len(shape) != 2:
+        raise ValueError(f"xb (the database) must be a 2-D array of shape (n, d); got shape {shape}")
+    index = IndexFlat(shape[1], metric, device=device)
     index.add(xb)
     try:
         return index.search(xq, k)
