@@ -714,3 +714,69 @@ def test_indexes_with_zip64_end_records_load_one_after_another(rng, monkeypatch)
     for built in indexes:
         assert_same(built, tinyknn.Index.load(stream))
     assert stream.tell() == len(stream.getvalue())
+
+
+_MEMORY_PROGRAM = """
+import copy, gc, json, pickle, sys
+import numpy as np
+import tinyknn
+
+def rss():
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmRSS"))
+
+def peak():
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM"))
+
+def measured(step):
+    gc.collect()
+    base = rss()
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")                      # VmHWM := VmRSS
+    kept = step()
+    gc.collect()
+    return peak() - base, rss() - base, kept
+
+tinyknn._validate.CHUNK_BYTES = tinyknn._persist.CHUNK_BYTES = 1 << 20
+n, dim = int(sys.argv[1]), 256
+index = tinyknn.Index(dim, metric="ip")
+index.add(np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32), labels=np.arange(n) % 7)
+index.search(np.ones((1, dim), np.float32), 1)
+out = {}
+out["deepcopy"] = measured(lambda: copy.deepcopy(index))[:2]
+with open(sys.argv[2], "wb") as handle:
+    out["dump"] = measured(lambda: pickle.dump(index, handle))[:2]
+data = pickle.dumps(index)
+out["dumps"] = measured(lambda: pickle.dumps(index))[:2]
+out["loads"] = measured(lambda: pickle.loads(data))[:2]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's VmHWM reset")
+def test_what_copies_and_pickles_cost_in_memory(tmp_path):
+    """Peak memory (VmHWM of a child process) beyond what the process held before, for a 100,000 x 256
+    float32 index (102 MB of vectors; chunks of 1 MiB). deepcopy costs the copy itself and a chunk (it
+    copies from searcher to searcher; through the save format in memory it cost ~1.2x the vectors more
+    than the copy). pickle.dump to a file costs the format's bytes once, plus io.BytesIO's 1/8 of room to
+    grow (the rows are written a chunk at a time; it used to export the whole database first: ~2.1x).
+    pickle.dumps costs those bytes and the pickle (2x: nothing to gain without out-of-band buffers), and
+    pickle.loads the new index and the bytes it is read from (1x beyond the new index)."""
+    import subprocess
+    import sys
+
+    n = 100_000
+    vectors = n * 256 * 4
+    checkout = os.path.dirname(os.path.dirname(tinyknn.__file__))
+    done = subprocess.run([sys.executable, "-c", _MEMORY_PROGRAM, str(n), str(tmp_path / "pickled")],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join([checkout, os.environ.get("PYTHONPATH", "")])))
+    assert done.returncode == 0, done.stderr[-3000:]
+    cost = json.loads(done.stdout)
+    slack = 8 << 20                                     # chunks, ids, labels, allocator rounding
+    shown = {name: (round(high / vectors, 2), round(kept / vectors, 2)) for name, (high, kept) in cost.items()}
+    copy_high, copy_kept = cost["deepcopy"]
+    assert copy_high <= copy_kept + slack, shown
+    assert cost["dump"][0] <= 1.125 * vectors + slack, shown
+    assert cost["dumps"][0] <= 2.125 * vectors + slack, shown
+    loads_high, loads_kept = cost["loads"]
+    assert loads_high <= loads_kept + 1.0 * vectors + slack, shown

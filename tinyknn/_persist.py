@@ -58,19 +58,38 @@ class _Damaged(ValueError):
 
 
 # -- saving ------------------------------------------------------------------------------------------
-def write(handle, dim: int, metric: str, dtype: str, vectors: np.ndarray, ids: np.ndarray,
+def write(handle, dim: int, metric: str, dtype: str, vectors, ids: np.ndarray,
           labels: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-    """The file's bytes onto a binary handle; `labels` is (int64 label, has-label bool) per row, or None."""
+    """The file's bytes onto a binary handle; `labels` is (int64 label, has-label bool) per row, or None.
+    `vectors` is the (ntotal, dim) array in the storage dtype, or an iterable of consecutive blocks of its
+    rows, written as they come (so that the whole database is never copied at once)."""
     header = {"format": FILE_FORMAT, "version": FILE_VERSION, "dim": dim, "metric": metric, "dtype": dtype,
               "ntotal": int(len(ids)), "labels": labels is not None}
-    arrays = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
-              "vectors": vectors.view(np.uint16) if dtype == "bfloat16" else vectors, "ids": ids}
+    arrays = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8), "vectors": vectors, "ids": ids}
     if labels is not None:
         arrays["labels"], arrays["has_label"] = labels
+    file_dtype = np.dtype(np.uint16) if dtype == "bfloat16" else numpy_dtype(dtype)
     with zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, array in arrays.items():
             with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
+                if name == "vectors":
+                    _write_rows(member, array, (len(ids), dim), file_dtype)
+                else:
+                    np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
+
+
+def _write_rows(member, vectors, shape: tuple[int, int], file_dtype: np.dtype) -> None:
+    """vectors.npy: the .npy header write_array would write, then the rows block by block."""
+    blocks = (vectors,) if isinstance(vectors, np.ndarray) else vectors
+    np.lib.format.write_array_header_1_0(member, {"descr": np.lib.format.dtype_to_descr(file_dtype),
+                                                  "fortran_order": False, "shape": shape})
+    written = 0
+    for block in blocks:
+        block = np.ascontiguousarray(block)
+        member.write(memoryview(block.view(file_dtype).reshape(-1)).cast("B"))   # bytes: len() is the size
+        written += len(block)
+    if written != shape[0]:
+        raise RuntimeError(f"tinyknn wrote {written} rows of an index of {shape[0]}; the file is incomplete")
 
 
 def save(path, write_to) -> None:
