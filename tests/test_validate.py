@@ -170,3 +170,62 @@ def test_eight_bit_cuda_inputs():
 def test_the_numbers_in_a_refusal_differ_visibly(values, storage, text):
     with pytest.raises(ValueError, match=text):
         _validate.check_values(values, "x", storage)
+
+
+class FakeTorchCuda:
+    """What a torch CUDA tensor shows tinyknn's validation (no GPU needed: nothing is dereferenced)."""
+
+    def __init__(self, shape, typestr="<f4", strides=None, requires_grad=False, error=None, dtype="torch.float32"):
+        self.shape, self.typestr, self.strides, self.requires_grad = shape, typestr, strides, requires_grad
+        self.error, self.dtype, self.copies = error, dtype, []
+
+    @property
+    def __cuda_array_interface__(self):
+        if self.error is not None:
+            raise self.error
+        if self.requires_grad:
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad.")
+        return {"shape": self.shape, "typestr": self.typestr, "strides": self.strides, "data": (4096, False),
+                "version": 2}
+
+    def detach(self):
+        return FakeTorchCuda(self.shape, self.typestr, self.strides)
+
+    def contiguous(self):
+        copy = FakeTorchCuda(self.shape, self.typestr)
+        self.copies.append(copy)
+        return copy
+
+
+FakeTorchCuda.__module__ = "torch"          # tinyknn tells frameworks apart by the class's module
+
+
+@pytest.mark.parametrize("strides", [(4, 12), (8, 8), (-12, 4), (12, 8)])
+def test_a_cuda_array_whose_rows_the_kernels_cannot_read_is_copied_by_its_framework(strides):
+    """Fortran order (4, 12), column steps (8, 8) and (12, 8), reversed rows (-12, 4): the framework's own
+    contiguous copy is described instead (they used to be refused later: "pass a contiguous copy")."""
+    strided = FakeTorchCuda((3, 3), strides=strides)
+    described = _validate.device_matrix(strided, 3, "queries", queries=True)
+    assert len(strided.copies) == 1 and described.obj is strided.copies[0] and described.c_contiguous
+    readable = FakeTorchCuda((3, 3), strides=(24, 4))                   # rows apart, each contiguous
+    assert _validate.device_matrix(readable, 3, "queries").obj is readable and not readable.copies
+
+
+@pytest.mark.parametrize("fake, text", [
+    (FakeTorchCuda((2, 3), error=KeyError("torch.float8_e4m3fn"), dtype="torch.float8_e4m3fn"),
+     "of dtype torch.float8_e4m3fn cannot be read through __cuda_array_interface__ \\(KeyError"),
+    (FakeTorchCuda((2, 3), typestr="<V2", dtype="torch.bfloat16"),
+     "has dtype torch.bfloat16, which tinyknn does not read from CUDA memory; pass float16, float32 or float64"),
+])
+def test_cuda_arrays_of_dtypes_without_a_numpy_code_are_type_errors(fake, text):
+    """torch's interface raises KeyError for float8 and says '<V2' for bfloat16: a KeyError and a
+    TypeError naming dtype |V2 came out before."""
+    with pytest.raises(TypeError, match=text):
+        _validate.device_matrix(fake, 3, "queries", queries=True)
+
+
+def test_a_torch_tensor_that_requires_grad_is_read_through_a_detached_view():
+    """torch refuses __cuda_array_interface__ on a tensor that requires grad (a RuntimeError came out);
+    tinyknn only reads the values, so it reads them through tensor.detach() (no copy)."""
+    described = _validate.device_matrix(FakeTorchCuda((2, 3), requires_grad=True), 3, "queries", queries=True)
+    assert described.shape == (2, 3) and described.dtype == np.float32 and not described.obj.requires_grad

@@ -22,7 +22,10 @@ Conversion policy (also in README and the Index docstrings):
   would change what is searched.
 - CUDA arrays (CuPy, torch CUDA; anything with __cuda_array_interface__ or a CUDA DLPack device) are
   described here, never copied to the host; a CPU index refuses them with a TypeError that says how
-  to move them.
+  to move them. The kernels read rows that are contiguous, any step apart; an array laid out otherwise
+  (Fortran order, a column slice, negative strides) is copied on its device by its own framework
+  (torch's .contiguous(), cupy.ascontiguousarray; other frameworks through CuPy), on the caller's
+  current stream, as NumPy input of any layout is converted.
 """
 
 from __future__ import annotations
@@ -88,9 +91,19 @@ def describe_device_array(x) -> DeviceArray:
     """Where a CUDA array's data lives and how it is laid out, from __cuda_array_interface__ or DLPack."""
     if not (hasattr(type(x), "__cuda_array_interface__") or hasattr(x, "__cuda_array_interface__")):
         return _dlpack.describe(x)
-    interface = x.__cuda_array_interface__
+    if getattr(x, "requires_grad", False) and type(x).__module__.startswith("torch"):
+        x = x.detach()          # tinyknn only reads the values (torch refuses the interface of a grad tensor)
+    try:
+        interface = x.__cuda_array_interface__
+        dtype = np.dtype(interface["typestr"])
+    except Exception as exc:  # noqa: BLE001 - torch raises KeyError for float8, others their own errors
+        raise TypeError(f"{_name_of(x)} of dtype {getattr(x, 'dtype', '?')} cannot be read through "
+                        f"__cuda_array_interface__ ({type(exc).__name__}: {exc}); tinyknn reads CUDA arrays of "
+                        "float16, float32 and float64 (and int8/uint8 for an 8-bit index)") from None
+    if dtype.kind == "V":       # no NumPy type code: torch describes bfloat16 as '<V2'
+        raise TypeError(f"{_name_of(x)} has dtype {getattr(x, 'dtype', dtype)}, which tinyknn does not read from "
+                        "CUDA memory; pass float16, float32 or float64 (e.g. x.float())")
     shape = tuple(int(n) for n in interface["shape"])
-    dtype = np.dtype(interface["typestr"])
     strides = interface.get("strides")
     pointer, readonly = interface["data"]
     framework = type(x).__module__.split(".")[0]
@@ -298,7 +311,52 @@ def device_matrix(x, dim: int, what: str, storage_dtype: str = "float32", querie
     elif not (storage_dtype in EIGHT_BIT and described.dtype.name in EIGHT_BIT):
         check_float_dtype(described.dtype, what, storage_dtype in EIGHT_BIT)
     check_matrix_shape(described.shape, dim, what)
+    if not rows_readable(described):
+        described = describe_device_array(_contiguous_on_device(x, described, what))
     return described
+
+
+def rows_readable(array: DeviceArray) -> bool:
+    """Whether the kernels read `array` (2-D) in place: each row's elements contiguous, rows any whole
+    number of elements >= a row apart (tinyknn.gpu.interop.row_step)."""
+    if array.strides is None or array.c_contiguous:
+        return True
+    rows, cols = array.shape
+    item = array.dtype.itemsize
+    step, column = array.strides
+    return not ((cols > 1 and column != item) or step % item or (rows > 1 and step < cols * item))
+
+
+def _contiguous_on_device(x, described: DeviceArray, what: str):
+    """A C-contiguous copy of the CUDA array x on its own device, made by its framework on the caller's
+    current stream (which tinyknn's work then waits for): torch's .contiguous(), cupy.ascontiguousarray,
+    and for other frameworks (JAX, Numba, ...) cupy.ascontiguousarray of a zero-copy CuPy view. Never
+    through the host."""
+    nbytes = int(np.prod(described.shape)) * described.dtype.itemsize
+    try:
+        if described.framework == "torch":
+            return x.contiguous()
+        try:
+            import cupy
+        except ImportError:
+            raise ValueError(
+                f"{what} must have contiguous rows (strides (row_step >= {described.shape[1] * described.dtype.itemsize}, "
+                f"{described.dtype.itemsize}) bytes); got strides {described.strides}, and CuPy, which tinyknn uses to "
+                f"copy a {described.framework} array on the device, is not installed: pass a contiguous copy") from None
+        if described.framework == "cupy":
+            with x.device:
+                return cupy.ascontiguousarray(x)
+        view = cupy.asarray(x) if described.keepalive is None else cupy.from_dlpack(x)
+        with view.device:
+            return cupy.ascontiguousarray(view)
+    except MemoryError as exc:                   # CuPy's OutOfMemoryError is one
+        raise MemoryError(f"{what}: a contiguous copy of the {described.framework} array ({nbytes:,} bytes, "
+                          f"strides {described.strides}) does not fit in device memory: {exc}") from None
+    except RuntimeError as exc:                  # torch.OutOfMemoryError is a RuntimeError
+        if "out of memory" not in str(exc).lower():
+            raise
+        raise MemoryError(f"{what}: a contiguous copy of the {described.framework} array ({nbytes:,} bytes, "
+                          f"strides {described.strides}) does not fit in device memory: {exc}") from None
 
 
 def check_k(k) -> int:
