@@ -105,13 +105,14 @@ class GpuSearcher:
     def _pinned(self, name: str, nbytes: int) -> PinnedBuffer:
         return self._buffer(name, nbytes, PinnedBuffer)
 
-    def _allocate(self, kind, size: int, what: str):
+    def _allocate(self, kind, size: int, what: str, pending: int = 0):
         """A new buffer of `size` bytes; device memory beyond the configured cap
         (TINYKNN_DEVICE_MEMORY_LIMIT) or beyond what the GPU has free is a MemoryError that says how much
-        was asked for, what is in use and what is free (nothing is changed)."""
+        was asked for, what is in use and what is free (nothing is changed). `pending`: bytes of this
+        call's other scratch buffers, counted as in use."""
         if kind is DeviceBuffer:
             limit = get_config().device_memory_limit
-            in_use = sum(b.nbytes for b in self._buffers.values() if isinstance(b, DeviceBuffer))
+            in_use = pending + sum(b.nbytes for b in self._buffers.values() if isinstance(b, DeviceBuffer))
             if limit is not None and in_use + size > limit:
                 raise MemoryError(
                     f"this GPU index needs {size:,} more bytes of device memory for {what} ({in_use:,} in use); "
@@ -127,6 +128,20 @@ class GpuSearcher:
             place = "device" if kind is DeviceBuffer else "pinned host"
             raise MemoryError(f"this GPU index needs {size:,} more bytes of {place} memory for {what}; the GPU has "
                               f"{int(free):,} of {int(total):,} bytes free") from None
+
+    def _scratch(self, what: str, *sizes: int) -> list[DeviceBuffer]:
+        """Device buffers of one call (the caller closes them), allocated as the index's own are: the
+        configured cap counts them with what the index holds, and a GPU out of memory is a MemoryError;
+        all of them or none."""
+        made: list[DeviceBuffer] = []
+        try:
+            for size in sizes:
+                made.append(self._allocate(DeviceBuffer, size, what, pending=sum(b.nbytes for b in made)))
+        except BaseException:
+            for buffer in made:
+                buffer.close()
+            raise
+        return made
 
     def _buffer(self, name, nbytes, kind):
         """The named buffer, grown (doubling, or exactly when doubling does not fit) when too small;
@@ -331,7 +346,8 @@ class GpuSearcher:
                 if per_row:
                     self._device(target + name, count * per_row)
         loaded = self._kernel(render.rows_spec(self._arch))
-        with DeviceBuffer(count * 8) as sources, DeviceBuffer(count * 8 if target_rows is not None else 0) as targets:
+        sources, targets = self._scratch("gathering rows", count * 8, count * 8 if target_rows is not None else 0)
+        with sources, targets:
             sources.copy_from_host(source_rows, count * 8, self._stream)
             if target_rows is not None:
                 targets.copy_from_host(np.ascontiguousarray(target_rows, dtype=np.int64), count * 8, self._stream)
@@ -382,10 +398,12 @@ class GpuSearcher:
         view = self._view
         blocks = max(1, min(math.ceil(view.n / plans.ROW_KERNEL_THREADS), self._sm_count * 8))
         capacity = max(BAND_MIN_CAPACITY, 4 * k)
-        with DeviceBuffer(f * 4) as which_buffer, DeviceBuffer(f * 4) as counts:
+        which_buffer, counts = self._scratch("the exact band of unproven queries", f * 4, f * 4)
+        with which_buffer, counts:
             which_buffer.copy_from_host(np.ascontiguousarray(which, dtype=np.int32), f * 4, self._stream)
             while True:
-                keys, band_ids = DeviceBuffer(f * capacity * 8), DeviceBuffer(f * capacity * 8)
+                keys, band_ids = self._scratch("the exact band of unproven queries", f * capacity * 8,
+                                               f * capacity * 8)
                 counts.fill_bytes(0, f * 4, self._stream)
                 launch = loaded.prepare(self._pointer(view.prefix + "data"), self._pointer(view.prefix + "ids"), view.n,
                                         self._stride, self.dim,
