@@ -26,6 +26,7 @@ Conversion policy (also in README and the Index docstrings):
   (Fortran order, a column slice, negative strides) is copied on its device by its own framework
   (torch's .contiguous(), cupy.ascontiguousarray; other frameworks through CuPy), on the caller's
   current stream, as NumPy input of any layout is converted.
+(Past 300 lines: host and CUDA arrays follow one conversion policy, and are kept where it is read as one.)
 """
 
 from __future__ import annotations
