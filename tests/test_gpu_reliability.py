@@ -192,7 +192,8 @@ def test_device_arrays_on_another_gpu_are_refused(name, rng):
 
 
 def test_jax_arrays_in_and_of_the_wrong_dtype(rng, monkeypatch):
-    """JAX arrays (DLPack only) on the GPU: read in place, results as CuPy arrays; other dtypes refused."""
+    """JAX arrays on the GPU (through __cuda_array_interface__ or DLPack): read in place, results as CuPy
+    arrays; other dtypes (int32, bfloat16, bool) are TypeErrors."""
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")      # JAX would take 75 % of the GPU
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
