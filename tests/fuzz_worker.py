@@ -7,7 +7,8 @@ Program: {"dim", "metric", "dtype", "device" ("cpu", "cuda" or "model": tests/mo
   {"op": "search", "nq", "k", "seed", "values": optional palette indices, "filter": optional bool (a random
    half of the ids, plus ids not in the index), "labels": optional bool (a label per query)}
   {"op": "range", "nq", "seed", "filter", "labels"}: range_search at the radius of the oracle's 3rd nearest
-  {"op": "reset"} | {"op": "round_trip", "how": "file" | "pickle"}
+  {"op": "reset"} | {"op": "round_trip", "how": "file" | "pickle" | "stream" | "copy"} ("stream": saved into one
+  io.BytesIO between two other indexes, loaded from its position, which must then be the next index's)
   {"op": "remove" | "get", "count", "seed"}
   filter, labels, range, remove and get run where the device's searcher has the protocol's new methods
   (remove_rows, get_rows, range_search); elsewhere they are skipped.
@@ -17,7 +18,10 @@ Program: {"dim", "metric", "dtype", "device" ("cpu", "cuda" or "model": tests/mo
 
 from __future__ import annotations
 
+import copy
+import io
 import json
+import os
 import pickle
 import sys
 import tempfile
@@ -190,6 +194,11 @@ BAD_KINDS = (
     "query_nan", "query_dim", "k_zero", "k_negative", "k_float", "k_bool",
     "labels_length", "labels_float", "labels_bool", "filter_float", "filter_2d", "query_labels_length",
     "radius_nan", "radius_negative", "remove_float", "get_missing",
+    # odd Python and NumPy integers, and float64 values beyond float32
+    "contains_2_64", "contains_below_int64", "contains_uint64_max", "get_true", "get_2_64", "remove_2_64",
+    "ids_uint64_max", "labels_2_64", "filter_2_64", "k_2_64", "beyond_float32", "query_beyond_float32",
+    # sources load must refuse without touching anything: not a path or file, a FIFO (it used to block)
+    "load_int", "load_none", "load_bytes", "load_fifo",
 )
 
 
@@ -223,14 +232,47 @@ def bad_call(index, model: Model, kind: str):
         "radius_negative": lambda: index.range_search(good, -1.0) if model.metric == "l2" else index.range_search(good, np.inf),
         "remove_float": lambda: index.remove(np.array([1.5])),
         "get_missing": lambda: index.get([10**18]),
+        "contains_2_64": lambda: 2**64 in index, "contains_below_int64": lambda: -2**63 - 1 in index,
+        "contains_uint64_max": lambda: np.uint64(2**64 - 1) in index, "get_true": lambda: index.get(True),
+        "get_2_64": lambda: index.get(2**64), "remove_2_64": lambda: index.remove([2**64]),
+        "ids_uint64_max": lambda: index.add(good, ids=np.array([2**64 - 1, 1], np.uint64)),
+        "labels_2_64": lambda: index.add(good, labels=[2**64, 1]),
+        "filter_2_64": lambda: index.search(good, 1, filter=[2**64]), "k_2_64": lambda: index.search(good, 2**64),
+        "beyond_float32": lambda: index.add(good * 1e39), "query_beyond_float32": lambda: index.search(good * -1e39, 1),
+        "load_int": lambda: tinyknn.Index.load(3), "load_none": lambda: tinyknn.Index.load(None),
+        "load_bytes": lambda: tinyknn.Index.load(b"PK\x03\x04"), "load_fifo": lambda: load_a_fifo(),
     }
     assert tuple(calls) == BAD_KINDS
     return calls[kind]
 
 
+def load_a_fifo():
+    """Index.load of a FIFO: refused from os.stat (opening it would block until a writer comes)."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "pipe")
+        os.mkfifo(path)
+        tinyknn.Index.load(path)
+
+
 def round_trip(index, how: str):
     if how == "pickle":
         clone = pickle.loads(pickle.dumps(index))
+    elif how == "copy":
+        clone = copy.deepcopy(index)
+    elif how == "stream":                   # between two other indexes in one stream
+        before, after = tinyknn.Index(index.dim + 1), tinyknn.Index(2, metric="ip")
+        before.add(np.ones((3, index.dim + 1)))
+        after.add(np.eye(2))
+        stream = io.BytesIO()
+        before.save(stream)
+        start = stream.tell()
+        index.save(stream)
+        end = stream.tell()
+        after.save(stream)
+        stream.seek(start)
+        clone = tinyknn.Index.load(stream, device=index.device)
+        assert stream.tell() == end, (start, stream.tell(), end)
+        assert tinyknn.Index.load(stream).ntotal == 2 and stream.tell() == len(stream.getvalue())
     else:
         with tempfile.TemporaryDirectory() as directory:
             index.save(Path(directory) / "index.tknn")

@@ -171,6 +171,50 @@ def test_unwritable_cache_builds_once_in_a_per_user_folder(tmp_path, tiny_source
         reset_config()
 
 
+def test_a_later_process_with_an_unwritable_cache_is_not_told_of_a_build(tmp_path, tiny_sources, count_compiles,
+                                                                         monkeypatch):
+    """The warning of a process that finds the library already built in the per-user folder (in 0.2 s)
+    used to say "building the CPU library in ..."; it now says where the library is kept, and claims no build."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TINYKNN_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(cache.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    reset_config()
+    cache._fallback_dir.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="cannot write its cache"):
+            path = build.build_library()
+        cache._fallback_dir.cache_clear()      # a new process
+        with pytest.warns(RuntimeWarning) as caught:
+            assert build.build_library() == path
+        messages = [str(w.message) for w in caught]
+        assert len(count_compiles) == 1 and len(messages) == 1, messages
+        assert messages[0] == (f"tinyknn cannot write its cache {blocker / 'cpu'}; it keeps the CPU library in "
+                               f"{path.parent} instead"), messages
+    finally:
+        cache._fallback_dir.cache_clear()
+        reset_config()
+
+
+def test_a_compiler_that_produces_nothing_is_a_clear_error(cache_dir, tiny_sources, monkeypatch):
+    """TINYKNN_CXX=/bin/true: every step exits 0 and writes nothing; that was a raw FileNotFoundError from
+    os.replace of the missing temporary library."""
+    true = shutil.which("true")
+    if true is None:
+        pytest.skip("no `true` on PATH")
+    monkeypatch.setenv("TINYKNN_CXX", true)
+    reset_config()
+    try:
+        with pytest.raises(CpuLibraryError, match=f"the C\\+\\+ compiler {true} exited 0 but produced no library") \
+                as raised:
+            build.build_library()
+        assert "TINYKNN_CXX" in str(raised.value)
+        assert not list((cache_dir / "cpu").glob("libtinyknn-*.so*[!k]"))  # no library, no temporary file
+    finally:
+        reset_config()
+
+
 def test_read_only_cache_with_a_build_loads_it_without_writing(tmp_path, tiny_sources, count_compiles, monkeypatch):
     """A read-only cache that already holds the build (a shared, pre-warmed cache): loaded from there."""
     monkeypatch.setenv("TINYKNN_CACHE_DIR", str(tmp_path / "cache"))

@@ -256,6 +256,70 @@ def test_bad_calls_are_refused_clearly_and_change_nothing(rng):
         index.search(OnTheGpu(), 1)
 
 
+@pytest.mark.parametrize("kind", [tkfaiss.IndexIDMap, tkfaiss.IndexIDMap2])
+def test_the_flat_index_inside_an_id_map_answers_in_its_own_positions(rng, kind):
+    """As in FAISS: the wrapped flat index holds the vectors and answers in its own sequential ids
+    0..ntotal-1, which the map translates. Its search used to answer [[0, 0]] and reconstruct(0) raised
+    IndexError, as it shared the storage but not the positions."""
+    xb = np.array([[0, 0, 0, 0], [1, 0, 0, 0], [5, 5, 5, 5]], np.float32)
+    flat = tkfaiss.IndexFlatL2(4)
+    mapped = kind(flat)
+    mapped.add_with_ids(xb, np.array([7, 8, 9]))
+    q = np.array([[0.1, 0, 0, 0]], np.float32)
+    D, I = flat.search(q, 2)
+    assert flat.ntotal == 3 and I.tolist() == [[0, 1]]
+    D_map, I_map = mapped.search(q, 2)
+    assert I_map.tolist() == [[7, 8]] and np.array_equal(D, D_map)
+    assert np.array_equal(flat.reconstruct(0), xb[0]) and np.array_equal(flat.reconstruct_n(0, 3), xb)
+    lims, _, hits = flat.range_search(q, 2.0)
+    assert lims.tolist() == [0, 2] and hits.tolist() == [0, 1]
+    selected = flat.search(q, 3, params=tkfaiss.SearchParameters(sel=tkfaiss.IDSelectorRange(1, 3)))[1]
+    assert selected.tolist() == [[1, 2, -1]]
+    assert mapped.remove_ids(np.array([7])) == 1                     # positions shift down, as in FAISS
+    assert flat.ntotal == 2 and flat.search(q, 2)[1].tolist() == [[0, 1]]
+    assert np.array_equal(flat.reconstruct(1), xb[2])
+    with pytest.raises(RuntimeError, match="key 2 not found"):
+        flat.reconstruct(2)
+    for change in (lambda: flat.add(xb), lambda: flat.remove_ids(np.array([0])), flat.reset):
+        with pytest.raises(RuntimeError, match=f"this IndexFlatL2 is wrapped by an {kind.__name__}, which holds its "
+                                               f"vectors: change them through the {kind.__name__}"):
+            change()
+    assert flat.ntotal == 2 and mapped.id_map.tolist() == [8, 9]
+    mapped.reset()
+    assert flat.ntotal == 0 and flat.search(q, 1)[1].tolist() == [[-1]]
+    mapped.add_with_ids(xb[:2], np.array([40, 30]))
+    assert flat.search(q, 2)[1].tolist() == [[0, 1]] and mapped.search(q, 2)[1].tolist() == [[40, 30]]
+    copied = tkfaiss.index_gpu_to_cpu(mapped)                        # the copy's flat index too
+    assert copied.index.search(q, 2)[1].tolist() == [[0, 1]] and copied.search(q, 2)[1].tolist() == [[40, 30]]
+
+
+@pytest.mark.parametrize("call, error, text", [
+    (lambda index, xb: tkfaiss.knn(xb[:2], xb[0], 3), ValueError,
+     r"xb \(the database\) must be a 2-D array of shape \(n, d\); got shape \(12,\)"),
+    (lambda index, xb: tkfaiss.knn(xb[:2], 5.0, 3), ValueError, r"got shape \(\)"),
+    (lambda index, xb: index.reconstruct(10**30), ValueError, "key must lie in int64's range; got 10{30}"),
+    (lambda index, xb: index.reconstruct(2**63), ValueError, "int64's range"),
+    (lambda index, xb: index.reconstruct(1.7), TypeError, r"key must be an integer id; got 1.7 \(float\)"),
+    (lambda index, xb: index.reconstruct(np.float32(1)), TypeError, "key must be an integer id"),
+    (lambda index, xb: index.reconstruct(True), TypeError, "key must be an integer id; got True"),
+    (lambda index, xb: index.reconstruct_n(1.5, 2), TypeError, "n0 must be an integer"),
+    (lambda index, xb: index.reconstruct_n(0, 2.0), TypeError, "ni must be an integer"),
+    (lambda index, xb: index.reconstruct_batch([1.7, 2]), TypeError, "keys must be integers"),
+    (lambda index, xb: index.reconstruct_batch(np.array([1.7])), TypeError, "keys must be integers"),
+    (lambda index, xb: index.reconstruct_batch([2**64]), ValueError, "int64's range"),
+])
+def test_bad_keys_and_shapes_are_clear_errors(rng, call, error, text):
+    """knn of a 1-D database was IndexError (tuple index out of range), reconstruct(10**30) OverflowError,
+    and reconstruct(1.7) silently read key 1."""
+    xb, _ = data(rng, n=10)
+    index = tkfaiss.IndexFlatL2(12)
+    index.add(xb)
+    with pytest.raises(error, match=text):
+        call(index, xb)
+    assert index.ntotal == 10 and np.array_equal(index.reconstruct(np.int64(1)), xb[1])
+    assert np.array_equal(index.reconstruct_batch(np.array([[3], [1]])), xb[[3, 1]])
+
+
 def test_knn_and_normalize_agree_with_faiss(rng, real_faiss):
     xb, xq = data(rng)
     D, I = tkfaiss.knn(xq, xb, 6, tkfaiss.METRIC_INNER_PRODUCT)

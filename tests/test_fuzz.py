@@ -49,7 +49,7 @@ ranges = st.fixed_dictionaries({"op": st.just("range"), "nq": st.integers(0, 4),
 operations = st.one_of(
     adds, adds, searches, ranges,
     st.just({"op": "reset"}),
-    st.fixed_dictionaries({"op": st.just("round_trip"), "how": st.sampled_from(["file", "pickle"])}),
+    st.fixed_dictionaries({"op": st.just("round_trip"), "how": st.sampled_from(["file", "pickle", "stream", "copy"])}),
     st.fixed_dictionaries({"op": st.sampled_from(["remove", "get"]), "count": st.integers(1, 5), "seed": seeds}),
 )
 
@@ -98,3 +98,26 @@ def test_a_crashing_case_is_reported_as_a_failure():
     """The harness itself: a worker killed by a signal fails the case with the signal's name."""
     with pytest.raises(pytest.fail.Exception, match="fuzz case killed by SIGSEGV"):
         run_case({"dim": 2, "metric": "l2", "dtype": "float32", "ops": [{"op": "segfault"}]})
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_every_bad_kind_is_refused_and_changes_nothing(device):
+    """Each kind of bad call once, in one process (hypothesis draws only some of them per run): the odd
+    integers (2**64, -2**63-1, True, np.uint64's largest), float64 values beyond float32 and the sources
+    load refuses found OverflowError, "contains infinity" and AttributeError or a hang before."""
+    ops = [{"op": "add", "n": 12, "ids": "fresh", "seed": 5, "labels": True}]
+    ops += [{"op": "bad", "kind": kind} for kind in BAD_KINDS]
+    run_case({"dim": 3, "metric": "l2", "dtype": "float32", "device": device, "ops": ops})
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_round_trip_keeps_the_index(device, dtype):
+    """file, pickle, a stream holding three indexes (the middle one loaded from its position) and deepcopy,
+    each followed by adds, removals and searches checked against the model."""
+    ops = [{"op": "add", "n": 30, "ids": "fresh", "seed": 1, "labels": True}]
+    for how in ("file", "pickle", "stream", "copy"):
+        ops += [{"op": "round_trip", "how": how}, {"op": "add", "n": 4, "ids": "auto", "seed": len(ops)},
+                {"op": "remove", "count": 2, "seed": len(ops)},
+                {"op": "search", "nq": 3, "k": 7, "seed": len(ops), "labels": True}]
+    run_case({"dim": 5, "metric": "cosine", "dtype": dtype, "device": device, "ops": ops})

@@ -64,3 +64,313 @@ def test_truncate_drops_the_newest_rows(rng):
         assert_exact(d, i, db, db[:4], 7, "cosine")
         with pytest.raises(ValueError, match="between 0 and 500"):
             index._searcher.truncate(501)
+
+
+# -- device arrays of any layout, dtype and device ----------------------------------------------------
+def _framework(name: str):
+    module = pytest.importorskip(name, reason=f"{name} is not installed")
+    if name == "torch" and not module.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    return module
+
+
+def _layouts(name: str, q: np.ndarray) -> dict:
+    """CUDA arrays holding q's values whose rows the kernels cannot read in place."""
+    if name == "cupy":
+        import cupy
+
+        return {"fortran": cupy.asfortranarray(cupy.asarray(q)),
+                "columns": cupy.asarray(np.repeat(q, 2, axis=1))[:, ::2],
+                "reversed": cupy.asarray(np.ascontiguousarray(q[::-1]))[::-1],
+                "transposed": cupy.asarray(np.ascontiguousarray(q.T)).T}
+    import torch
+
+    return {"transposed": torch.as_tensor(np.ascontiguousarray(q.T)).cuda().t(),
+            "columns": torch.as_tensor(np.repeat(q, 2, axis=1)).cuda()[:, ::2],
+            "column-pairs": torch.as_tensor(np.repeat(q, 3, axis=1)).cuda()[:, 1::3],
+            "requires-grad": torch.as_tensor(np.ascontiguousarray(q.T)).cuda().t().requires_grad_()}
+
+
+def _to_host(array) -> np.ndarray:
+    return array.get() if type(array).__module__.startswith("cupy") else array.cpu().numpy()
+
+
+def _no_host_copies(name: str, monkeypatch) -> None:
+    """Make the framework's ways to the host fail: the layout copy must stay on the device."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a device array went through the host")
+
+    if name == "cupy":
+        import cupy
+
+        monkeypatch.setattr(cupy, "asnumpy", refuse)
+    else:
+        import torch
+
+        for method in ("cpu", "numpy", "__array__", "tolist"):
+            monkeypatch.setattr(torch.Tensor, method, refuse)
+
+
+@pytest.mark.parametrize("name", ["cupy", "torch"])
+def test_a_device_array_of_any_layout_is_copied_on_its_device(name, rng, monkeypatch):
+    """Fortran-order, transposed, column-sliced and (CuPy) reversed CUDA queries and vectors used to be refused
+    ("must have contiguous rows ... pass a contiguous copy") where NumPy input of any layout is converted; the
+    framework now copies them on the device, on the caller's stream, and the answers are the same."""
+    from tinyknn.inputs import validate as _validate
+    from tinyknn.gpu import interop
+
+    _framework(name)
+    dim, k = 24, 7
+    db = rng.standard_normal((700, dim)).astype(np.float32)
+    q = rng.standard_normal((9, dim)).astype(np.float32)
+    with tinyknn.Index(dim, "l2", device="cuda") as index, tinyknn.Index(dim, "l2", device="cuda") as added:
+        index.add(db)
+        expected = index.search(q, k)
+        results = {}
+        layouts = _layouts(name, q)
+        with monkeypatch.context() as patch:
+            _no_host_copies(name, patch)
+            for layout, array in layouts.items():
+                described = _validate.device_matrix(array, dim, "queries", queries=True)
+                assert described.c_contiguous and described.framework == name, layout
+                assert interop.device_ordinal(described, "queries") == 0, layout      # device memory
+                results[layout] = index.search(array, k)
+            added.add(_layouts(name, db)["transposed"])
+        for layout, (distances, ids) in results.items():
+            assert type(ids).__module__.split(".")[0] == name
+            np.testing.assert_array_equal(_to_host(ids), expected[1], err_msg=layout)
+            np.testing.assert_array_equal(_to_host(distances), expected[0], err_msg=layout)
+            assert_exact(_to_host(distances), _to_host(ids), db, q, k, "l2")
+        assert np.array_equal(added._searcher.export()[0], db)
+
+
+@pytest.mark.parametrize("name", ["cupy", "torch"])
+def test_device_arrays_of_a_wrong_dtype_are_type_errors(name, rng):
+    module = _framework(name)
+    dim = 8
+    with tinyknn.Index(dim, "ip", device="cuda") as index:
+        index.add(rng.standard_normal((50, dim)))
+        before = index.search(np.ones((1, dim), np.float32), 5)
+        if name == "cupy":
+            bad = [module.ones((2, dim), module.int64), module.ones((2, dim), module.complex64),
+                   module.ones((2, dim), bool), module.ones((2, dim), module.int8)]
+        else:
+            bad = [module.ones((2, dim), dtype=module.int64, device="cuda"),
+                   module.ones((2, dim), dtype=module.bool, device="cuda"),
+                   module.ones((2, dim), dtype=module.complex64, device="cuda"),
+                   module.ones((2, dim), dtype=module.bfloat16, device="cuda")]
+        for array in bad:
+            with pytest.raises(TypeError, match="dtype|bfloat16|bits"):
+                index.search(array, 3)
+            with pytest.raises(TypeError, match="dtype|bfloat16|bits"):
+                index.add(array)
+        assert index.ntotal == 50
+        np.testing.assert_array_equal(index.search(np.ones((1, dim), np.float32), 5)[1], before[1])
+
+
+@pytest.mark.parametrize("name", ["cupy", "torch"])
+def test_device_arrays_on_another_gpu_are_refused(name, rng):
+    module = _framework(name)
+    count = module.cuda.runtime.getDeviceCount() if name == "cupy" else module.cuda.device_count()
+    if count < 2:
+        pytest.skip("needs two GPUs")
+    dim = 8
+    q = rng.standard_normal((3, dim)).astype(np.float32)
+    if name == "cupy":
+        with module.cuda.Device(1):
+            elsewhere = [module.asarray(q), module.asfortranarray(module.asarray(q))]
+    else:
+        elsewhere = [module.as_tensor(q).to("cuda:1"), module.as_tensor(np.ascontiguousarray(q.T)).to("cuda:1").t()]
+    with tinyknn.Index(dim, "l2", device="cuda") as index:
+        index.add(rng.standard_normal((40, dim)))
+        for array in elsewhere:
+            with pytest.raises(ValueError, match="is on CUDA device 1 but this index lives on device 0"):
+                index.search(array, 3)
+            with pytest.raises(ValueError, match="is on CUDA device 1"):
+                index.add(array)
+        assert index.ntotal == 40
+
+
+def test_jax_arrays_in_and_of_the_wrong_dtype(rng, monkeypatch):
+    """JAX arrays on the GPU (through __cuda_array_interface__ or DLPack): read in place, results as CuPy
+    arrays; other dtypes (int32, bfloat16, bool) are TypeErrors."""
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")      # JAX would take 75 % of the GPU
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    if not any(device.platform == "gpu" for device in jax.devices()):
+        pytest.skip("JAX has no GPU here")
+    pytest.importorskip("cupy")
+    dim, k = 16, 5
+    db = rng.standard_normal((300, dim)).astype(np.float32)
+    q = rng.standard_normal((4, dim)).astype(np.float32)
+    with tinyknn.Index(dim, "cosine", device="cuda") as index:
+        index.add(jnp.asarray(db))
+        distances, ids = index.search(jnp.asarray(q), k)
+        assert_exact(distances.get(), ids.get(), db, q, k, "cosine")
+        for bad in (jnp.ones((2, dim), jnp.int32), jnp.ones((2, dim), jnp.bfloat16), jnp.ones((2, dim), bool)):
+            with pytest.raises(TypeError, match="dtype|bits"):
+                index.search(bad, k)
+        assert index.ntotal == 300
+
+
+# -- damaged files, the device cap on every path, close() under searches -----------------------------
+def _saved(rng, dim=6, n=40) -> tuple[bytes, tinyknn.Index]:
+    import io
+
+    built = tinyknn.Index(dim, "cosine", dtype="float16")
+    built.add(rng.standard_normal((n, dim)), ids=rng.choice(10**9, n, replace=False), labels=np.arange(n) % 3)
+    buffer = io.BytesIO()
+    built.save(buffer)
+    return buffer.getvalue(), built
+
+
+def _free_device_memory() -> int:
+    from cuda.bindings import driver
+
+    return int(driver.cuMemGetInfo()[1])
+
+
+def test_damaged_files_loaded_onto_the_gpu_are_value_errors_and_leak_nothing(rng):
+    import io
+
+    data, built = _saved(rng)
+    tinyknn.Index.load(io.BytesIO(data), device="cuda").close()            # kernels loaded, pools warm
+    free = _free_device_memory()
+    vectors, _ = built._searcher.export()
+    nan_rows = io.BytesIO()
+    with np.load(io.BytesIO(data)) as archive:
+        members = {name: archive[name] for name in archive.files}
+    members["vectors"] = members["vectors"].copy()
+    members["vectors"][3, 1] = np.nan
+    np.savez(nan_rows, **members)
+    damaged = [data[:len(data) // 2], data[:-1], b"", bytes(range(256)) * 8, nan_rows.getvalue(), data + data[:100]]
+    for offset in rng.choice(len(data), 300, replace=False):
+        flipped = bytearray(data)
+        flipped[offset] ^= 1 << int(rng.integers(8))
+        damaged.append(bytes(flipped))
+    outcomes = {"same": 0, "refused": 0}
+    for case in damaged:
+        stream = io.BytesIO(case)
+        try:
+            loaded = tinyknn.Index.load(stream, device="cuda")
+        except ValueError:
+            outcomes["refused"] += 1
+            assert stream.tell() == 0
+            continue
+        with loaded:
+            assert loaded.device == "cuda" and loaded.ntotal == built.ntotal
+            assert np.array_equal(loaded._searcher.export()[0], vectors)
+            outcomes["same"] += 1
+    assert outcomes["refused"] > 100 and outcomes["same"] > 0, outcomes
+    assert _free_device_memory() >= free - (64 << 20), "failed loads left device memory behind"
+
+
+def test_range_search_beyond_the_cap_says_so_and_changes_nothing(device_cap, rng):
+    db = rng.standard_normal((30_000, 32)).astype(np.float32)
+    q = rng.standard_normal((3000, 32)).astype(np.float32)
+    with tinyknn.Index(32, "l2", device="cuda") as index:
+        index.add(db)
+        in_use = sum(b.nbytes for b in index._searcher._buffers.values() if hasattr(b, "fill_bytes"))
+        device_cap(str(in_use + (2 << 20)))       # the first chunk's hit regions (~12 MB) do not fit
+        with pytest.raises(MemoryError, match=r"for range search hits .*TINYKNN_DEVICE_MEMORY_LIMIT allows"):
+            index.range_search(q, 1e9)
+        assert index.ntotal == 30_000
+        lims, distances, ids = index.range_search(q[:2], 40.0)        # small enough to fit
+        with tinyknn.Index(32, "l2") as cpu:
+            cpu.add(db)
+            expected = cpu.range_search(q[:2], 40.0)
+        for got, want in zip((lims, distances, ids), expected):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_pickles_copies_and_loads_beyond_the_cap_raise_memory_errors(device_cap, rng, tmp_path):
+    import copy
+    import pickle
+
+    db = rng.standard_normal((20_000, 64)).astype(np.float32)
+    q = rng.standard_normal((4, 64)).astype(np.float32)
+    with tinyknn.Index(64, "ip", device="cuda") as index:
+        index.add(db, labels=np.arange(20_000) % 5)
+        before = index.search(q, 10)
+        pickled = pickle.dumps(index)
+        index.save(tmp_path / "saved")
+        device_cap("2M")                                   # far less than a second copy needs
+        free = _free_device_memory()
+        for attempt in (lambda: pickle.loads(pickled), lambda: copy.deepcopy(index),
+                        lambda: tinyknn.Index.load(tmp_path / "saved", device="cuda")):
+            with pytest.raises(MemoryError, match="TINYKNN_DEVICE_MEMORY_LIMIT allows 2,097,152"):
+                attempt()
+        assert _free_device_memory() >= free - (64 << 20)
+        assert index.ntotal == 20_000
+        after = index.search(q, 10)
+        np.testing.assert_array_equal(before[1], after[1])
+        device_cap("64G")
+        for clone in (pickle.loads(pickled), copy.deepcopy(index)):
+            with clone:
+                assert clone.device == "cuda"
+                np.testing.assert_array_equal(clone.search(q, 10)[1], before[1])
+                assert clone._labels.rows_of(2).tolist() == index._labels.rows_of(2).tolist()
+
+
+@pytest.mark.parametrize("queries", ["host", "cupy"])
+def test_close_while_other_threads_search_and_add(rng, queries):
+    """Index.close() from one thread while others search (plain, filtered, labelled), add and range-search:
+    every call either answers exactly as before or raises ValueError saying the index was closed; no
+    crash, no other exception, no thread left waiting."""
+    import threading
+    import time
+
+    if queries == "cupy":
+        cupy = pytest.importorskip("cupy")
+    dim, k = 32, 10
+    db = rng.standard_normal((20_000, dim)).astype(np.float32)
+    q = rng.standard_normal((16, dim)).astype(np.float32)
+    allowed = np.arange(0, 20_000, 3)
+    index = tinyknn.Index(dim, "l2", device="cuda")
+    index.add(db, labels=np.arange(20_000) % 4)
+    expected = {"plain": index.search(q, k), "filter": index.search(q, k, filter=allowed),
+                "labels": index.search(q, k, labels=np.arange(16) % 4)}
+    device_q = cupy.asarray(q) if queries == "cupy" else q
+    calls = {
+        "plain": lambda: index.search(device_q, k),
+        "filter": lambda: index.search(q, k, filter=allowed),
+        "labels": lambda: index.search(q, k, labels=np.arange(16) % 4),
+        "range": lambda: index.range_search(q[:2], 20.0),
+        "add": lambda: index.add(db[:50] + 1000.0),            # far away: the answers above stay the same
+    }
+    outcomes, mismatches = [], []
+    start = threading.Barrier(len(calls) + 1)
+
+    def worker(name):
+        start.wait()
+        while True:
+            try:
+                result = calls[name]()
+            except ValueError as exc:
+                outcomes.append((name, "closed" in str(exc), str(exc)))
+                return
+            except BaseException as exc:  # noqa: BLE001 - recorded, asserted below
+                outcomes.append((name, False, repr(exc)))
+                return
+            if name in expected:
+                ids = _to_host(result[1]) if not isinstance(result[1], np.ndarray) else result[1]
+                if not np.array_equal(ids, expected[name][1]):
+                    mismatches.append(name)
+
+    threads = [threading.Thread(target=worker, args=(name,), daemon=True) for name in calls]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    time.sleep(0.5)
+    index.close()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a thread is still inside the closed index"
+    assert len(outcomes) == len(calls) and all(ok for _, ok, _ in outcomes), outcomes
+    assert not mismatches, mismatches
+    with pytest.raises(ValueError, match="closed"):
+        index.search(q, k)
+    with tinyknn.Index(dim, "l2", device="cuda") as fresh:        # the device is fine
+        fresh.add(db[:100])
+        assert_exact(*fresh.search(q, 5), db[:100], q, 5, "l2")

@@ -253,12 +253,15 @@ def test_dlpack_arrays_of_other_kinds_are_refused(index):
 
 def test_a_cuda_dlpack_array_is_described_from_its_capsule(rng):
     """A DLPack-only object on a CUDA device counts as a device array, described from the capsule's
-    DLTensor (here a NumPy array's capsule posing as CUDA memory: nothing is dereferenced)."""
+    DLTensor (here a NumPy array's capsule posing as CUDA memory: nothing is dereferenced; the strided
+    one is only described, as device_matrix would have it copied on the device)."""
     base = rng.standard_normal((6, 10)).astype(np.float32)
     for array, strides in ((base, None), (base[1:, ::2], (40, 8))):
         fake = DLPackOnly(array, device=(2, 0))
         assert _validate.is_device_array(fake)
-        described = _validate.device_matrix(fake, array.shape[1], "queries")
+        described = _validate.describe_device_array(fake) if strides else \
+            _validate.device_matrix(fake, array.shape[1], "queries")
+        assert _validate.rows_readable(described) == (strides is None)
         assert described.ptr == array.ctypes.data and described.shape == array.shape
         assert described.dtype == np.float32 and described.strides in (strides, array.strides)
         assert described.c_contiguous == (strides is None) and described.stream == 1

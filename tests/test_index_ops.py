@@ -288,6 +288,27 @@ def test_get_and_contains(backend):
     assert index.get([]).shape == (0, 5)
 
 
+@pytest.mark.parametrize("odd, error, text", [
+    (2**64, ValueError, "the id in .id in index. must lie in int64's range; got 18446744073709551616"),
+    (2**63, ValueError, "int64's range; got 9223372036854775808"),
+    (-2**63 - 1, ValueError, "int64's range; got -9223372036854775809"),
+    (np.uint64(2**64 - 1), ValueError, "int64's range; got 18446744073709551615"),
+    (True, TypeError, "must be an integer id; got True"),
+    (np.bool_(False), TypeError, "must be an integer id; got (np.)?False"),
+])
+def test_odd_python_and_numpy_integers_in_contains_and_get(backend, odd, error, text):
+    """`2**64 in index` was an OverflowError (from building an int64 array); now the ValueError (or the
+    TypeError of a bool) that get and contains give, and nothing changes."""
+    index, _, _ = build(backend[0])
+    with pytest.raises(error, match=text):
+        odd in index
+    with pytest.raises(error):
+        index.get(odd)
+    with pytest.raises(error):
+        index.contains([odd])
+    assert index.ntotal == 60 and -2**63 not in index and 2**63 - 1 not in index and np.int64(-1) not in index
+
+
 # -- range search --------------------------------------------------------------------------------
 def oracle_ranges(oracle, q, radius, metric, filter=None, labels=None):
     lims, distances, ids = [0], [], []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -129,6 +130,20 @@ def test_bad_parameters_and_inputs_are_refused(rng):
         fitted.radius_neighbors(Q, radius=-1.0)
     with pytest.raises(sklearn.exceptions.NotFittedError):
         NearestNeighbors().kneighbors(Q)
+
+
+@pytest.mark.parametrize("value", [1e39, -3.5e38])
+def test_finite_float64_beyond_float32_is_refused_as_such(rng, value):
+    """fit and kneighbors used to cast to float32 first, so a finite 1e39 was refused as "infinity"."""
+    with pytest.raises(ValueError, match=re.escape(f"holds {value!r} at row 0, column 0, beyond float32's range")):
+        NearestNeighbors().fit(np.full((3, 2), value))
+    fitted = NearestNeighbors(n_neighbors=2).fit(rng.standard_normal((5, 2)))
+    queries = np.zeros((2, 2))
+    queries[1, 1] = value
+    with pytest.raises(ValueError, match=re.escape(f"holds {value!r} at row 1, column 1, beyond float32's range")):
+        fitted.kneighbors(queries)
+    with pytest.raises(ValueError, match="beyond float32's range"):
+        fitted.radius_neighbors(queries, radius=1.0)
 
 
 def test_pickle_and_deepcopy_keep_the_fitted_index(rng):

@@ -98,7 +98,7 @@ def test_bfloat16_input_is_accepted_and_checked():
     assert _validate.host_queries(np.ones((2, 3), ml_dtypes.bfloat16), 3, True).dtype == np.float32
     with pytest.raises(ValueError, match="contains NaN"):
         _validate.host_rows(np.full((1, 3), np.nan, ml_dtypes.bfloat16), 3, "float32")
-    with pytest.raises(ValueError, match="holds 2.2518e\\+15; tinyknn accepts \\|value\\| <= 2\\*\\*50"):
+    with pytest.raises(ValueError, match="holds 2251799813685248.0 at row 0, column 0; tinyknn accepts \\|value\\| <= 2\\*\\*50"):
         _validate.host_rows(np.full((1, 3), 2.0**51), 3, "bfloat16")
     with pytest.raises(TypeError, match="float16, float32, float64 or bfloat16; got dtype int64"):
         _validate.host_rows(np.ones((1, 3), np.int64), 3, "bfloat16")
@@ -151,3 +151,81 @@ def test_eight_bit_cuda_inputs():
         _validate.device_matrix(FakeCuda("<f4"), 3, "queries", "uint8", queries=True)
     with pytest.raises(TypeError, match="got dtype int8"):
         _validate.device_matrix(FakeCuda("|i1"), 3, "vectors to add", "float32")
+
+
+@pytest.mark.parametrize("values, storage, text", [
+    # float16: 65504.001 rounds to 65504 but is beyond the largest float16; :g printed both as 65504
+    (np.array([[1.0, -65504.001]]), "float16",
+     "x holds -65504.001 at row 0, column 1, beyond float16's largest finite value 65504.0"),
+    # just past 2**50: :g printed both as 1.1259e+15
+    (np.array([[np.nextafter(2.0**50, np.inf)], [0.5]]), "float32",
+     "x holds 1125899906842624.2 at row 0, column 0; tinyknn accepts \\|value\\| <= 2\\*\\*50 "
+     "\\(1125899906842624.0\\)"),
+    (np.array([[0.0, np.nextafter(np.float32(2.0**50), np.float32(np.inf))]], np.float32), "float32",
+     "x holds 1125900041060352.0 at row 0, column 1; tinyknn accepts \\|value\\| <= 2\\*\\*50 \\(1125899906842624.0\\)"),
+    # a finite float64 beyond float32: not "infinity"
+    (np.full((2, 2), -1e39), "float32", "x holds -1e\\+39 at row 0, column 0, beyond float32's range "
+     "\\(largest finite 3.4028234663852886e\\+38\\); tinyknn accepts"),
+])
+def test_the_numbers_in_a_refusal_differ_visibly(values, storage, text):
+    with pytest.raises(ValueError, match=text):
+        _validate.check_values(values, "x", storage)
+
+
+class FakeTorchCuda:
+    """What a torch CUDA tensor shows tinyknn's validation (no GPU needed: nothing is dereferenced)."""
+
+    def __init__(self, shape, typestr="<f4", strides=None, requires_grad=False, error=None, dtype="torch.float32"):
+        self.shape, self.typestr, self.strides, self.requires_grad = shape, typestr, strides, requires_grad
+        self.error, self.dtype, self.copies = error, dtype, []
+
+    @property
+    def __cuda_array_interface__(self):
+        if self.error is not None:
+            raise self.error
+        if self.requires_grad:
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad.")
+        return {"shape": self.shape, "typestr": self.typestr, "strides": self.strides, "data": (4096, False),
+                "version": 2}
+
+    def detach(self):
+        return FakeTorchCuda(self.shape, self.typestr, self.strides)
+
+    def contiguous(self):
+        copy = FakeTorchCuda(self.shape, self.typestr)
+        self.copies.append(copy)
+        return copy
+
+
+FakeTorchCuda.__module__ = "torch"          # tinyknn tells frameworks apart by the class's module
+
+
+@pytest.mark.parametrize("strides", [(4, 12), (8, 8), (-12, 4), (12, 8)])
+def test_a_cuda_array_whose_rows_the_kernels_cannot_read_is_copied_by_its_framework(strides):
+    """Fortran order (4, 12), column steps (8, 8) and (12, 8), reversed rows (-12, 4): the framework's own
+    contiguous copy is described instead (they used to be refused later: "pass a contiguous copy")."""
+    strided = FakeTorchCuda((3, 3), strides=strides)
+    described = _validate.device_matrix(strided, 3, "queries", queries=True)
+    assert len(strided.copies) == 1 and described.obj is strided.copies[0] and described.c_contiguous
+    readable = FakeTorchCuda((3, 3), strides=(24, 4))                   # rows apart, each contiguous
+    assert _validate.device_matrix(readable, 3, "queries").obj is readable and not readable.copies
+
+
+@pytest.mark.parametrize("fake, text", [
+    (FakeTorchCuda((2, 3), error=KeyError("torch.float8_e4m3fn"), dtype="torch.float8_e4m3fn"),
+     "of dtype torch.float8_e4m3fn cannot be read through __cuda_array_interface__ \\(KeyError"),
+    (FakeTorchCuda((2, 3), typestr="<V2", dtype="torch.bfloat16"),
+     "has dtype torch.bfloat16, which tinyknn does not read from CUDA memory; pass float16, float32 or float64"),
+])
+def test_cuda_arrays_of_dtypes_without_a_numpy_code_are_type_errors(fake, text):
+    """torch's interface raises KeyError for float8 and says '<V2' for bfloat16: a KeyError and a
+    TypeError naming dtype |V2 came out before."""
+    with pytest.raises(TypeError, match=text):
+        _validate.device_matrix(fake, 3, "queries", queries=True)
+
+
+def test_a_torch_tensor_that_requires_grad_is_read_through_a_detached_view():
+    """torch refuses __cuda_array_interface__ on a tensor that requires grad (a RuntimeError came out);
+    tinyknn only reads the values, so it reads them through tensor.detach() (no copy)."""
+    described = _validate.device_matrix(FakeTorchCuda((2, 3), requires_grad=True), 3, "queries", queries=True)
+    assert described.shape == (2, 3) and described.dtype == np.float32 and not described.obj.requires_grad

@@ -37,14 +37,14 @@ class NearestNeighbors(BaseEstimator):
             raise ValueError(f"metric must be one of {sorted(_INDEX_METRIC)}; got {self.metric!r}")
         X = validate_data(self, X, dtype=[np.float64, np.float32])
         index = Index(dim=X.shape[1], metric=_INDEX_METRIC[self.metric], dtype="float32", device=self.device)
-        index.add(X.astype(np.float32, copy=False))
+        index.add(X)   # float64 as it is: the Index converts it, and refuses what float32 cannot hold by name
         self._index = index
         self.n_samples_fit_ = X.shape[0]
         self.effective_metric_ = "euclidean" if self.metric == "l2" else self.metric
         return self
 
     def _queries(self, X):
-        """(float32 queries, whether they are the training points themselves)."""
+        """(the queries (float32 or float64), whether they are the training points themselves)."""
         check_is_fitted(self)
         if X is None:
             return None, True
@@ -71,7 +71,7 @@ class NearestNeighbors(BaseEstimator):
             raise ValueError(f"Expected n_neighbors <= n_samples_fit{' - 1 (X=None: a point is not its own neighbour)' if itself else ''}, "
                              f"but n_neighbors = {k}, n_samples_fit = {self.n_samples_fit_}")
         queries = self._training_points() if itself else X
-        distances, ids = self._index.search(queries.astype(np.float32, copy=False), int(k) + int(itself))
+        distances, ids = self._index.search(queries, int(k) + int(itself))
         ids = np.asarray(ids, dtype=np.int64)
         distances = np.asarray(distances)
         if itself:
@@ -100,8 +100,7 @@ class NearestNeighbors(BaseEstimator):
         if not np.isfinite(radius) or radius < 0:
             raise ValueError(f"radius must be a finite number >= 0; got {radius!r}")
         queries = self._training_points() if itself else X
-        lims, distances, ids = self._index.range_search(queries.astype(np.float32, copy=False),
-                                                                     self._index_radius(radius))
+        lims, distances, ids = self._index.range_search(queries, self._index_radius(radius))
         lims = np.asarray(lims, dtype=np.int64)
         all_d = self._to_sklearn_distance(distances, _result_dtype(X))
         all_i = np.asarray(ids, dtype=np.int64)

@@ -173,6 +173,11 @@ def compile_library(cxx: str, sources: list[Path], target: Path) -> None:
             f"the C++ compiler failed to build tinyknn's CPU library (exit {result.returncode})\n"
             f"command: {' '.join(command)}\n--- compiler output ---\n{output}{hint}"
         )
+    if not temporary.is_file():
+        raise CpuLibraryError(
+            f"the C++ compiler {cxx} exited 0 but produced no library (expected {temporary}); is it a C++ "
+            "compiler? Set TINYKNN_CXX (or CXX) to one, e.g. g++ or clang++"
+        )
     os.replace(temporary, target)
 
 

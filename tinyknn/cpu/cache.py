@@ -59,7 +59,8 @@ def _fallback_dir(unwritable: Path) -> Path:
     except OSError as exc:
         raise CpuLibraryError(f"tinyknn cannot write its cache {unwritable} nor a fallback folder ({exc}); set "
                               "TINYKNN_CACHE_DIR to a writable folder") from None
-    warnings.warn(f"tinyknn cannot write its cache {unwritable}; building the CPU library in {folder}",
+    # (said whether this process builds the library there or finds it built: build.py says when it builds)
+    warnings.warn(f"tinyknn cannot write its cache {unwritable}; it keeps the CPU library in {folder} instead",
                   RuntimeWarning, stacklevel=4)
     log.warning("cache %s is not writable; CPU library builds go to %s", unwritable, folder)
     return folder

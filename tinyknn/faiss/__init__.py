@@ -64,7 +64,10 @@ def index_factory(d: int, description: str, metric: int = METRIC_L2, *, device: 
 
 def knn(xq, xb, k: int, metric: int = METRIC_L2, *, device: str = "cpu"):
     """(D, I) of the k nearest rows of xb for each row of xq, as faiss.knn."""
-    index = IndexFlat(np.shape(xb)[1], metric, device=device)
+    shape = np.shape(xb)
+    if len(shape) != 2:
+        raise ValueError(f"xb (the database) must be a 2-D array of shape (n, d); got shape {shape}")
+    index = IndexFlat(shape[1], metric, device=device)
     index.add(xb)
     try:
         return index.search(xq, k)
@@ -95,10 +98,11 @@ def _copy_to(index: IndexFlat, device: str) -> IndexFlat:
         index._index.save(path)
         loaded = Index.load(path, device=device)
     copy = type(index).__new__(type(index))
+    copy._setup(loaded, index.metric_type, index._rows.view.copy(), index._next_id)
     if isinstance(index, IndexIDMap):
         copy.index = type(index.index).__new__(type(index.index))
         copy.index._setup(loaded, index.metric_type)
-    copy._setup(loaded, index.metric_type, index._rows.view.copy(), index._next_id)
+        copy._wrap(copy.index)
     return copy
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .selectors import IDSelector, SearchParameters, as_selector
 from ..errors import TinyKnnError
 from ..index import Index
+from ..inputs import validate_ops as _ops
+from .selectors import IDSelector, SearchParameters, as_selector
 
 METRIC_INNER_PRODUCT = 0
 METRIC_L2 = 1
@@ -61,10 +62,26 @@ class _IdColumn:
         self._buffer = self.view[~mask].copy()
         self.view = self._buffer
 
+    def clear(self) -> None:
+        """Empty, in place (an IndexIDMap and the flat index it wraps share one column)."""
+        self._buffer = np.empty(0, dtype=np.int64)
+        self.view = self._buffer
+
+
+def _positions(view: np.ndarray, internal: np.ndarray, ordered: bool) -> np.ndarray:
+    """Where each Index id of `internal` (each one in `view`) is in `view`: a binary search when `view`
+    increases, else through its argsort."""
+    if ordered:
+        return np.searchsorted(view, internal)
+    by_id = np.argsort(view, kind="stable")
+    return by_id[np.searchsorted(view, internal, sorter=by_id)]
+
 
 class IndexFlat:
     """Exact search over float32 vectors; its ids are storage positions 0..ntotal-1, which remove_ids
-    renumbers as FAISS does (the tinyknn.Index below keeps fixed ids; `_rows` maps positions to them)."""
+    renumbers as FAISS does (the tinyknn.Index below keeps fixed ids; `_rows` maps positions to them).
+    Wrapped by an IndexIDMap, it shares the map's Index and `_rows` (the map's ids, in storage order): it
+    still answers in positions, as FAISS's wrapped index does, and changes go through the map."""
 
     def __init__(self, d: int, metric: int = METRIC_L2, *, device: str = "cpu"):
         self._setup(Index(dim=d, metric=_metric_name(metric), dtype="float32", device=device), int(metric))
@@ -74,6 +91,7 @@ class IndexFlat:
         self._index = index
         self._rows = _IdColumn(rows)   # the Index id of each position, increasing
         self._next_id = next_id
+        self._wrapped_by: str | None = None   # the IndexIDMap class that holds this index's vectors, if any
 
     # -- what FAISS exposes -----------------------------------------------------------------
     @property
@@ -101,10 +119,19 @@ class IndexFlat:
         return self._rows.view[public]
 
     def _to_public(self, internal: np.ndarray) -> np.ndarray:
-        return np.where(internal >= 0, np.searchsorted(self._rows.view, internal), -1)
+        found = internal >= 0
+        public = np.full(internal.shape, -1, dtype=np.int64)
+        public[found] = _positions(self._rows.view, internal[found], self._wrapped_by is None)
+        return public
 
     def _storage_order(self, internal: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self._rows.view, internal)
+        return _positions(self._rows.view, internal, self._wrapped_by is None)
+
+    def _unwrapped(self, what: str) -> None:
+        """Changes to a wrapped index go through its IndexIDMap, which holds the ids of the vectors."""
+        if self._wrapped_by is not None:
+            raise FaissError(f"this {type(self).__name__} is wrapped by an {self._wrapped_by}, which holds its "
+                             f"vectors: change them through the {self._wrapped_by} ({what} is not possible here)")
 
     def _known(self, keys: np.ndarray) -> np.ndarray:
         return (keys >= 0) & (keys < self.ntotal)
@@ -123,6 +150,7 @@ class IndexFlat:
         _checked_rows(x, self.d, "training vectors")
 
     def add(self, x) -> None:
+        self._unwrapped("add")
         x = _checked_rows(x, self.d, "vectors to add")
         ids = np.arange(self._next_id, self._next_id + len(x), dtype=np.int64)
         self._index.add(x, ids=ids)
@@ -159,6 +187,7 @@ class IndexFlat:
     def remove_ids(self, sel) -> int:
         """Remove the ids `sel` selects (an IDSelector or an array of ids); for IndexFlat later ids shift
         down, as in FAISS. Returns how many were removed."""
+        self._unwrapped("remove_ids")
         universe = self._universe()
         removed = as_selector(sel).members(universe)
         if not removed.any():
@@ -168,14 +197,16 @@ class IndexFlat:
         return count
 
     def reconstruct(self, key: int, x=None) -> np.ndarray:
-        return _into(x, self._get(np.asarray([key], dtype=np.int64))[0])
+        return _into(x, self._get(np.array([_ops.one_id(key, "key")], dtype=np.int64))[0])
 
     def reconstruct_n(self, n0: int = 0, ni: int = -1, x=None) -> np.ndarray:
+        n0, ni = _ops.one_id(n0, "n0"), _ops.one_id(ni, "ni")
         ni = self.ntotal - n0 if ni < 0 else ni
         return _into(x, self._get(np.arange(n0, n0 + ni, dtype=np.int64)))
 
     def reconstruct_batch(self, keys, x=None) -> np.ndarray:
-        return _into(x, self._get(np.asarray(keys, dtype=np.int64).ravel()))
+        keys = np.ravel(keys) if isinstance(keys, np.ndarray) else keys
+        return _into(x, self._get(_ops.id_list(keys, "keys")))
 
     def _get(self, keys: np.ndarray) -> np.ndarray:
         missing = keys[~self._known(keys)]
@@ -185,8 +216,9 @@ class IndexFlat:
         return np.asarray(self._index.get(self._to_internal(keys)), dtype=np.float32)
 
     def reset(self) -> None:
+        self._unwrapped("reset")
         self._index.reset()
-        self._rows = _IdColumn()
+        self._rows.clear()
 
 
 class IndexFlatL2(IndexFlat):
@@ -202,7 +234,8 @@ class IndexFlatIP(IndexFlat):
 class IndexIDMap(IndexFlat):
     """A flat index with the caller's int64 ids (add_with_ids); `id_map` holds them in storage order.
     reconstruct is not available, as in FAISS (use IndexIDMap2). The wrapped index must be empty; this
-    index takes over its storage (search the map, not the wrapped index)."""
+    index takes over its storage: the wrapped index still searches and reconstructs, answering in its
+    own positions 0..ntotal-1 as FAISS's does, and refuses changes (add, remove_ids, reset: use the map)."""
 
     _reconstructs = False
 
@@ -213,6 +246,11 @@ class IndexIDMap(IndexFlat):
             raise ValueError(f"{type(self).__name__} needs an empty index to wrap; it holds {index.ntotal} vectors")
         self.index = index
         self._setup(index._index, index.metric_type)
+        self._wrap(index)
+
+    def _wrap(self, index: IndexFlat) -> None:
+        """`index` (holding this map's Index) answers in positions of this map's ids, and takes no changes."""
+        index._rows, index._wrapped_by = self._rows, type(self).__name__
 
     @property
     def id_map(self) -> np.ndarray:

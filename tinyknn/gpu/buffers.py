@@ -21,13 +21,14 @@ class Buffers:
     def _pinned(self, name: str, nbytes: int) -> PinnedBuffer:
         return self._buffer(name, nbytes, PinnedBuffer)
 
-    def _allocate(self, kind, size: int, what: str):
+    def _allocate(self, kind, size: int, what: str, pending: int = 0):
         """A new buffer of `size` bytes; device memory beyond the configured cap
         (TINYKNN_DEVICE_MEMORY_LIMIT) or beyond what the GPU has free is a MemoryError that says how much
-        was asked for, what is in use and what is free (nothing is changed)."""
+        was asked for, what is in use and what is free (nothing is changed). `pending`: bytes of this
+        call's other scratch buffers, counted as in use."""
         if kind is DeviceBuffer:
             limit = get_config().device_memory_limit
-            in_use = sum(b.nbytes for b in self._buffers.values() if isinstance(b, DeviceBuffer))
+            in_use = pending + sum(b.nbytes for b in self._buffers.values() if isinstance(b, DeviceBuffer))
             if limit is not None and in_use + size > limit:
                 raise MemoryError(
                     f"this GPU index needs {size:,} more bytes of device memory for {what} ({in_use:,} in use); "
@@ -43,6 +44,20 @@ class Buffers:
             place = "device" if kind is DeviceBuffer else "pinned host"
             raise MemoryError(f"this GPU index needs {size:,} more bytes of {place} memory for {what}; the GPU has "
                               f"{int(free):,} of {int(total):,} bytes free") from None
+
+    def _scratch(self, what: str, *sizes: int) -> list[DeviceBuffer]:
+        """Device buffers of one call (the caller closes them), allocated as the index's own are: the
+        configured cap counts them with what the index holds, and a GPU out of memory is a MemoryError;
+        all of them or none."""
+        made: list[DeviceBuffer] = []
+        try:
+            for size in sizes:
+                made.append(self._allocate(DeviceBuffer, size, what, pending=sum(b.nbytes for b in made)))
+        except BaseException:
+            for buffer in made:
+                buffer.close()
+            raise
+        return made
 
     def _buffer(self, name, nbytes, kind):
         """The named buffer, grown (doubling, or exactly when doubling does not fit) when too small;

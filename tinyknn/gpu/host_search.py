@@ -12,7 +12,6 @@ import numpy as np
 from ..inputs.validate import check_values
 from ..jit import render
 from . import plan as plans
-from .memory import DeviceBuffer
 
 BAND_MIN_CAPACITY = 256         # band entries per query at first (grown to the largest count when exceeded)
 PLAN_CACHE = 32
@@ -59,10 +58,12 @@ class HostQueries:
         view = self._view
         blocks = max(1, min(math.ceil(view.n / plans.ROW_KERNEL_THREADS), self._sm_count * 8))
         capacity = max(BAND_MIN_CAPACITY, 4 * k)
-        with DeviceBuffer(f * 4) as which_buffer, DeviceBuffer(f * 4) as counts:
+        which_buffer, counts = self._scratch("the exact band of unproven queries", f * 4, f * 4)
+        with which_buffer, counts:
             which_buffer.copy_from_host(np.ascontiguousarray(which, dtype=np.int32), f * 4, self._stream)
             while True:
-                keys, band_ids = DeviceBuffer(f * capacity * 8), DeviceBuffer(f * capacity * 8)
+                keys, band_ids = self._scratch("the exact band of unproven queries", f * capacity * 8,
+                                               f * capacity * 8)
                 counts.fill_bytes(0, f * 4, self._stream)
                 launch = loaded.prepare(self._pointer(view.prefix + "data"), self._pointer(view.prefix + "ids"), view.n,
                                         self._stride, self.dim,

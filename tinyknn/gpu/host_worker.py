@@ -89,18 +89,18 @@ class ChunkWorker(GpuSearcher):
         super().close()
         self._copied.close()
 
-    def _allocate(self, kind, size: int, what: str):
+    def _allocate(self, kind, size: int, what: str, pending: int = 0):
         if kind is not DeviceBuffer:
             return super()._allocate(kind, size, what)
         with self._budget.lock:
             limit = get_config().device_memory_limit
-            in_use = self._budget.in_use()
+            in_use = self._budget.in_use() + pending
             if limit is not None and in_use + size > limit:
                 raise MemoryError(
                     f"this host-storage GPU index needs {size:,} more bytes of device memory for {what} ({in_use:,} "
                     f"in use by its {len(self._budget.members)} chunk workers); TINYKNN_DEVICE_MEMORY_LIMIT allows "
                     f"{limit:,} bytes")
-            return super()._allocate(kind, size, what)
+            return super()._allocate(kind, size, what)     # (its own check counts this worker's buffers only)
 
 
 __all__ = ["Budget", "Bus", "ChunkWorker"]

@@ -15,7 +15,6 @@ import numpy as np
 
 from ..inputs.validate import check_values
 from ..jit import render
-from .memory import DeviceBuffer
 
 FIRST_CAPACITY = 256            # hits per query room at first
 CHUNK_HIT_BYTES = 256 << 20     # hit regions of one chunk of queries (16 bytes a hit)
@@ -89,8 +88,9 @@ def _launch(searcher, queries: np.ndarray, radius_key: float, capacity: int):
     ids = np.empty((n_queries, capacity), dtype=np.int64)
     if view.n == 0 or n_queries == 0:
         return found, keys, ids
-    with DeviceBuffer(padded.nbytes) as staged, DeviceBuffer(n_queries * 4) as counts, \
-            DeviceBuffer(keys.nbytes) as out_keys, DeviceBuffer(ids.nbytes) as out_ids:
+    staged, counts, out_keys, out_ids = searcher._scratch("range search hits", padded.nbytes, n_queries * 4,
+                                                          keys.nbytes, ids.nbytes)
+    with staged, counts, out_keys, out_ids:
         staged.copy_from_host(padded, padded.nbytes, stream)
         counts.fill_bytes(0, n_queries * 4, stream)
         norms = searcher._pointer(view.prefix + "norms") if searcher.metric == "cosine" else 0

@@ -9,7 +9,6 @@ import numpy as np
 
 from ..jit import render
 from ..spec import numpy_dtype
-from .memory import DeviceBuffer
 
 
 class RowOperations:
@@ -25,7 +24,8 @@ class RowOperations:
                 if per_row:
                     self._device(target + name, count * per_row)
         loaded = self._kernel(render.rows_spec(self._arch))
-        with DeviceBuffer(count * 8) as sources, DeviceBuffer(count * 8 if target_rows is not None else 0) as targets:
+        sources, targets = self._scratch("gathering rows", count * 8, count * 8 if target_rows is not None else 0)
+        with sources, targets:
             sources.copy_from_host(source_rows, count * 8, self._stream)
             if target_rows is not None:
                 targets.copy_from_host(np.ascontiguousarray(target_rows, dtype=np.int64), count * 8, self._stream)

@@ -52,7 +52,8 @@ class Index:
       query) sees only the vectors of each query's label.
     - Threads: calls may come from any number of threads; a search never sees half of an add or of a
       removal.
-    - An Index pickles and deep-copies (through the save format, in memory) onto the same device kind.
+    - An Index pickles (through the save format, in memory) and copies (copy.copy and copy.deepcopy, from
+      searcher to searcher a chunk at a time) onto the same device kind.
     - storage="host" (device="cuda" only): the vectors stay in pinned host memory and stream through the
       GPU in chunks at each search, copy and compute overlapped (tinyknn.gpu.host_tier), so the database
       may be larger than the GPU's memory; same answers, host (NumPy) inputs only.
@@ -270,22 +271,40 @@ class Index:
         """Write the index to `path` (format: docs/index-operations.md, 'File format'; an uncompressed NumPy .npz, version 2),
         or onto a binary file object (e.g. io.BytesIO) as it is.
 
-        A path is written to a temporary file beside it and renamed over it: a failed save leaves no
-        temporary file behind and any previous file at `path` intact."""
+        A path is written to a temporary file beside it (beside its target, for a symbolic link) and
+        renamed over it: a failed save leaves no temporary file behind and any previous file at `path`
+        intact, and its OSError names `path`."""
         if hasattr(path, "write"):
             self._write(path)
         else:
             _persist.save(path, self._write)
 
-    def _write(self, handle) -> None:
+    def _write(self, handle, streamed: bool = False) -> None:
+        """The save format onto `handle`. streamed: the rows go from the searcher to `handle` a chunk at a
+        time under the add lock (adds and removals wait; no copy of the whole database: pickling, which
+        writes to memory); else a snapshot is exported first and written without the lock (save)."""
         with self._add_lock:
-            vectors, ids = self._open_searcher().export()
+            searcher = self._open_searcher()
             labels = self._labels.column()
+            if streamed:
+                ids = self._ids.ids_of_rows()
+                _persist.write(handle, self.dim, self.metric, self.dtype, self._row_blocks(searcher, len(ids)), ids,
+                               labels)
+                return
+            vectors, ids = searcher.export()
         _persist.write(handle, self.dim, self.metric, self.dtype, vectors, ids, labels)
+
+    def _row_blocks(self, searcher: Searcher, n: int):
+        """Rows 0 .. n-1 in the storage dtype, _validate.CHUNK_BYTES at a time (call under _add_lock)."""
+        step = max(1, _validate.CHUNK_BYTES // (self.dim * self._storage.itemsize))
+        for start in range(0, n, step):
+            yield searcher.get_rows(np.arange(start, min(n, start + step), dtype=np.int64))
 
     @classmethod
     def load(cls, path: str | os.PathLike | BinaryIO, device: str = "cpu", storage: str = "device") -> "Index":
-        """Read an index written by save() from a path or a binary file object.
+        """Read an index written by save() from a path (a regular file holding one index) or a binary file
+        object (read from its current position, and left just after the index: indexes saved one after
+        another into one stream load in turn). Anything else is a TypeError.
 
         Files of format versions 1 (no labels) and 2 load. A damaged file, a file of another format
         version or one whose sizes disagree with its header is a ValueError (nothing larger than the file is allocated to find out).
@@ -296,13 +315,42 @@ class Index:
                                                                   storage=storage))
 
     def __reduce__(self):
-        """Pickling and copy.deepcopy go through the save format in memory, onto the same device kind and
-        storage."""
+        """Pickling goes through the save format in memory (the rows written a chunk at a time), onto the
+        same device kind and storage. Memory beyond the index: pickle.dump to a file, the format's bytes
+        once; pickle.dumps, those and the pickle; pickle.loads, the bytes read and the new index."""
         if self._searcher is None:
             raise ValueError("cannot pickle or copy a closed tinyknn Index")
         buffer = io.BytesIO()
-        self._write(buffer)
+        self._write(buffer, streamed=True)
         return _restore, (buffer.getvalue(), self.device, self.storage)
+
+    def __copy__(self) -> "Index":
+        return self._copy()
+
+    def __deepcopy__(self, memo) -> "Index":
+        return self._copy()
+
+    def _copy(self) -> "Index":
+        """copy.copy and copy.deepcopy: an independent Index (base class) on the same device kind and storage,
+        its rows copied from searcher to searcher a chunk at a time (memory: the copy and one chunk), with the
+        same ids and labels; automatic ids go on after the largest id, as for a loaded index."""
+        if self._searcher is None:
+            raise ValueError("cannot pickle or copy a closed tinyknn Index")
+        clone = Index(self.dim, metric=self.metric, dtype=self.dtype, device=self.device, storage=self.storage)
+        try:
+            with self._add_lock:
+                ids = self._ids.ids_of_rows()
+                labels = self._labels.column()
+                start = 0
+                for block in self._row_blocks(self._open_searcher(), len(ids)):
+                    rows = slice(start, start + len(block))
+                    values, has = (None, None) if labels is None else (labels[0][rows], labels[1][rows])
+                    clone._add(block, ids[rows], values, has)
+                    start = rows.stop
+        except BaseException:
+            clone.close()
+            raise
+        return clone
 
 
 def _restore(data: bytes, device: str, storage: str = "device") -> Index:

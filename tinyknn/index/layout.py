@@ -17,6 +17,7 @@ way. Only searchers that can reorder their rows (`permute_rows`: the CPU one) ta
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 
@@ -47,11 +48,15 @@ class LabelLayout:
     def reorder(self, searcher, ids, labels) -> None:
         """Reorder the searcher's rows label by label, the IdMap `ids` and the Labels `labels` in step (the
         caller holds the Index's locks). A MemoryError from the searcher (which then changed nothing) skips
-        it with a warning; either way the count starts over."""
+        it with a RuntimeWarning (shown by default, pointing at the caller's search, as README promises; a
+        ResourceWarning would be hidden by default) and a log record; either way the count starts over."""
         order = labels.partitioned_order()
         try:
             searcher.permute_rows(order)
         except MemoryError as exc:
+            # stacklevel 4: here <- Index._reorder_if_due <- Index.search / range_search <- the caller
+            warnings.warn(f"tinyknn skipped putting each label's rows together ({exc}); searches stay exact, "
+                          "scattered labels stay slower", RuntimeWarning, stacklevel=4)
             _log.warning("tinyknn: skipped putting each label's rows together (%s); searches stay exact", exc)
         else:
             ids.apply_permutation(order)

@@ -51,9 +51,19 @@ def describe_device_array(x) -> DeviceArray:
     """Where a CUDA array's data lives and how it is laid out, from __cuda_array_interface__ or DLPack."""
     if not (hasattr(type(x), "__cuda_array_interface__") or hasattr(x, "__cuda_array_interface__")):
         return DeviceArray(**_dlpack.describe(x))
-    interface = x.__cuda_array_interface__
+    if getattr(x, "requires_grad", False) and type(x).__module__.startswith("torch"):
+        x = x.detach()          # tinyknn only reads the values (torch refuses the interface of a grad tensor)
+    try:
+        interface = x.__cuda_array_interface__
+        dtype = np.dtype(interface["typestr"])
+    except Exception as exc:  # noqa: BLE001 - torch raises KeyError for float8, others their own errors
+        raise TypeError(f"{name_of(x)} of dtype {getattr(x, 'dtype', '?')} cannot be read through "
+                        f"__cuda_array_interface__ ({type(exc).__name__}: {exc}); tinyknn reads CUDA arrays of "
+                        "float16, float32 and float64 (and int8/uint8 for an 8-bit index)") from None
+    if dtype.kind == "V":       # no NumPy type code: torch describes bfloat16 as '<V2'
+        raise TypeError(f"{name_of(x)} has dtype {getattr(x, 'dtype', dtype)}, which tinyknn does not read from "
+                        "CUDA memory; pass float16, float32 or float64 (e.g. x.float())")
     shape = tuple(int(n) for n in interface["shape"])
-    dtype = np.dtype(interface["typestr"])
     strides = interface.get("strides")
     pointer, readonly = interface["data"]
     framework = type(x).__module__.split(".")[0]

@@ -22,7 +22,11 @@ Conversion policy (also in docs/index-operations.md, "Input conversion", and the
   would change what is searched.
 - CUDA arrays (CuPy, torch CUDA; anything with __cuda_array_interface__ or a CUDA DLPack device) are
   described here, never copied to the host; a CPU index refuses them with a TypeError that says how
-  to move them.
+  to move them. The kernels read rows that are contiguous, any step apart; an array laid out otherwise
+  (Fortran order, a column slice, negative strides) is copied on its device by its own framework
+  (torch's .contiguous(), cupy.ascontiguousarray; other frameworks through CuPy), on the caller's
+  current stream, as NumPy input of any layout is converted.
+(Past 300 lines: host and CUDA arrays follow one conversion policy, and are kept where it is read as one.)
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from ..spec import MAX_K, parse_k
 # (2 * 2**50)**2 * 2**16 = 2**118 and the inner product stay far inside float32's 2**128.
 MAX_ABS_VALUE = float(2**50)
 FLOAT16_MAX = float(np.finfo(np.float16).max)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 INT64_MAX = int(np.iinfo(np.int64).max)
 # Host vectors are converted to the storage dtype and handed to the searcher this many bytes at a time.
 CHUNK_BYTES = 64 << 20
@@ -148,14 +153,23 @@ def check_values(array: np.ndarray, what: str, storage_dtype: str) -> None:
         raise ValueError(f"{what} contains {bad}; tinyknn accepts finite values only")
     if storage_dtype == "float16" and largest > FLOAT16_MAX:
         raise ValueError(
-            f"{what} holds {largest:g}, beyond float16's largest finite value {FLOAT16_MAX:g}; "
+            f"{what} holds {_largest_at(array)}, beyond float16's largest finite value {FLOAT16_MAX!r}; "
             "use dtype='float32' for this data"
         )
     if largest > MAX_ABS_VALUE:
+        beyond = f", beyond float32's range (largest finite {FLOAT32_MAX!r})" if largest > FLOAT32_MAX else ""
         raise ValueError(
-            f"{what} holds {largest:g}; tinyknn accepts |value| <= 2**50 ({MAX_ABS_VALUE:g}) so that "
-            "squared distances and inner products stay finite in float32"
+            f"{what} holds {_largest_at(array)}{beyond}; tinyknn accepts |value| <= 2**50 ({MAX_ABS_VALUE!r}) so "
+            "that squared distances and inner products stay finite in float32"
         )
+
+
+def _largest_at(array: np.ndarray) -> str:
+    """The value of largest magnitude and where it is, e.g. "-65504.001 at row 3, column 7": the float64
+    repr (the shortest that reads back exactly), so that it differs visibly from any limit it exceeds."""
+    where = tuple(int(i) for i in np.unravel_index(int(np.argmax(np.abs(array))), array.shape))
+    place = f"row {where[0]}, column {where[1]}" if len(where) == 2 else f"position {where}"
+    return f"{float(array[where])!r} at {place}"
 
 
 def host_rows(x, dim: int, storage_dtype: str) -> np.ndarray:
@@ -201,7 +215,52 @@ def device_matrix(x, dim: int, what: str, storage_dtype: str = "float32", querie
     elif not (storage_dtype in EIGHT_BIT and described.dtype.name in EIGHT_BIT):
         check_float_dtype(described.dtype, what, storage_dtype in EIGHT_BIT)
     check_matrix_shape(described.shape, dim, what)
+    if not rows_readable(described):
+        described = describe_device_array(_contiguous_on_device(x, described, what))
     return described
+
+
+def rows_readable(array: DeviceArray) -> bool:
+    """Whether the kernels read `array` (2-D) in place: each row's elements contiguous, rows any whole
+    number of elements >= a row apart (tinyknn.gpu.interop.row_step)."""
+    if array.strides is None or array.c_contiguous:
+        return True
+    rows, cols = array.shape
+    item = array.dtype.itemsize
+    step, column = array.strides
+    return not ((cols > 1 and column != item) or step % item or (rows > 1 and step < cols * item))
+
+
+def _contiguous_on_device(x, described: DeviceArray, what: str):
+    """A C-contiguous copy of the CUDA array x on its own device, made by its framework on the caller's
+    current stream (which tinyknn's work then waits for): torch's .contiguous(), cupy.ascontiguousarray,
+    and for other frameworks (JAX, Numba, ...) cupy.ascontiguousarray of a zero-copy CuPy view. Never
+    through the host."""
+    nbytes = int(np.prod(described.shape)) * described.dtype.itemsize
+    try:
+        if described.framework == "torch":
+            return x.contiguous()
+        try:
+            import cupy
+        except ImportError:
+            raise ValueError(
+                f"{what} must have contiguous rows (strides (row_step >= {described.shape[1] * described.dtype.itemsize}, "
+                f"{described.dtype.itemsize}) bytes); got strides {described.strides}, and CuPy, which tinyknn uses to "
+                f"copy a {described.framework} array on the device, is not installed: pass a contiguous copy") from None
+        if described.framework == "cupy":
+            with x.device:
+                return cupy.ascontiguousarray(x)
+        view = cupy.asarray(x) if described.keepalive is None else cupy.from_dlpack(x)
+        with view.device:
+            return cupy.ascontiguousarray(view)
+    except MemoryError as exc:                   # CuPy's OutOfMemoryError is one
+        raise MemoryError(f"{what}: a contiguous copy of the {described.framework} array ({nbytes:,} bytes, "
+                          f"strides {described.strides}) does not fit in device memory: {exc}") from None
+    except RuntimeError as exc:                  # torch.OutOfMemoryError is a RuntimeError
+        if "out of memory" not in str(exc).lower():
+            raise
+        raise MemoryError(f"{what}: a contiguous copy of the {described.framework} array ({nbytes:,} bytes, "
+                          f"strides {described.strides}) does not fit in device memory: {exc}") from None
 
 
 def check_k(k) -> int:

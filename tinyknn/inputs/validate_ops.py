@@ -76,10 +76,13 @@ def id_list(values, what: str) -> np.ndarray:
 
 
 def one_id(value, what: str) -> int:
-    """A single id (for `id in index`): a Python or NumPy integer, not a bool."""
+    """A single id (for `id in index`): a Python or NumPy integer in int64's range, not a bool."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{what} must be an integer id; got {value!r} ({type(value).__name__})")
-    return int(value)
+    number = int(value)
+    if not -INT64_MAX - 1 <= number <= INT64_MAX:
+        raise ValueError(f"{what} must lie in int64's range; got {number}")
+    return number
 
 
 def radius(value, metric: str) -> float:
