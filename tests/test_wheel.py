@@ -123,7 +123,7 @@ import numpy as np   # (before the blocker's first use: numpy itself never asks 
 import tinyknn
 
 modules = sorted(m.name for m in pkgutil.walk_packages(tinyknn.__path__, "tinyknn.")
-                 if not m.name.startswith("tinyknn.gpu")
+                 if not m.name.startswith("tinyknn.gpu") and not m.name.endswith(".__main__")
                  and (m.name != "tinyknn.sklearn" or importlib.util.find_spec("sklearn")))
 for name in modules:
     importlib.import_module(name)
