@@ -145,9 +145,10 @@ def test_failed_compile_shows_the_compiler_output(cache_dir, tiny_sources):
     assert not list((cache_dir / "cpu").glob("libtinyknn-*.so*[!k]"))  # no library, no temporary file
 
 
-def test_unwritable_cache_builds_once_in_a_per_user_folder(tmp_path, tiny_sources, count_compiles, monkeypatch):
-    """Issue 11 row 11: a cache that cannot be written: one warning, the build goes to a persistent per-user
-    folder (not a fresh temporary one per process), a later process finds it there, nothing is left behind."""
+@pytest.fixture
+def unwritable_cache(tmp_path, monkeypatch):
+    """TINYKNN_CACHE_DIR names a regular file (a cache that cannot be written); temporary folders go to
+    tmp_path/tmp. Yields the blocking file."""
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("TINYKNN_CACHE_DIR", str(blocker))
@@ -155,46 +156,41 @@ def test_unwritable_cache_builds_once_in_a_per_user_folder(tmp_path, tiny_source
     (tmp_path / "tmp").mkdir()
     reset_config()
     cache._fallback_dir.cache_clear()
-    try:
-        with pytest.warns(RuntimeWarning, match="cannot write its cache") as caught:
-            path = build.build_library()
-        assert len([w for w in caught if "cannot write" in str(w.message)]) == 1
-        assert path.is_file() and blocker not in path.parents and path.parent.parent.name.startswith("tinyknn-")
-        cache._fallback_dir.cache_clear()      # a new process
-        with pytest.warns(RuntimeWarning, match="cannot write its cache"):
-            assert build.build_library() == path
-        assert len(count_compiles) == 1
-        assert sorted(p.name for p in (tmp_path / "tmp").iterdir()) == [path.parent.parent.name]
-        assert not list(path.parent.glob("*.tmp*"))
-    finally:
-        cache._fallback_dir.cache_clear()
-        reset_config()
+    yield blocker
+    cache._fallback_dir.cache_clear()
+    reset_config()
+
+
+def test_unwritable_cache_builds_once_in_a_per_user_folder(tmp_path, tiny_sources, count_compiles, unwritable_cache):
+    """Issue 11 row 11: a cache that cannot be written: one warning, the build goes to a persistent per-user
+    folder (not a fresh temporary one per process), a later process finds it there, nothing is left behind."""
+    blocker = unwritable_cache
+    with pytest.warns(RuntimeWarning, match="cannot write its cache") as caught:
+        path = build.build_library()
+    assert len([w for w in caught if "cannot write" in str(w.message)]) == 1
+    assert path.is_file() and blocker not in path.parents and path.parent.parent.name.startswith("tinyknn-")
+    cache._fallback_dir.cache_clear()      # a new process
+    with pytest.warns(RuntimeWarning, match="cannot write its cache"):
+        assert build.build_library() == path
+    assert len(count_compiles) == 1
+    assert sorted(p.name for p in (tmp_path / "tmp").iterdir()) == [path.parent.parent.name]
+    assert not list(path.parent.glob("*.tmp*"))
 
 
 def test_a_later_process_with_an_unwritable_cache_is_not_told_of_a_build(tmp_path, tiny_sources, count_compiles,
-                                                                         monkeypatch):
+                                                                         unwritable_cache):
     """The warning of a process that finds the library already built in the per-user folder (in 0.2 s)
     used to say "building the CPU library in ..."; it now says where the library is kept, and claims no build."""
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder")
-    monkeypatch.setenv("TINYKNN_CACHE_DIR", str(blocker))
-    monkeypatch.setattr(cache.tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    reset_config()
-    cache._fallback_dir.cache_clear()
-    try:
-        with pytest.warns(RuntimeWarning, match="cannot write its cache"):
-            path = build.build_library()
-        cache._fallback_dir.cache_clear()      # a new process
-        with pytest.warns(RuntimeWarning) as caught:
-            assert build.build_library() == path
-        messages = [str(w.message) for w in caught]
-        assert len(count_compiles) == 1 and len(messages) == 1, messages
-        assert messages[0] == (f"tinyknn cannot write its cache {blocker / 'cpu'}; it keeps the CPU library in "
-                               f"{path.parent} instead"), messages
-    finally:
-        cache._fallback_dir.cache_clear()
-        reset_config()
+    blocker = unwritable_cache
+    with pytest.warns(RuntimeWarning, match="cannot write its cache"):
+        path = build.build_library()
+    cache._fallback_dir.cache_clear()      # a new process
+    with pytest.warns(RuntimeWarning) as caught:
+        assert build.build_library() == path
+    messages = [str(w.message) for w in caught]
+    assert len(count_compiles) == 1 and len(messages) == 1, messages
+    assert messages[0] == (f"tinyknn cannot write its cache {blocker / 'cpu'}; it keeps the CPU library in "
+                           f"{path.parent} instead"), messages
 
 
 def test_a_compiler_that_produces_nothing_is_a_clear_error(cache_dir, tiny_sources, monkeypatch):

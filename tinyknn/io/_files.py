@@ -136,3 +136,12 @@ def atomic_path(path):
             os.unlink(temporary)
         raise
     _fsync_directory(target.parent)
+
+
+def element_of(path, extension: str, elements: dict, family: str) -> np.dtype:
+    """The element dtype a `family` file's extension names, or a ValueError naming the file and the choices."""
+    try:
+        return elements[extension]
+    except KeyError:
+        raise ValueError(f"{shown(path)}: unknown {family} extension {extension!r}; expected one of "
+                         f"{', '.join(elements)}") from None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._files import atomic_write, check_slice, file_size, read_head, shown, unpack, write_rows
+from ._files import atomic_write, check_slice, element_of, file_size, read_head, shown, unpack, write_rows
 
 ELEMENTS = {".fbin": np.dtype("<f4"), ".f16bin": np.dtype("<f2"), ".hbin": np.dtype("<f2"),
             ".u8bin": np.dtype("u1"), ".i8bin": np.dtype("i1"), ".ibin": np.dtype("<i4"),
@@ -31,11 +31,7 @@ NARROW, WIDE = 8, 16
 
 
 def _element(path, extension: str) -> np.dtype:
-    try:
-        return ELEMENTS[extension]
-    except KeyError:
-        raise ValueError(f"{shown(path)}: unknown big-ann extension {extension!r}; expected one of "
-                         f"{', '.join(ELEMENTS)}") from None
+    return element_of(path, extension, ELEMENTS, "big-ann")
 
 
 def _other_sizes(size: int, count: int, extension: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._files import (atomic_write, check_slice, file_size, read_head, sample_positions, shown, unpack,
+from ._files import (atomic_write, check_slice, element_of, file_size, read_head, sample_positions, shown, unpack,
                      write_rows)
 
 ELEMENTS = {".fvecs": np.dtype("<f4"), ".bvecs": np.dtype("u1"), ".ivecs": np.dtype("<i4")}
@@ -21,11 +21,7 @@ MAX_DIM = 1 << 24            # far beyond any real vector; a larger first prefix
 
 
 def _element(path, extension: str) -> np.dtype:
-    try:
-        return ELEMENTS[extension]
-    except KeyError:
-        raise ValueError(f"{shown(path)}: unknown TEXMEX extension {extension!r}; expected one of "
-                         f"{', '.join(ELEMENTS)}") from None
+    return element_of(path, extension, ELEMENTS, "TEXMEX")
 
 
 def _hint(size: int, dim: int, extension: str) -> str:
