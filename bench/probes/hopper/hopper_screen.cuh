@@ -193,11 +193,11 @@ __host__ __device__ constexpr int tile_queries(int MW, bool COOP) { return 64 * 
 constexpr int SCALAR_SLOTS = 8;   // per-tile scalar buffers (|x|^2 bound and r_x of BN rows each)
 __host__ __device__ constexpr int smem_bytes(int BN, int MW, bool COOP, int STAGES) {
   return 1024 + STAGES * (tile_queries(MW, COOP) + BN) * 128 + SCALAR_SLOTS * 2 * BN * 4 +
-         8 * (2 * STAGES + 2 * SCALAR_SLOTS);
+         8 * (2 * STAGES + 2 * SCALAR_SLOTS + 2);
 }
 
 // Watchdog codes (where a wait gave up): 1 producer/empty, 2 producer/scalar slot, 3 consumer/full,
-// 4 consumer/scalars, 5 producer/tail.
+// 4 consumer/scalars, 5 producer/tail, 6 consumer/pingpong order.
 //
 // CL (COOP only): CTAs per cluster sharing each row tile. The CL CTAs of a cluster take the same row
 // tile and CL consecutive query tiles; each CTA loads BN / CL of the tile's rows and multicasts them to
@@ -239,6 +239,7 @@ __device__ __forceinline__ void screen_body(const TensorMap* tmap_q, const Tenso
   auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
   auto sfull = [&](int b) { return bars + 8u * (2 * STAGES + b); };
   auto sempty = [&](int b) { return bars + 8u * (2 * STAGES + SCALAR_SLOTS + b); };
+  auto order = [&](int c) { return bars + 8u * (2 * STAGES + 2 * SCALAR_SLOTS + c); };
 
   const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
   const int rank = CL > 1 ? (int)cluster_rank() : 0;
@@ -253,6 +254,8 @@ __device__ __forceinline__ void screen_body(const TensorMap* tmap_q, const Tenso
       mbar_init(sfull(b), 1);
       mbar_init(sempty(b), CONSUMER_WARPS);
     }
+    mbar_init(order(0), 4);
+    mbar_init(order(1), 4);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   if constexpr (CL > 1) cluster_sync();   // the peers' barriers exist before anyone multicasts or arrives
@@ -335,6 +338,10 @@ __device__ __forceinline__ void screen_body(const TensorMap* tmap_q, const Tenso
       const float rmax = EPI == 1 ? __ldg(tile_rmax + rt) : 0.0f;
 
       // ---- k loop ----
+      // pingpong: a WG starts waiting on its tile's stages only after the other WG has passed the waits
+      // of the tile before (order[c]): a full barrier's parity names only the next completion, so no
+      // waiter may run more than one generation of a slot ahead (with k_blocks >= STAGES it would).
+      if (!COOP && i > 0) mbar_wait(order(c), ((i - 1) >> 1) & 1, watchdog, 6);
       int pos = i * k_blocks;
       for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
         const int s = pos % STAGES;
@@ -354,6 +361,7 @@ __device__ __forceinline__ void screen_body(const TensorMap* tmap_q, const Tenso
           release((pos - 1) % STAGES);
         }
       }
+      if (!COOP && lane == 0) mbar_arrive(order(1 - c));   // every full wait of this tile is behind us
       wgmma_wait<0>();
       release((pos - 1) % STAGES);
 #pragma unroll

@@ -67,7 +67,7 @@ class Variant:
     @property
     def smem(self) -> int:
         return (1024 + self.stages * (self.tile_q + self.bn) * 128 + SCALAR_SLOTS * 2 * self.bn * 4
-                + 8 * (2 * self.stages + 2 * SCALAR_SLOTS))
+                + 8 * (2 * self.stages + 2 * SCALAR_SLOTS + 2))
 
     @property
     def bk(self) -> int:
