@@ -453,6 +453,21 @@ def check_survivors(d: Data, v: Variant, ref: Reference, thr, e, f, counts, surv
             "bad_positions": bad, "listed": listed_total, "overflowed_queries": overflowed, "example": example}
 
 
+def diagnose(got, exact, wrong, limit: int = 6) -> list:
+    """For a few wrong elements: where (query, row) in the exact product the dumped value sits, if anywhere
+    (a mapping error moves values; a layout/swizzle error makes values that are nowhere)."""
+    import torch
+
+    out = []
+    for qi, ri in wrong.nonzero()[:limit].tolist():
+        value = float(got[qi, ri])
+        dist = (exact - value).abs()
+        where = (dist == dist.min()).nonzero()[0].tolist()
+        out.append({"at": [qi, ri], "got": value, "want": float(exact[qi, ri]), "closest_at": where,
+                    "closest_diff": float(dist.min())})
+    return out
+
+
 def check_dump(d: Data, ref: Reference, dump) -> dict:
     """Raw accumulators against float64 dot products of the kernel's inputs: every element written,
     |acc - dot| <= gamma sum|q~ x~| + flush (f16), equal (8-bit)."""
@@ -471,11 +486,20 @@ def check_dump(d: Data, ref: Reference, dump) -> dict:
         finite = torch.isfinite(ratio)
         worst = float(ratio[finite].max()) if bool(finite.any()) else None
         ulps = err / (2.0 ** -24 * magnitude.clamp(min=1e-30))
-        return {"unwritten": unwritten, "over_bound": int((err > allowed).sum()), "worst_err_over_bound": worst,
-                "median_err_over_bound": float(ratio[finite].median()) if bool(finite.any()) else None,
-                "worst_err_in_2^-24_of_sum|p|": float(ulps.max()), "max_abs_err": float(err.max())}
+        wrong = ~(err <= allowed)
+        out = {"unwritten": unwritten, "over_bound": int(wrong.sum()), "worst_err_over_bound": worst,
+               "median_err_over_bound": float(ratio[finite].median()) if bool(finite.any()) else None,
+               "worst_err_in_2^-24_of_sum|p|": float(ulps[torch.isfinite(ulps)].max()) if bool(torch.isfinite(ulps).any()) else None,
+               "max_abs_err": float(err[torch.isfinite(err)].max()) if bool(torch.isfinite(err).any()) else None}
+        if int(wrong.sum()):
+            out["diagnosis"] = diagnose(dump.double(), exact, wrong)
+        return out
     got = dump.view(torch.int32).double()
-    return {"unwritten": unwritten, "mismatches": int((got != exact).sum())}
+    wrong = got != exact
+    out = {"unwritten": unwritten, "mismatches": int(wrong.sum())}
+    if int(wrong.sum()):
+        out["diagnosis"] = diagnose(got, exact, wrong)
+    return out
 
 
 # ---- back ends ----------------------------------------------------------------------------------
