@@ -3,11 +3,13 @@
 
 A --rows x --dim float32 l2 index (default 200,000 x 128, standard normal, seeded); --threads (8) threads
 each search --queries (1) host queries, k = 10, in a loop. An add of --add-rows (2,000) rows is timed with
-every searching thread parked (idle) and with all of them searching (loaded), round after round,
+every searching thread parked (idle) and with all of them searching (loaded: each loaded add starts once
+the threads have done as many searches as there are threads since the add before it), round after round,
 alternately, so that a change in the machine's load meets both sides alike; each added batch is removed
 again, untimed, so the index keeps its size. The target (tests/test_cpu_reliability.py): the loaded
-median at most 5x the idle median. Also kept: each side's spread, the searches done while loaded, and
-one search's idle time (what an add may wait for: the searches already running finish first).
+median at most 5x the idle median. Also kept: each side's spread, the searches done during the loaded adds,
+the threads' rate with no add, and one search's idle time (what an add may wait for: the searches already
+running finish first).
 
     PYTHONPATH=$PWD python3 bench/add_under_search.py --device cpu|cuda [--rounds 15] [--quick]
 
@@ -101,6 +103,12 @@ class Searchers:
             self._running = False
             self._state.wait_for(lambda: self._parked == len(self._threads))
 
+    def wait_for_searches(self, count: int, timeout_s: float = 10.0) -> None:
+        """Returns once `count` more searches have finished (or after timeout_s), sleeping meanwhile."""
+        target, deadline = sum(self.searches) + count, time.perf_counter() + timeout_s
+        while sum(self.searches) < target and time.perf_counter() < deadline and not self.errors:
+            time.sleep(0.0005)
+
     def resume(self) -> None:
         with self._state:
             self._running = True
@@ -126,7 +134,9 @@ def timed_add(index, batch: np.ndarray, first_id: int) -> float:
 
 def measure(index, batch: np.ndarray, searchers: Searchers, rounds: int, adds: int, settle_s: float,
             first_id: int) -> dict:
-    """Idle and loaded add times, alternating round by round (see the module doc)."""
+    """Idle and loaded add times, alternating round by round (see the module doc). Each loaded add starts once
+    every thread is searching again: after as many searches as threads since the add before it (back to
+    back, the threads could still be waiting for the GIL, and the add would meet no search at all)."""
     idle, loaded, searches, loaded_s = [], [], 0, 0.0
     next_id = first_id
     for _ in range(rounds):
@@ -136,16 +146,36 @@ def measure(index, batch: np.ndarray, searchers: Searchers, rounds: int, adds: i
             next_id += len(batch)
         searchers.resume()
         time.sleep(settle_s)
-        before, start = sum(searchers.searches), time.perf_counter()
         for _ in range(adds):
+            searchers.wait_for_searches(len(searchers.searches))
+            before, start = sum(searchers.searches), time.perf_counter()
             loaded.append(timed_add(index, batch, next_id))
             next_id += len(batch)
-        loaded_s += time.perf_counter() - start
-        searches += sum(searchers.searches) - before
+            loaded_s += time.perf_counter() - start
+            searches += sum(searchers.searches) - before
     searchers.pause()
     if searchers.errors:
         raise searchers.errors[0]
     return {"idle": idle, "loaded": loaded, "searches_while_loaded": searches, "loaded_s": loaded_s}
+
+
+def figure(got: dict, args, ratio: float):
+    """Every add's time, idle and loaded, in the order taken (None without matplotlib)."""
+    try:
+        plt = _common.pyplot()
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for side, colour in (("idle", "tab:blue"), ("loaded", "tab:red")):
+        ms = np.array(got[side]) * 1e3
+        ax.plot(ms, "o", ms=3, color=colour, label=f"{side}: median {np.median(ms):.2f} ms")
+    ax.set_yscale("log")
+    ax.set_xlabel("add, in the order taken (rounds alternate idle and loaded)")
+    ax.set_ylabel("ms")
+    ax.set_title(f"add of {args.add_rows:,} rows to {args.rows:,} x {args.dim} ({args.device}), "
+                 f"{args.threads} searching threads: {ratio:.1f}x", fontsize=9)
+    ax.legend(fontsize=8)
+    return fig
 
 
 def main(argv=None) -> int:
@@ -186,17 +216,19 @@ def main(argv=None) -> int:
         "met": ratio <= TARGET_RATIO,
         "one_search_idle_us": search_s * 1e6,
         "searches_per_s_no_add": searches_per_s,
-        "searches_per_s_while_loaded": got["searches_while_loaded"] / max(got["loaded_s"], 1e-9),
+        "searches_during_loaded_adds": got["searches_while_loaded"],
+        "searches_per_s_during_loaded_adds": got["searches_while_loaded"] / max(got["loaded_s"], 1e-9),
         "samples_s": {"idle": got["idle"], "loaded": got["loaded"]},
     }
     label = _common.device_label(env) if args.device == "cuda" else "cpu-" + _common._slug(env["cpu"])[:40]
-    paths = _common.write_results("add_under_search", payload, env=env, out_dir=args.out_dir, label=label)
+    paths = _common.write_results("add_under_search", payload, figure(got, args, ratio), env=env,
+                                  out_dir=args.out_dir, label=label)
     print(f"device {args.device}: add of {args.add_rows:,} rows to {args.rows:,} x {args.dim}: idle "
           f"{idle * 1e3:.2f} ms, under {args.threads} searching threads {loaded * 1e3:.2f} ms "
           f"(p90 {payload['loaded_add']['p90_us'] / 1e3:.2f} ms): {ratio:.1f}x, target <= {TARGET_RATIO:g}x "
           f"{'met' if payload['met'] else 'MISSED'}; one search idle {search_s * 1e3:.2f} ms; "
           f"{args.threads} threads search {searches_per_s:.0f}/s with no add, "
-          f"{payload['searches_per_s_while_loaded']:.0f}/s through the loaded adds")
+          f"{payload['searches_per_s_during_loaded_adds']:.0f}/s during the loaded adds")
     print(f"wrote {paths['json']}")
     return 0
 
