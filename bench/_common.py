@@ -8,7 +8,7 @@ Stable API (other bench scripts import it):
     median_us(samples) -> float      median of samples given in seconds, in microseconds
     summary_us(samples) -> dict      median, p10, p90, min, max (us) and n
     pyplot()                         matplotlib.pyplot with the Agg backend (no display needed)
-    write_results(name, payload, figure=None, env=None) -> dict[str, Path]
+    write_results(name, payload, figure=None, env=None, out_dir=None, label=None) -> dict[str, Path]
         bench/results/<name>_<date>_<device>.json (+ .png); clocks are read again "after".
 """
 
@@ -185,13 +185,14 @@ def device_label(env: dict) -> str:
 
 
 def write_results(name: str, payload: dict, figure=None, env: dict | None = None,
-                  out_dir: Path | None = None) -> dict:
-    """Write <name>_<date>_<device>.json (and .png from a matplotlib figure); returns their paths."""
+                  out_dir: Path | None = None, label: str | None = None) -> dict:
+    """Write <name>_<date>_<device>.json (and .png from a matplotlib figure); returns their paths. `label`: the
+    device part of the name when it is not device_label(env) (a CPU run on a machine that has a GPU)."""
     env = dict(env) if env is not None else environment()
     env["nvidia_smi_after"] = gpu_clocks()
     out_dir = Path(out_dir) if out_dir is not None else RESULTS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{name}_{env['date']}_{device_label(env)}"
+    stem = f"{name}_{env['date']}_{label or device_label(env)}"
     paths = {"json": out_dir / f"{stem}.json"}
     text = json.dumps({"benchmark": name, "environment": env, "results": payload}, indent=2, default=str)
     paths["json"].write_text(text + "\n")

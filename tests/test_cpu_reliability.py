@@ -1,6 +1,6 @@
 """The CPU library under failure and load (issue 11 rows 2, 15, 16): an add that fails changes nothing,
-truncate undoes a part-done add, an add is not starved by searching threads, an add's memory stays near the
-data's size."""
+truncate undoes a part-done add, an add under searching threads takes at most 5x its idle time, an add's memory
+stays near the data's size."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import statistics
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -96,43 +94,47 @@ def test_truncate_drops_the_rows_of_a_failed_chunked_add(rng, metric):
     assert_exact(distances, ids, db[:4000] + 100, q[:3] + 100, 7, metric)
 
 
-def test_add_is_not_starved_by_eight_searching_threads(rng):
-    """Issue 11 row 15: an add of 2,000 rows while 8 threads search takes at most about 5x its idle time (the
-    library's gate lets a waiting add in before searches that arrive after it)."""
-    db = rng.standard_normal((20000, 32)).astype(np.float32)
-    extra = rng.standard_normal((2000, 32)).astype(np.float32)
-    q = rng.standard_normal((1, 32)).astype(np.float32)
-    index = tinyknn.Index(32)
-    index.add(db)
-
-    def timed_adds(count):
-        times = []
-        for _ in range(count):
-            start = time.perf_counter()
-            index.add(extra)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    idle = timed_adds(7)
-    stop = threading.Event()
-
-    def search():
-        while not stop.is_set():
-            index.search(q, 10)
-
-    workers = [threading.Thread(target=search) for _ in range(8)]
-    for worker in workers:
-        worker.start()
+def test_an_add_under_eight_searching_threads_takes_at_most_5x_its_idle_time(rng):
+    """An add of 2,000 rows to a 200,000 x 128 index while 8 threads each search one query in a loop takes at
+    most 5x the same add with no search running, median against median, with no allowance. The measurement
+    is bench/add_under_search.py's: idle and loaded adds alternate round by round, so a change in the
+    machine's load meets both sides alike. The library's gate (kernels/cpu/gate.h) lets the add wait for the
+    searches already running and nothing else, runs no more searches at once than there are cores, and
+    resumes the searches a grace after the add, once its thread is back in Python. Before: 5-8x on 2 cores
+    of the GPU machine, 9-17x on the shared 2-core VM (where the old test passed only by +20 ms)."""
+    bench = add_under_search_bench()
+    x = rng.standard_normal((200_000, 128), dtype=np.float32)
+    batch = rng.standard_normal((2000, 128), dtype=np.float32)
+    q = rng.standard_normal((1, 128), dtype=np.float32)
+    index = tinyknn.Index(128)
+    index.add(x, ids=np.arange(len(x)))
+    for _ in range(3):                                   # first calls: pages of the new blocks, scratch
+        index.search(q, 10)
+        bench.timed_add(index, batch, len(x))
+    searchers = bench.Searchers(index, q, 10, 8)
     try:
-        time.sleep(0.2)
-        loaded = timed_adds(7)
+        got = bench.measure(index, batch, searchers, rounds=15, adds=3, settle_s=0.05, first_id=len(x))
     finally:
-        stop.set()
-        for worker in workers:
-            worker.join()
-    print(f"add of 2,000 rows: idle {idle * 1e3:.1f} ms, under 8 searching threads {loaded * 1e3:.1f} ms")
-    # (+ 20 ms: a search in flight when the add arrives finishes first, and this machine may be shared)
-    assert loaded <= 5 * idle + 0.020, (idle, loaded)
+        searchers.stop()
+    idle, loaded = statistics.median(got["idle"]), statistics.median(got["loaded"])
+    print(f"add of 2,000 rows: idle {idle * 1e3:.2f} ms, under 8 searching threads {loaded * 1e3:.2f} ms "
+          f"({loaded / idle:.1f}x; {got['searches_while_loaded']} searches meanwhile)")
+    assert got["searches_while_loaded"] >= 8, got["searches_while_loaded"]
+    assert loaded <= 5 * idle, (idle, loaded)
+    assert index.ntotal == len(x)                        # every added batch was removed again
+    assert_exact(*index.search(q, 10), x, q, 10, "l2")
+
+
+def add_under_search_bench():
+    """bench/add_under_search.py as a module (its harness is what the test measures with)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "add_under_search.py"
+    spec = importlib.util.spec_from_file_location("add_under_search", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_peak_memory_of_an_add_stays_near_the_data(tmp_path):

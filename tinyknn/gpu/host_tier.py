@@ -40,6 +40,7 @@ from .device import ensure_context
 from .host_merge import LARGER_IS_BETTER, Best, contract_keys, hit_order
 from .host_rows import HostRows, pinned_memory
 from .host_worker import Bus, Budget, ChunkWorker
+from .turns import Turns
 
 CHUNK_BYTES = 1 << 30          # host rows per chunk without a cap
 WORKERS = 2
@@ -87,7 +88,7 @@ class HostTierSearcher:
         self._slots: list[_Slot] = []
         self._free: queue.Queue[_Slot] = queue.Queue()
         self._local_ids, self._free_local_ids = np.empty(0, dtype=np.int64), None
-        self._lock = threading.Lock()           # one public operation at a time
+        self._lock = Turns()                    # one public operation at a time, changes first
         self._closed = False
         try:
             for _ in range(WORKERS):
@@ -211,20 +212,20 @@ class HostTierSearcher:
         if isinstance(vectors, DeviceArray):
             raise TypeError("an index with storage='host' adds host (NumPy) arrays; pass x.get() (CuPy) or "
                             "x.cpu().numpy() (torch)")
-        with self._lock:
+        with self._lock.change:
             self._check_open()
             self._store.append(vectors, np.asarray(ids, dtype=np.int64))
 
     def append_with(self, count: int, write) -> None:
         """Append `count` rows that write(rows_view, ids_view) fills in place, straight in pinned memory
         (benchmarks and loaders that produce data there; values are not checked)."""
-        with self._lock:
+        with self._lock.change:
             self._check_open()
             self._store.append_with(count, write)
 
     def reserve(self, n_rows: int) -> None:
         """Allocate room for exactly n_rows rows now (one pinned allocation instead of doublings)."""
-        with self._lock:
+        with self._lock.change:
             self._check_open()
             self._store.reserve(n_rows, exact=True)
 
@@ -293,7 +294,7 @@ class HostTierSearcher:
 
     def remove_rows(self, positions) -> tuple[np.ndarray, np.ndarray]:
         positions = np.unique(np.asarray(positions, dtype=np.int64))
-        with self._lock:
+        with self._lock.change:
             self._check_open()
             return self._store.remove(positions)
 
@@ -304,12 +305,12 @@ class HostTierSearcher:
             return self._store.get(positions)
 
     def truncate(self, n_rows: int) -> None:
-        with self._lock:
+        with self._lock.change:
             self._check_open()
             self._store.truncate(n_rows)
 
     def reset(self) -> None:
-        with self._lock:
+        with self._lock.change:
             self._check_open()
             self._store.truncate(0)
 
@@ -321,7 +322,7 @@ class HostTierSearcher:
 
     def close(self) -> None:
         """Free the workers (device memory, streams), the pinned rows and staging; once."""
-        with self._lock:
+        with self._lock.change:
             if self._closed:
                 return
             self._closed = True

@@ -42,7 +42,7 @@ class RowOperations:
         """Remove rows at once: the last live rows move into the holes (O(removed x dim), no later
         slowdown). Returns (moved_from, moved_to), the rows that moved."""
         positions = np.unique(np.asarray(positions, dtype=np.int64))
-        with self._lock:
+        with self._lock.change:
             self._check_open()
             if len(positions) and (positions[0] < 0 or positions[-1] >= self._n):
                 raise ValueError(f"remove_rows: positions must be in [0, {self._n}); got {positions[0]}..{positions[-1]}")

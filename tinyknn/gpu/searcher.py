@@ -25,15 +25,15 @@ NaN check on the device), results written straight into arrays of the caller's f
 stream waits for the caller's current stream and the caller's stream waits for the results
 (events). The NaN flag is read back, so the call returns once the results are ready.
 
-Threads: one lock per index serialises its searches and adds (they share the staging, the plans and
-the stream); the GPU work of one search already fills the device.
+Threads: an index's calls take turns, one at a time (they share the staging, the plans and the stream;
+the GPU work of one search already fills the device); a change (add, remove, truncate, reset) that waits
+goes ahead of the searches still waiting (tinyknn.gpu.turns).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -50,6 +50,7 @@ from .device_search import DeviceQueries
 from .host_search import HostQueries
 from .memory import DeviceBuffer, Event, PinnedBuffer, Stream
 from .row_ops import RowOperations
+from .turns import Turns
 
 MAX_ROWS = 2**31 - 1            # positions are int32 in the kernels
 ADD_CHUNK_BYTES = 64 << 20      # host vectors are copied to the device in chunks of this size
@@ -80,7 +81,7 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
         self._stride = render.row_layout(dim, dtype)[1]
         self._itemsize = render.ITEMSIZE[dtype]
         self._row_bytes = self._stride * self._itemsize
-        self._lock = threading.Lock()
+        self._lock = Turns()
         self._stream = Stream()
         self._events = (Event(timing=False), Event(timing=False))
         self._buffers: dict[str, DeviceBuffer | PinnedBuffer] = {}
@@ -136,7 +137,7 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
     # -- the Searcher protocol ------------------------------------------------------------------------
     def add(self, vectors, ids: np.ndarray) -> None:
         """Append rows (a validated host array in the storage dtype, or a CUDA array) with their ids."""
-        with self._lock:
+        with self._lock.change:
             self._check_open()
             n = len(ids)
             if self._n + n > MAX_ROWS:
@@ -235,7 +236,7 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
     def truncate(self, n_rows: int) -> None:
         """Drop every row from n_rows on (Index.add undoes a failed piece of a chunked add with it). The
         row statistics stay as they were: a larger maximum or smaller minimum only loosens the bounds."""
-        with self._lock:
+        with self._lock.change:
             self._check_open()
             if not 0 <= n_rows <= self._n:
                 raise ValueError(f"truncate: n_rows must be between 0 and {self._n}; got {n_rows}")
@@ -244,7 +245,7 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
             self._forget_plans()
 
     def reset(self) -> None:
-        with self._lock:
+        with self._lock.change:
             self._check_open()
             self._n = 0
             self._screen = type(self._screen)(self)
@@ -265,7 +266,7 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
 
     def close(self) -> None:
         """Free every device and pinned buffer, the graphs, events and the stream (once)."""
-        with self._lock:
+        with self._lock.change:
             if self._closed:
                 return
             self._closed = True
