@@ -106,9 +106,9 @@ class PreparedSearch:
         """What index.search accepts, checked and converted by the Index, with the bound query count."""
         queries = self.index._queries(q)
         if tuple(queries.shape) != self._shape:
-            raise ValueError(f"this prepared search takes {self.n_queries} queries of dim {self._shape[1]} per call "
-                             f"(shape {self._shape}); got shape {tuple(queries.shape)}: prepare another with "
-                             "index.prepare_search(k, n_queries), or call index.search")
+            raise ValueError(f"this prepared search was made for n_queries={self.n_queries} (shape {self._shape}); "
+                             f"got shape {tuple(queries.shape)}: prepare another with index.prepare_search(k, "
+                             "n_queries), or call index.search")
         return queries
 
     def close(self) -> None:
