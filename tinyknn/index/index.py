@@ -30,7 +30,7 @@ from .ids import IdMap
 from .labels import Labels
 from .layout import LabelLayout
 from .persist import FILE_FORMAT, FILE_VERSION  # noqa: F401 - re-exported for callers and tests
-from .prepared import PreparedSearch, writer as _writer
+from .prepared import PreparedSearch, search_into as _search_into
 from ..spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
 
 
@@ -192,7 +192,7 @@ class Index:
         k = _ops.search_k(k)
         queries = self._queries(q)
         if out is not None:
-            return self._search_into(searcher, queries, k, filter, labels, out)
+            return self._search_out(searcher, queries, k, filter, labels, out)
         if filter is None and labels is None:
             return self._handover.whole_adds_only(searcher.search, queries, k)
         self._reorder_if_due(searcher, labels)
@@ -200,18 +200,17 @@ class Index:
             parts = self._groups(queries, filter, labels)
             return _groups.knn(searcher.search, queries, queries.shape[0], k, parts)
 
-    def _search_into(self, searcher: Searcher, queries, k: int, filter, labels, out) -> tuple[Any, Any]:
+    def _search_out(self, searcher: Searcher, queries, k: int, filter, labels, out) -> tuple[Any, Any]:
         """search(..., out=out): the caller's arrays checked before anything is written, then filled."""
         given, targets, queries = _outputs.checked(out, queries, k)
-        write = _writer(searcher, targets)
         if filter is None and labels is None:
-            self._handover.whole_adds_only(write, queries, k)
+            self._handover.whole_adds_only(_search_into, searcher, queries, k, None, targets)
             return given
         self._reorder_if_due(searcher, labels)
         with self._view:
             parts = self._groups(queries, filter, labels)
             if len(parts) == 1 and parts[0].queries is None:
-                write(queries, k, parts[0].rows)
+                _search_into(searcher, queries, k, parts[0].rows, targets)
             else:       # several labels: host queries only (_groups refuses them for CUDA queries)
                 distances, ids = _groups.knn(searcher.search, queries, queries.shape[0], k, parts)
                 np.copyto(targets[0], distances)

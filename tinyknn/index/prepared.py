@@ -32,30 +32,27 @@ from ..inputs import outputs as _outputs, validate as _validate, validate_ops as
 _FLOAT32 = np.dtype(np.float32)
 
 
-def writer(searcher, targets, **bound):
-    """The searcher call (queries, k, rows=None) that leaves its results in `targets` (checked by
-    tinyknn.inputs.outputs): straight into them where the searcher takes out=, else copied there."""
+def search_into(searcher, queries, k: int, rows, targets, prepared=None) -> None:
+    """searcher.search(queries, k, rows) with its results left in `targets` (checked by tinyknn.inputs.outputs):
+    written there by a searcher that takes out=, else copied there. prepared: the searcher's token."""
     if getattr(searcher, "takes_out", False):
-        search = searcher.search
-
-        def write(queries, k, rows=None):
-            search(queries, k, rows, out=targets, **bound)
-        return write
+        if prepared is None:
+            searcher.search(queries, k, rows, out=targets)
+        else:
+            searcher.search(queries, k, rows, out=targets, prepared=prepared)
+        return
     if isinstance(targets[0], _validate.DeviceArray):
         raise TypeError(f"this index's searcher ({type(searcher).__name__}) cannot write into CUDA arrays; "
                         "call search without out=")
-
-    def copy(queries, k, rows=None):
-        distances, ids = searcher.search(queries, k, rows)
-        np.copyto(targets[0], distances)
-        np.copyto(targets[1], ids)
-    return copy
+    distances, ids = searcher.search(queries, k, rows)
+    np.copyto(targets[0], distances)
+    np.copyto(targets[1], ids)
 
 
 class _Bound(NamedTuple):
     searcher: Any
     search: Any           # searcher.search, with the searcher's prepared token where it has one
-    extra: dict           # {"prepared": token} or {}
+    token: Any            # that token, or None
 
 
 class PreparedSearch:
@@ -75,10 +72,11 @@ class PreparedSearch:
         self._check = index.device == "cpu"
         # an 8-bit index checks its queries by its own rule (integers in range): the general path does that
         self._fast = index.dtype not in _validate.EIGHT_BIT
+        self._results = (self.n_queries, self.k)
         prepare = getattr(searcher, "prepare_search", None)
-        extra = {} if prepare is None else {"prepared": prepare(self.n_queries, self.k)}
-        self._bound: _Bound | None = _Bound(searcher, partial(searcher.search, **extra) if extra else searcher.search,
-                                            extra)
+        token = None if prepare is None else prepare(self.n_queries, self.k)
+        self._bound: _Bound | None = _Bound(
+            searcher, searcher.search if token is None else partial(searcher.search, prepared=token), token)
 
     def __call__(self, q, out=None):
         """(distances float32 (n_queries, k), ids int64 (n_queries, k)) of the queries q, as
@@ -93,13 +91,16 @@ class PreparedSearch:
                 and self._fast:
             if self._check:
                 _validate.finite_float32(q)
-            queries = q
+            if out is None:
+                return index._handover.whole_adds_only(bound.search, q, self.k)
+            targets, queries = _outputs.host(out, q, self._results)
+            given = targets
         else:
             queries = self._general(q)
-        if out is None:
-            return index._handover.whole_adds_only(bound.search, queries, self.k)
-        given, targets, queries = _outputs.checked(out, queries, self.k)
-        index._handover.whole_adds_only(writer(bound.searcher, targets, **bound.extra), queries, self.k)
+            if out is None:
+                return index._handover.whole_adds_only(bound.search, queries, self.k)
+            given, targets, queries = _outputs.checked(out, queries, self.k)
+        index._handover.whole_adds_only(search_into, bound.searcher, queries, self.k, None, targets, bound.token)
         return given
 
     def _general(self, q):
@@ -126,4 +127,4 @@ class PreparedSearch:
         return f"tinyknn PreparedSearch(k={self.k}, n_queries={self.n_queries}, {state})"
 
 
-__all__ = ["PreparedSearch", "writer"]
+__all__ = ["PreparedSearch", "search_into"]

@@ -31,16 +31,23 @@ def checked(out, queries, k: int):
     """(the caller's pair, what the searcher writes into, the queries to search) for `out`: the caller's
     arrays as a tuple, the same NumPy arrays (host queries) or their DeviceArray descriptions (CUDA
     queries), and the queries (copied when host out arrays may overlap them). Raises before any write."""
-    if out.__class__ is not tuple and not isinstance(out, (tuple, list)) or len(out) != 2:
-        shown = f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list)) else name_of(out)
-        raise TypeError(f"out must be a pair (distances, ids) of arrays, as search returns them; got {shown}")
-    shape = (queries.shape[0], k)
     if isinstance(queries, DeviceArray):
-        return tuple(out), _device_pair(out, shape, queries), queries
+        _pair_or_raise(out)
+        return tuple(out), _device_pair(out, (queries.shape[0], k), queries), queries
+    pair, queries = host(out, queries, (queries.shape[0], k))
+    return pair, pair, queries
+
+
+def host(out, queries: np.ndarray, shape: tuple[int, int]):
+    """((distances, ids), queries) for host queries and the caller's `out` of `shape` (n_queries, k): the
+    checks of the module docstring, the common case (two fresh C-contiguous arrays) in a few attribute
+    reads; the queries are copied when they may share memory with out."""
+    if out.__class__ is not tuple or len(out) != 2:
+        _pair_or_raise(out)
     distances, ids = out
     if distances.__class__ is np.ndarray and ids.__class__ is np.ndarray and distances.dtype is _FLOAT32 and \
             ids.dtype is _INT64 and distances.shape == shape and ids.shape == shape:
-        d_flags, i_flags = distances.flags, ids.flags      # the common case, in as few steps as it takes
+        d_flags, i_flags = distances.flags, ids.flags
         if not (d_flags.c_contiguous and i_flags.c_contiguous and d_flags.writeable and i_flags.writeable):
             _host_pair(out, shape)                         # raises, naming the array and what is wrong
         owned = d_flags.owndata and i_flags.owndata       # two allocations of their own: they cannot overlap
@@ -52,7 +59,13 @@ def checked(out, queries, k: int):
     if not (owned and queries.flags.owndata and queries is not distances) and (
             np.may_share_memory(distances, queries) or np.may_share_memory(ids, queries)):
         queries = queries.copy()        # the results must not overwrite queries still to be read
-    return (distances, ids), (distances, ids), queries
+    return (distances, ids), queries
+
+
+def _pair_or_raise(out) -> None:
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        shown = f"a {type(out).__name__} of length {len(out)}" if isinstance(out, (tuple, list)) else name_of(out)
+        raise TypeError(f"out must be a pair (distances, ids) of arrays, as search returns them; got {shown}")
 
 
 def _host_pair(out, shape: tuple[int, int]) -> None:
@@ -126,4 +139,4 @@ def _overlap(a: DeviceArray, b: DeviceArray) -> bool:
     return a_start < a_stop and b_start < b_stop and a_start < b_stop and b_start < a_stop
 
 
-__all__ = ["checked"]
+__all__ = ["checked", "host"]
