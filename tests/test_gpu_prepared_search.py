@@ -35,7 +35,7 @@ def filled(n: int, k: int):
 
 def _token(prepared):
     """The GPU searcher's PreparedBatch behind a prepared search (tinyknn.gpu.searcher)."""
-    return prepared._bound.extra["prepared"]
+    return prepared._bound.token
 
 
 # -- host queries --------------------------------------------------------------------------------------

@@ -34,8 +34,7 @@ class HostQueries:
                     distances[unproven], ids[unproven] = self._search_host_batch(queries[unproven], k, screen=False)
                 if out is None:
                     return distances, ids
-                np.copyto(out[0], distances)
-                np.copyto(out[1], ids)
+                out[0][...], out[1][...] = distances, ids
                 return out
         if prepared is not None and prepared.generation == self._plan_generation and not exact and \
                 prepared.n_queries == len(queries) and prepared.k == k and self._view.prefix == "":
@@ -58,8 +57,7 @@ class HostQueries:
             distances, ids = batch.distances.copy(), batch.ids.copy()
         else:
             distances, ids = out
-            np.copyto(distances, batch.distances)
-            np.copyto(ids, batch.ids)
+            distances[...], ids[...] = batch.distances, batch.ids      # (np.copyto costs twice as much here)
         unproven = np.flatnonzero(batch.status)
         if len(unproven):
             distances[unproven], ids[unproven] = self._band(unproven, k)
