@@ -17,7 +17,7 @@ import pytest
 
 import tinyknn
 from model_searcher import use_model, use_shards
-from reference import LARGER_IS_BETTER, assert_exact, exact_search
+from reference import assert_exact, exact_search
 from tinyknn.inputs import validate as _validate
 
 METRICS = ("l2", "ip", "cosine")

@@ -2,7 +2,8 @@
 
 Ids and labels map onto row positions here (tinyknn.index.ids, tinyknn.index.labels); a filtered or labelled
 search becomes searcher calls over the allowed rows (tinyknn.index.groups), and labelled searches that read
-scattered rows make the index put each label's rows together (tinyknn.index.layout). No CUDA and no ctypes here: the
+scattered rows make the index put each label's rows together (tinyknn.index.layout); searches into the caller's
+arrays (out=) and prepared searches are tinyknn.index.prepared's. No CUDA and no ctypes here: the
 searchers (tinyknn.index.backends) are imported lazily, so `import tinyknn` works on a machine with no GPU,
 driver or compiler.
 
