@@ -1,10 +1,10 @@
 """CpuSearcher: the Searcher of device="cpu", a thin owner of one index handle in the C++ library.
 
 Inputs arrive validated by tinyknn.inputs.validate (C-contiguous, the storage dtype for the database, float32
-queries), so this module only passes pointers. A search allocates nothing but its two result arrays;
-the library's threads (get_config().cpu_threads of them) do the work while the GIL is released. Answers
-keep the exactness contract (kernels/exact.cuh): the ids of an exhaustive float64 search, equal float64
-distances by the smaller id, the float64 distances rounded to float32 (kernels/cpu/verify.h).
+queries), so this module only passes pointers. A search allocates nothing but its two result arrays (none
+when the caller gives out= arrays); the library's threads (get_config().cpu_threads of them) do the work while
+the GIL is released. Answers keep the exactness contract (kernels/exact.cuh): the ids of an exhaustive float64
+search, equal float64 distances by the smaller id, the float64 distances rounded to float32 (kernels/cpu/verify.h).
 
 Index operations work on row positions (the Index maps ids and labels onto them), with GpuSearcher's meaning:
 search(rows=) over the allowed rows only (gathered into a temporary index of the library's), remove_rows
@@ -70,13 +70,20 @@ class CpuSearcher:
         self._call("adding vectors", self._library.tk_index_add, vectors.ctypes.data, vectors.shape[0],
                     ids.ctypes.data)
 
-    def search(self, queries: np.ndarray, k: int, rows=None) -> tuple[np.ndarray, np.ndarray]:
+    takes_out = True    # search(..., out=(distances, ids)) writes into the caller's arrays (tinyknn.index.prepared)
+
+    def search(self, queries: np.ndarray, k: int, rows=None, *, out=None) -> tuple[np.ndarray, np.ndarray]:
         """(distances, ids) (n_queries, k), nearest first, padded with (+-inf, -1). rows: None (every row) or the
         sorted, unique int64 positions the queries may return; they are gathered into a temporary index first,
-        so a search over 1 % of the rows reads about 1 % of the panels' rows (see kernels/cpu/search.h)."""
+        so a search over 1 % of the rows reads about 1 % of the panels' rows (see kernels/cpu/search.h).
+        out: (float32, int64) C-contiguous writeable (n_queries, k) arrays, checked by the Index
+        (tinyknn.inputs.outputs): the library writes the results there, and they are returned."""
         n_queries = queries.shape[0]
-        distances = np.empty((n_queries, k), dtype=np.float32)
-        ids = np.empty((n_queries, k), dtype=np.int64)
+        if out is None:
+            distances = np.empty((n_queries, k), dtype=np.float32)
+            ids = np.empty((n_queries, k), dtype=np.int64)
+        else:
+            distances, ids = out
         if rows is None:
             self._call("searching", self._library.tk_index_search, queries.ctypes.data, n_queries, k,
                        self._threads, distances.ctypes.data, ids.ctypes.data)

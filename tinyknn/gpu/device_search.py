@@ -13,14 +13,21 @@ from .memory import Stream, copy_host_to_address
 class DeviceQueries:
     """Mixin of GpuSearcher: batches of CUDA-array queries (the caller, search, holds the lock)."""
 
-    def _search_device(self, queries: DeviceArray, k: int):
-        """CUDA queries, batch by batch (the caller, search, holds the lock)."""
+    def _search_device(self, queries: DeviceArray, k: int, out: tuple[DeviceArray, DeviceArray] | None = None):
+        """CUDA queries, batch by batch (the caller, search, holds the lock). out: the caller's result arrays
+        (checked by tinyknn.inputs.outputs; their device here), written in place of fresh ones."""
         interop.check_device(queries, self._ordinal, "queries")
         step = interop.row_step(queries, "queries")
         n_queries = queries.shape[0]
-        distances, ids, distances_ptr, ids_ptr = interop.empty_results(queries, n_queries, k, self._ordinal)
+        if out is None:
+            distances, ids, distances_ptr, ids_ptr = interop.empty_results(queries, n_queries, k, self._ordinal)
+        else:
+            interop.check_device(out[0], self._ordinal, "out[0] (distances)")
+            interop.check_device(out[1], self._ordinal, "out[1] (ids)")
+            distances, distances_ptr = out[0].obj, out[0].ptr
+            ids, ids_ptr = out[1].obj, out[1].ptr
         caller = interop.caller_stream(queries)
-        self._wait_for_caller(caller)        # after the result arrays were allocated on it
+        self._wait_for_caller(caller)        # after the result arrays were allocated (or last used) on it
         self._buffers["status"].fill_bytes(0, 4, self._stream)
         item = queries.dtype.itemsize
         statuses = self._device("device_status", min(n_queries, plans.MAX_BATCH) * 4)  # before the plans

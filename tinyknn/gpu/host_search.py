@@ -20,18 +20,30 @@ PLAN_CACHE = 32
 class HostQueries:
     """Mixin of GpuSearcher: host batches, their plans and the band search."""
 
-    def _search_host_batch(self, queries: np.ndarray, k: int, exact: bool = False,
-                           screen: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """One batch of host queries; fresh result arrays (the only allocations of the call). Large batches
-        on a screened index go through the tensor cores (gpu/screen.py); what it cannot settle comes here."""
+    def _search_host_batch(self, queries: np.ndarray, k: int, exact: bool = False, screen: bool = True,
+                           out=None, prepared=None) -> tuple[np.ndarray, np.ndarray]:
+        """One batch of host queries; fresh result arrays (the only allocations of the call), or the caller's
+        `out` (written only once the queries' values are known good). Large batches on a screened index go
+        through the tensor cores (gpu/screen.py); what it cannot settle comes here. prepared: a
+        PreparedBatch (searcher.py) of this shape, whose bound batch is used while it is still valid."""
         if screen and not exact and self.use_screen and self._screen.applies(len(queries), k):
             screened = self._screen.search(queries, k)
             if screened is not None:
                 distances, ids, unproven = screened
                 if len(unproven):
                     distances[unproven], ids[unproven] = self._search_host_batch(queries[unproven], k, screen=False)
-                return distances, ids
-        batch = self._host_batch(len(queries), k, exact)
+                if out is None:
+                    return distances, ids
+                out[0][...], out[1][...] = distances, ids
+                return out
+        if prepared is not None and prepared.generation == self._plan_generation and not exact and \
+                prepared.n_queries == len(queries) and prepared.k == k and self._view.prefix == "":
+            batch = prepared.batch      # still in the plan cache (PreparedBatch): no lookup
+        else:
+            batch = self._host_batch(len(queries), k, exact)
+            if prepared is not None and not exact and prepared.n_queries == len(queries) and prepared.k == k and \
+                    self._view.prefix == "":
+                prepared.batch, prepared.generation = batch, self._plan_generation
         if self._stride == self.dim:
             np.copyto(batch.stage, queries)
         else:
@@ -41,7 +53,11 @@ class HostQueries:
             check_values(queries, "queries", "float32")
         finally:
             self._stream.synchronize()
-        distances, ids = batch.distances.copy(), batch.ids.copy()
+        if out is None:
+            distances, ids = batch.distances.copy(), batch.ids.copy()
+        else:
+            distances, ids = out
+            distances[...], ids[...] = batch.distances, batch.ids      # (np.copyto costs twice as much here)
         unproven = np.flatnonzero(batch.status)
         if len(unproven):
             distances[unproven], ids[unproven] = self._band(unproven, k)
@@ -151,4 +167,5 @@ class HostQueries:
             _, dropped = self._plans.popitem(last=False)
             if isinstance(dropped, plans.HostBatch):
                 dropped.close()
+                self._plan_generation += 1      # a prepared search may hold it (searcher.PreparedBatch)
         return search_plan

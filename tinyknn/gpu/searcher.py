@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..inputs.validate import DeviceArray
+from ..inputs.validate import DeviceArray, check_values
 from ..config import get_config
 from ..jit import render
 from ..spec import MAX_K, numpy_dtype
@@ -55,6 +55,27 @@ from .turns import Turns
 MAX_ROWS = 2**31 - 1            # positions are int32 in the kernels
 ADD_CHUNK_BYTES = 64 << 20      # host vectors are copied to the device in chunks of this size
 SOURCE_KINDS = {"float64": 0, "float32": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5}   # ingest.cuh
+
+
+@dataclass
+class PreparedBatch:
+    """A prepared search's hold on its host batch (GpuSearcher.prepare_search). `batch` is the HostBatch of
+    (n_queries, k) over every row, valid while `generation` equals the searcher's _plan_generation: that
+    changes whenever a host batch leaves the plan cache (_forget_plans: add, remove, reset, truncate, a
+    grown buffer, close; or an eviction), so a bound batch is always one still in the cache, whose buffers
+    and graph are live. Read and written only under the searcher's lock."""
+
+    n_queries: int
+    k: int
+    batch: "plans.HostBatch | None" = None
+    generation: int = -1
+
+
+def _copy_into(out, found):
+    """Results computed into fresh arrays, copied into the caller's (host) arrays."""
+    np.copyto(out[0], found[0])
+    np.copyto(out[1], found[1])
+    return out
 
 
 @dataclass(frozen=True)
@@ -176,28 +197,48 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
         self._wait_for_caller(interop.caller_stream(vectors))
         self._ingest(vectors.ptr, vectors.dtype, step, vectors.shape[0], self.dtype, data_ptr, norms_ptr, True)
 
-    def search(self, queries, k: int, rows=None):
+    takes_out = True    # search(..., out=(distances, ids)) writes into the caller's arrays (tinyknn.index.prepared)
+
+    def search(self, queries, k: int, rows=None, *, out=None, prepared: "PreparedBatch | None" = None):
         """(distances, ids) of the k nearest: NumPy for host queries, the caller's framework for CUDA ones.
         rows: None (every row) or the sorted positions the queries may return, gathered first (so a 1 %
-        filter reads about 1 % of the database)."""
+        filter reads about 1 % of the database). out: the caller's arrays, checked by the Index
+        (tinyknn.inputs.outputs): NumPy arrays for host queries, DeviceArray descriptions for CUDA ones;
+        the results are written there and they are returned. prepared: prepare_search's token."""
         if isinstance(queries, DeviceArray):
             with self._lock, self._reading(rows):
                 if k > MAX_K:
                     raise ValueError(f"k = {k} is beyond the GPU kernels' {MAX_K} for CUDA-array queries; pass the "
                                      "queries as a NumPy array (k up to ntotal is served through the host)")
-                return self._search_device(queries, k)
+                return self._search_device(queries, k, out)
         n_queries = queries.shape[0]
         with self._lock, self._reading(rows):
             if k > MAX_K:
-                return self._large_k(queries, k)
+                found = self._large_k(queries, k)
+                return found if out is None else _copy_into(out, found)
             if 0 < n_queries <= plans.MAX_BATCH:      # one batch: its results are the arrays returned
-                return self._search_host_batch(queries, k)
-            distances = np.empty((n_queries, k), dtype=np.float32)
-            ids = np.empty((n_queries, k), dtype=np.int64)
+                return self._search_host_batch(queries, k, out=out, prepared=None if rows is not None else prepared)
+            if out is None:
+                out = np.empty((n_queries, k), dtype=np.float32), np.empty((n_queries, k), dtype=np.int64)
+            else:   # every batch's values before the first batch's results reach the caller's arrays
+                check_values(queries, "queries", "float32")
+            distances, ids = out
             for start in range(0, n_queries, plans.MAX_BATCH):
                 stop = min(n_queries, start + plans.MAX_BATCH)
-                distances[start:stop], ids[start:stop] = self._search_host_batch(queries[start:stop], k)
+                self._search_host_batch(queries[start:stop], k, out=(distances[start:stop], ids[start:stop]))
         return distances, ids
+
+    def prepare_search(self, n_queries: int, k: int) -> "PreparedBatch":
+        """A token for search(..., prepared=token): it keeps the host batch of (n_queries, k) over every row
+        once it is made, so that later calls skip the plan-cache lookup (tinyknn.index.prepared)."""
+        return PreparedBatch(n_queries, k)
+
+    _plan_generation = 0    # counts _forget_plans and evictions of host batches: a PreparedBatch's validity
+
+    def _forget_plans(self) -> None:
+        """Every plan and host batch dropped (tinyknn.gpu.buffers); the prepared searches' bound batches too."""
+        self._plan_generation += 1
+        super()._forget_plans()
 
     def _large_k(self, queries: np.ndarray, k: int):
         from . import ranges

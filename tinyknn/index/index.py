@@ -2,7 +2,8 @@
 
 Ids and labels map onto row positions here (tinyknn.index.ids, tinyknn.index.labels); a filtered or labelled
 search becomes searcher calls over the allowed rows (tinyknn.index.groups), and labelled searches that read
-scattered rows make the index put each label's rows together (tinyknn.index.layout). No CUDA and no ctypes here: the
+scattered rows make the index put each label's rows together (tinyknn.index.layout); searches into the caller's
+arrays (out=) and prepared searches are tinyknn.index.prepared's. No CUDA and no ctypes here: the
 searchers (tinyknn.index.backends) are imported lazily, so `import tinyknn` works on a machine with no GPU,
 driver or compiler.
 
@@ -20,6 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import groups as _groups, persist as _persist
+from ..inputs import outputs as _outputs
 from ..inputs import validate as _validate
 from ..inputs import validate_ops as _ops
 from .backends import DEVICES, Searcher, parse_device, parse_storage  # noqa: F401 - DEVICES re-exported
@@ -29,6 +31,7 @@ from .ids import IdMap
 from .labels import Labels
 from .layout import LabelLayout
 from .persist import FILE_FORMAT, FILE_VERSION  # noqa: F401 - re-exported for callers and tests
+from .prepared import PreparedSearch, search_into as _search_into
 from ..spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
 
 
@@ -166,7 +169,7 @@ class Index:
             return bool(self._ids.rows_of(wanted)[0] >= 0)
 
     def search(self, q: ArrayLike, k: int, *, filter: ArrayLike | None = None,
-               labels: ArrayLike | None = None) -> tuple[Any, Any]:
+               labels: ArrayLike | None = None, out: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
         """The k nearest database vectors of each query: (distances float32 (nq, k), ids int64 (nq, k)).
 
         Nearest first. Where a query may see fewer than k vectors the rows are padded with id -1 and
@@ -179,16 +182,50 @@ class Index:
         the allowed rows (one searcher call per distinct query label). Host input gives NumPy output;
         CuPy or torch CUDA input gives results of the same framework on the GPU, ordered after the
         caller's current stream (with `labels`, CUDA queries must all carry one label).
+
+        out=(distances, ids): write the results into these arrays and return them (as NumPy's ufuncs
+        do): float32 and int64, shape exactly (nq, k), C-contiguous, writeable; NumPy arrays for host
+        queries, arrays of the results' framework on the index's GPU for CUDA queries (tinyknn.inputs.
+        outputs). A wrong array is a TypeError/ValueError before anything is written. With filter and
+        labels too. Repeated searches of one shape: prepare_search.
         """
         searcher = self._open_searcher()
         k = _ops.search_k(k)
         queries = self._queries(q)
+        if out is not None:
+            return self._search_out(searcher, queries, k, filter, labels, out)
         if filter is None and labels is None:
             return self._handover.whole_adds_only(searcher.search, queries, k)
         self._reorder_if_due(searcher, labels)
         with self._view:
             parts = self._groups(queries, filter, labels)
             return _groups.knn(searcher.search, queries, queries.shape[0], k, parts)
+
+    def _search_out(self, searcher: Searcher, queries, k: int, filter, labels, out) -> tuple[Any, Any]:
+        """search(..., out=out): the caller's arrays checked before anything is written, then filled."""
+        given, targets, queries = _outputs.checked(out, queries, k)
+        if filter is None and labels is None:
+            self._handover.whole_adds_only(_search_into, searcher, queries, k, None, targets)
+            return given
+        self._reorder_if_due(searcher, labels)
+        with self._view:
+            parts = self._groups(queries, filter, labels)
+            if len(parts) == 1 and parts[0].queries is None:
+                _search_into(searcher, queries, k, parts[0].rows, targets)
+            else:       # several labels: host queries only (_groups refuses them for CUDA queries)
+                distances, ids = _groups.knn(searcher.search, queries, queries.shape[0], k, parts)
+                np.copyto(targets[0], distances)
+                np.copyto(targets[1], ids)
+        return given
+
+    def prepare_search(self, k: int, n_queries: int = 1) -> PreparedSearch:
+        """A search with k and the number of queries per call bound once: `s = index.prepare_search(k=10,
+        n_queries=1)`, then `D, I = s(q)` or `s(q, out=(D, I))` (out as in search). Each call checks only
+        what can differ (for a C-contiguous float32 NumPy array of shape (n_queries, dim): its shape, dtype,
+        layout and values) and searches the index as it is then: adds, removals and reset are seen, and a
+        closed index is a ValueError. Results are fresh arrays per call unless out= is given. Safe to call
+        from several threads. No filter or labels (use search). tinyknn.index.prepared has the details."""
+        return PreparedSearch(self, k, n_queries)
 
     def range_search(self, q: ArrayLike, radius: float, *, filter: ArrayLike | None = None,
                      labels: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

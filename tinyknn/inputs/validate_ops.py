@@ -1,5 +1,6 @@
 """Checks of the index operations' arguments (issue 14): labels, id lists (filter, remove, get,
-contains), the search k and the range-search radius. Vectors and queries: tinyknn.inputs.validate.
+contains), the search k, a prepared search's query count and the range-search radius. Vectors and
+queries: tinyknn.inputs.validate; the caller's result arrays (out=): tinyknn.inputs.outputs.
 
 Every check returns a fresh, C-contiguous array the caller may keep, or raises a TypeError (wrong
 kind of value) or ValueError (wrong shape or range) naming what was given and what is expected.
@@ -28,6 +29,15 @@ def search_k(k) -> int:
     if not 1 <= int(k) <= MAX_SEARCH_K:
         raise ValueError(f"k must be between 1 and {MAX_SEARCH_K}; got {int(k)}")
     return int(k)
+
+
+def query_count(n) -> int:
+    """A prepared search's number of queries per call: a Python or NumPy integer >= 1 (not bool)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n_queries must be a positive integer; got {n!r} ({type(n).__name__})")
+    if not 1 <= int(n) <= INT64_MAX:
+        raise ValueError(f"n_queries must be at least 1; got {int(n)}")
+    return int(n)
 
 
 def _host_integers(values, what: str) -> np.ndarray:
@@ -97,4 +107,4 @@ def radius(value, metric: str) -> float:
     return number
 
 
-__all__ = ["MAX_SEARCH_K", "id_list", "labels", "one_id", "radius", "search_k"]
+__all__ = ["MAX_SEARCH_K", "id_list", "labels", "one_id", "query_count", "radius", "search_k"]
