@@ -225,18 +225,38 @@ def _saved(rng, dim=6, n=40) -> tuple[bytes, tinyknn.Index]:
     return buffer.getvalue(), built
 
 
-def _free_device_memory() -> int:
-    from cuda.bindings import driver
+@pytest.fixture
+def device_allocations(monkeypatch):
+    """The finalizers of the device buffers this process allocates during the test: a leak is one still alive
+    once the test's objects are gone. (Free memory of the whole device would count other processes too:
+    pytest -n 8 runs GPU tests beside this one.)"""
+    from tinyknn.gpu import memory
 
-    return int(driver.cuMemGetInfo()[1])
+    made = []
+    own = memory._Owned._own
+
+    def recording(self, call, handle, ctx, holder=None):
+        own(self, call, handle, ctx, holder)
+        if call == "cuMemFree":
+            made.append(self._finalizer)
+
+    monkeypatch.setattr(memory._Owned, "_own", recording)
+    return made
 
 
-def test_damaged_files_loaded_onto_the_gpu_are_value_errors_and_leak_nothing(rng):
+def _leaked(made: list) -> int:
+    import gc
+
+    gc.collect()
+    return sum(finalizer.alive for finalizer in made)
+
+
+def test_damaged_files_loaded_onto_the_gpu_are_value_errors_and_leak_nothing(rng, device_allocations):
     import io
 
     data, built = _saved(rng)
     tinyknn.Index.load(io.BytesIO(data), device="cuda").close()            # kernels loaded, pools warm
-    free = _free_device_memory()
+    device_allocations.clear()
     vectors, _ = built._searcher.export()
     nan_rows = io.BytesIO()
     with np.load(io.BytesIO(data)) as archive:
@@ -263,7 +283,7 @@ def test_damaged_files_loaded_onto_the_gpu_are_value_errors_and_leak_nothing(rng
             assert np.array_equal(loaded._searcher.export()[0], vectors)
             outcomes["same"] += 1
     assert outcomes["refused"] > 100 and outcomes["same"] > 0, outcomes
-    assert _free_device_memory() >= free - (64 << 20), "failed loads left device memory behind"
+    assert device_allocations and _leaked(device_allocations) == 0, "failed loads left device memory behind"
 
 
 def test_range_search_beyond_the_cap_says_so_and_changes_nothing(device_cap, rng):
@@ -284,7 +304,7 @@ def test_range_search_beyond_the_cap_says_so_and_changes_nothing(device_cap, rng
             np.testing.assert_array_equal(got, want)
 
 
-def test_pickles_copies_and_loads_beyond_the_cap_raise_memory_errors(device_cap, rng, tmp_path):
+def test_pickles_copies_and_loads_beyond_the_cap_raise_memory_errors(device_cap, rng, tmp_path, device_allocations):
     import copy
     import pickle
 
@@ -296,12 +316,12 @@ def test_pickles_copies_and_loads_beyond_the_cap_raise_memory_errors(device_cap,
         pickled = pickle.dumps(index)
         index.save(tmp_path / "saved")
         device_cap("2M")                                   # far less than a second copy needs
-        free = _free_device_memory()
+        device_allocations.clear()
         for attempt in (lambda: pickle.loads(pickled), lambda: copy.deepcopy(index),
                         lambda: tinyknn.Index.load(tmp_path / "saved", device="cuda")):
             with pytest.raises(MemoryError, match="TINYKNN_DEVICE_MEMORY_LIMIT allows 2,097,152"):
                 attempt()
-        assert _free_device_memory() >= free - (64 << 20)
+        assert _leaked(device_allocations) == 0            # what the failed attempts allocated is freed
         assert index.ntotal == 20_000
         after = index.search(q, 10)
         np.testing.assert_array_equal(before[1], after[1])
