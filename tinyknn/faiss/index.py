@@ -1,5 +1,8 @@
 """The index classes of tinyknn.faiss (IndexFlat, IndexFlatL2, IndexFlatIP, IndexIDMap, IndexIDMap2)
-over tinyknn.Index; conventions in tinyknn/faiss/__init__.py's docstring."""
+over tinyknn.Index; conventions in tinyknn/faiss/__init__.py's docstring.
+
+Length: FAISS's flat classes and their id maps, one method per FAISS call they answer.
+"""
 
 from __future__ import annotations
 

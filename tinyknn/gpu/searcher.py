@@ -28,6 +28,9 @@ stream waits for the caller's current stream and the caller's stream waits for t
 Threads: an index's calls take turns, one at a time (they share the staging, the plans and the stream;
 the GPU work of one search already fills the device); a change (add, remove, truncate, reset) that waits
 goes ahead of the searches still waiting (tinyknn.gpu.turns).
+
+Length: the searcher's own state and the protocol's entry points; each plan kind's work lives in buffers.py,
+host_search.py, device_search.py and row_ops.py.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ A path must hold exactly one index.
 Saving writes a uniquely (and shortly) named temporary file beside the target, or beside a symbolic
 link's target, and renames it over the target, so a failed save leaves no temporary file and the
 previous file intact; its errors name the path the caller gave, never the temporary file.
+
+Length: the writer and the checking reader of one format, kept together so that they change together.
 """
 
 from __future__ import annotations
