@@ -2,27 +2,30 @@
 (ptxas report), for sm_90 (the H100/H200 we ship for) and sm_80, plus the large-k kernels outside the
 manifest. Per arch: every kernel that does not depend on the dim, and a third of the (metric, dtype, dim, k)
 combinations for those that do (every value and every pair of values still appears), a different third for
-each arch, so the two together compile two thirds of the dim-dependent kernels: all of them on both arches
-took 6.5 of a 14-minute CI run on two cores, for kernels that differ by a compile-time dim.
+each arch, so the two together compile two thirds of the dim-dependent kernels.
 
-Kernels are compiled many per NVRTC program (one name expression each, reports per function) and
-programs in parallel threads (nvrtcCompileProgram releases the GIL). No GPU needed.
+The kernels go through tinyknn's own cubin cache (the user's cache folder, as at run time), whose entries
+keep each kernel's ptxas report under a key of its rendered source, options, arch and NVRTC version: a
+kernel is compiled once per machine and source, about a second each on two cores (~340 per arch), and a
+later run reads the same report back. A changed kernel, option or NVRTC is a new key, compiled again. No GPU
+needed.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 
 import pytest
 
 from tinyknn.jit import render
+from tinyknn.config import get_config
+from tinyknn.jit.cache import CubinCache
 from tinyknn.jit.compiler import compile_cubin
 from tinyknn.jit.manifest import default_manifest_path, read_manifest
+from tinyknn.jit.warm import warm_specs
 
 pytestmark = pytest.mark.nvrtc
 
-PROGRAM_SIZE = 24          # name expressions per NVRTC program
 EXTRA = [(m, t, d, k) for m in ("l2", "ip", "cosine") for t in ("float32", "float16") for d in (3, 130)
          for k in (1000, 2048)]
 
@@ -36,40 +39,49 @@ def _cover(combinations: list[tuple], third: int = 0) -> list[tuple]:
     return [c for c in combinations if sum(axes[i].index(c[i]) for i in range(4)) % 3 == third]
 
 
-def _names(arch: str) -> list[str]:
+def _specs(arch: str) -> list:
     combinations = list(read_manifest(default_manifest_path()).combinations)
     covered = set(_cover(combinations, THIRDS[arch]))
     dims = sorted({c[2] for c in combinations})
 
-    def names(metric, dtype, dim, k) -> set[str]:
-        return {render.name_expression(spec) for spec in render.specs_for_search(metric, dtype, dim, k, arch)}
+    def specs(metric, dtype, dim, k) -> dict:
+        return {render.name_expression(spec): spec for spec in render.specs_for_search(metric, dtype, dim, k, arch)}
 
-    found: set[str] = set()
+    found: dict = {}
     for metric, dtype, dim, k in combinations:
-        these = names(metric, dtype, dim, k)
+        these = specs(metric, dtype, dim, k)
         if (metric, dtype, dim, k) not in covered:    # only the kernels another dim would launch as well
-            these &= names(metric, dtype, dims[0] if dim != dims[0] else dims[1], k)
-        found |= these
+            other = specs(metric, dtype, dims[0] if dim != dims[0] else dims[1], k)
+            these = {name: spec for name, spec in these.items() if name in other}
+        found.update(these)
     for combination in EXTRA:
-        found |= names(*combination)
-    return sorted(found)
+        found.update(specs(*combination))
+    return [found[name] for name in sorted(found)]
 
 
-def _compile(names: list[str], arch: str):
-    rendered = render.RenderedSource(render.kernel_source(), tuple(names), render.OPTIONS)
-    return compile_cubin(rendered, arch).reports
+def _names(arch: str) -> list[str]:
+    return [render.name_expression(spec) for spec in _specs(arch)]
+
+
+@pytest.fixture(scope="module")
+def kernel_cache():
+    """The user's cubin cache (TINYKNN_CACHE_DIR, else the platform's cache folder), as a search uses it."""
+    return CubinCache(get_config().cache_dir / "cubins")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_manifest_kernels_need_no_local_memory(arch):
-    names = _names(arch)
-    assert len(names) > 200            # the manifest is the full default one
-    programs = [names[i:i + PROGRAM_SIZE] for i in range(0, len(names), PROGRAM_SIZE)]
-    with concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
-        reports = {}
-        for found in pool.map(lambda program: _compile(program, arch), programs):
-            reports.update(found)
-    assert set(names) <= set(reports)
+def test_manifest_kernels_need_no_local_memory(arch, kernel_cache):
+    specs = _specs(arch)
+    assert len(specs) > 200            # the manifest is the full default one
+    outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
+    failed = [o for o in outcomes if o.status == "failed"]
+    assert not failed, "\n".join(f"{o.spec}: {o.error}" for o in failed)
+    reports = {}
+    for spec in specs:
+        cubin = kernel_cache.get(spec)
+        name = render.name_expression(spec)
+        assert name in cubin.reports, (name, sorted(cubin.reports))
+        reports[name] = cubin.reports[name]
     bad = {name: r for name, r in reports.items()
            if r.stack_bytes or r.spill_store_bytes or r.spill_load_bytes}
     assert not bad, "\n".join(f"{name}: {r}" for name, r in sorted(bad.items()))
