@@ -173,6 +173,24 @@ class CpuSearcher:
         self._call("reading the exact-fallback counter", self._library.tk_index_exact_fallbacks, ctypes.byref(count))
         return count.value
 
+    def row_copy(self, mode: str, threads: int | None = None) -> None:
+        """The row-major copy that filtered searches of a few queries read scattered rows from
+        (kernels/cpu/row_copy.h, direct.h): "auto" (the default) builds it once the filtered searches it would
+        have sped up have lost about its cost; "always" builds it now (MemoryError when it cannot) and answers
+        every filtered search of up to build_param("direct_max_queries") queries from it; "off" drops it."""
+        codes = {"off": 0, "auto": 1, "always": 2}
+        if mode not in codes:
+            raise ValueError(f"row copy mode must be one of {sorted(codes)}; got {mode!r}")
+        self._call("setting the row copy", self._library.tk_index_row_copy, codes[mode],
+                   self._threads if threads is None else int(threads))
+
+    def row_copy_counts(self) -> tuple[int, int, int]:
+        """(rows the row copy holds, -1 for none; filtered searches answered from it; times it was built)."""
+        rows, searches, builds = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+        self._call("reading the row copy counters", self._library.tk_index_row_copy_counts, ctypes.byref(rows),
+                   ctypes.byref(searches), ctypes.byref(builds))
+        return rows.value, searches.value, builds.value
+
     def truncate(self, n_rows: int) -> None:
         """Drop rows n_rows and later (0 <= n_rows <= size): Index.add undoes a chunked add that failed part way."""
         self._call("truncating the index", self._library.tk_index_truncate, int(n_rows))
