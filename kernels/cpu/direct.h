@@ -10,6 +10,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "../exact.cuh"
@@ -25,13 +26,16 @@ constexpr int64_t kDirectMinSliceRows = 1024;   // a slice (task) holds at least
 
 // The cost model that picks the direct search or the gather for a filtered search of up to kDirectMaxQueries
 // queries, and says when the copy has paid for itself (search.h): nanoseconds of the development machine
-// (2-core AMD EPYC, AVX2, both cores, 1M x 128 float32; bench/NOTES_INDEX_OPS.md). Only their ratios matter.
-constexpr double kGatherByteNs = 0.1;       // a byte of a panel that holds an allowed row, gathered and screened
+// (2-core AMD EPYC, both cores, 1M x 128 float32, allowed rows not in cache; fitted in bench/NOTES_INDEX_OPS.md).
+// Only their ratios matter.
+constexpr double kGatherByteNs = 0.07;      // a byte of a panel that holds an allowed row, read by the gather
+constexpr double kGatheredByteNs = 0.1;     // a byte of a gathered row, written and screened
 constexpr double kScreenElementNs = 0.01;   // a (query, row, dimension) of the gathered rows' float32 screen
-constexpr double kRowLineNs = 8.0;          // a cache line of an allowed row of the copy, read and widened
-constexpr double kExactElementNs = 0.1;     // a (query, row, dimension) of float64 distance
-constexpr double kBuildByteNs = 0.4;        // a byte of the database, copied into the row copy (1M x 128
-                                            // float32: 160 ms; 660 ms where the memory is touched first)
+constexpr double kRowLineNs = 12.0;         // a cache line of an allowed row of the copy, read and widened
+constexpr double kExactElementNs = 0.12;    // a (query, row, dimension) of float64 distance
+constexpr double kBuildByteNs = 1.0;        // a byte of the database, copied into the row copy (1M x 128
+                                            // float32: 160 ms in memory used before, 440-750 ms where the
+                                            // pages are touched for the first time)
 
 // Per-thread buffers of the direct search.
 struct DirectScratch {
@@ -44,21 +48,98 @@ struct DirectScratch {
   }
 };
 
-constexpr int64_t kDirectAhead = 16;  // rows: each row's lines are prefetched while the row this many before is widened
+constexpr int64_t kDirectAhead = 16;  // rows: each row's lines are prefetched while the row this many before is read
 
-// rows[0 .. count) (count <= kPanel) of `copy` widened into `panel` (dim x kPanel floats), lanes count ..
-// kPanel - 1 zero; every line of rows[r + kDirectAhead] is prefetched as row r is read, for r + kDirectAhead
-// < available. A scattered row is a few lines of its own: prefetched a row at a time, their misses overlap
-// (measured, 10,000 random rows of 1M x 128 float32 not in cache: 0.72 ms against 2.6 with no prefetch or
-// with a whole group's rows prefetched at once).
+typedef float Float8 __attribute__((vector_size(32)));
+static_assert(kPanel % 8 == 0, "a panel is whole groups of 8 rows");
+
+// Elements d .. d + 7 of a row, widened exactly to float.
+inline Float8 load8(const float* x) {
+  Float8 v;
+  std::memcpy(&v, x, sizeof v);
+  return v;
+}
+inline Float8 load8(const half_bits* x) {
+#if defined(__F16C__)
+  return (Float8)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+#else
+  Float8 v;
+  for (int j = 0; j < 8; ++j) v[j] = half_to_float(x[j]);
+  return v;
+#endif
+}
+template <class Narrow>
+inline Float8 load8(const Narrow* x) {
+  Float8 v;
+  for (int j = 0; j < 8; ++j) v[j] = to_float(x[j]);
+  return v;
+}
+
+// Lanes I... of the 16 lanes of a then b. (__builtin_shufflevector is Clang's and GCC 12's; older GCCs have
+// __builtin_shuffle with a mask vector, which newer ones keep.)
+template <int... I>
+inline Float8 shuffle8(Float8 a, Float8 b) {
+#if defined(__clang__)
+  return __builtin_shufflevector(a, b, I...);
+#else
+  typedef int Int8 __attribute__((vector_size(32)));
+  return __builtin_shuffle(a, b, Int8{I...});
+#endif
+}
+
+// An 8 x 8 transpose in three rounds of two-vector shuffles (unpack, 64-bit pairs, 128-bit halves): v[i] row i's
+// 8 elements in, v[j] element j of the 8 rows out.
+inline void transpose8(Float8 v[8]) {
+  Float8 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = shuffle8<0, 8, 1, 9, 4, 12, 5, 13>(v[i], v[i + 1]);
+    t[i + 1] = shuffle8<2, 10, 3, 11, 6, 14, 7, 15>(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    for (int h = 0; h < 2; ++h) {
+      u[i + 2 * h] = shuffle8<0, 1, 8, 9, 4, 5, 12, 13>(t[i + h], t[i + h + 2]);
+      u[i + 2 * h + 1] = shuffle8<2, 3, 10, 11, 6, 7, 14, 15>(t[i + h], t[i + h + 2]);
+    }
+  }
+  for (int j = 0; j < 4; ++j) {
+    v[j] = shuffle8<0, 1, 2, 3, 8, 9, 10, 11>(u[j], u[j + 4]);
+    v[j + 4] = shuffle8<4, 5, 6, 7, 12, 13, 14, 15>(u[j], u[j + 4]);
+  }
+}
+
+// rows[0 .. count) (count <= kPanel) of `copy` widened into `panel` (dim x kPanel floats, dimension-major),
+// lanes count .. kPanel - 1 zero: 8 rows x 8 dimensions at a time through transpose8, the rest an element at a
+// time. Every line of rows[r + kDirectAhead] is prefetched as row r is read (for r + kDirectAhead < available):
+// a scattered row is a few lines of its own, prefetched a row at a time their misses overlap (measured, 10,000
+// random rows of 1M x 128 float32 not in cache: 0.72 ms against 2.6 with no prefetch or with a whole group's
+// rows prefetched at once).
 template <class Storage>
 void widen_rows(const RowCopy<Storage>& copy, const int64_t* rows, int64_t count, int64_t available, float* panel) {
-  const int64_t dim = copy.dim(), bytes = copy.row_bytes();
-  for (int64_t r = 0; r < count; ++r) {
+  const int64_t dim = copy.dim(), bytes = copy.row_bytes(), whole = count / 8 * 8, body = dim / 8 * 8;
+  auto prefetch = [&](int64_t r) {
     if (r + kDirectAhead < available) {
       const char* ahead = reinterpret_cast<const char*>(copy.row(rows[r + kDirectAhead]));
       for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(ahead + b);
     }
+  };
+  for (int64_t r = 0; r < whole; r += 8) {
+    const Storage* x[8];
+    for (int i = 0; i < 8; ++i) {
+      prefetch(r + i);
+      x[i] = copy.row(rows[r + i]);
+    }
+    for (int64_t d = 0; d < body; d += 8) {
+      Float8 v[8];
+      for (int i = 0; i < 8; ++i) v[i] = load8(x[i] + d);
+      transpose8(v);
+      for (int j = 0; j < 8; ++j) std::memcpy(panel + (d + j) * kPanel + r, &v[j], sizeof v[j]);
+    }
+    for (int i = 0; i < 8; ++i) {
+      for (int64_t d = body; d < dim; ++d) panel[d * kPanel + r + i] = to_float(x[i][d]);
+    }
+  }
+  for (int64_t r = whole; r < count; ++r) {
+    prefetch(r);
     const Storage* x = copy.row(rows[r]);
     for (int64_t d = 0; d < dim; ++d) panel[d * kPanel + r] = to_float(x[d]);
   }

@@ -324,18 +324,15 @@ class Index final : public AnyIndex {
   // The gather reads every line of each panel that holds an allowed row (the float16 sketch's, where a
   // few float32 l2 queries go through it, else the panels'), then screens the gathered rows.
   int64_t gather_cost(const int64_t* rows, int64_t m, int64_t nq, int64_t k) const {
-    int64_t touched = 0;
-    for (int64_t i = 0, last = -1; i < m; ++i) {
-      const int64_t p = rows[i] / kPanel;
-      touched += p != last;
-      last = p;
-    }
+    int64_t touched = m > 0;  // (rows sorted: a new panel starts where a row's panel differs from the last's)
+    for (int64_t i = 1; i < m; ++i) touched += rows[i] / kPanel != rows[i - 1] / kPanel;
     bool sketch = false;
     if constexpr (kSketched) {
       sketch = sketched_ && first_passes_ && sketch_pays(nq, std::min(m, k + screen_margin(k)), (m + kPanel - 1) / kPanel);
     }
-    const double panel_bytes = (double)(db_.dim() * kPanel) * (sketch ? 2.0 : (double)sizeof(Storage));
-    return (int64_t)((double)touched * panel_bytes * kGatherByteNs + (double)(m * db_.dim() * nq) * kScreenElementNs);
+    const double element = sketch ? 2.0 : (double)sizeof(Storage), row = (double)db_.dim() * element;
+    return (int64_t)((double)touched * kPanel * row * kGatherByteNs + (double)m * row * kGatheredByteNs +
+                     (double)(m * db_.dim() * nq) * kScreenElementNs);
   }
   // The direct search reads each allowed row's lines and computes nq float64 distances a row.
   int64_t direct_cost(int64_t m, int64_t nq) const {
