@@ -236,23 +236,10 @@ class Index final : public AnyIndex {
     rows.assign_rows(db_, order, n, Metric::needs_norms, on_threads(threads));
     Sketch sketch(sketched_ ? db_.dim() : 1);
     if (sketched_) sketch.assign_rows(sketch_, order, n, on_threads(threads));
-    // the row copy in the new order too, where memory allows (it is a cache: without the memory it is dropped)
-    std::unique_ptr<RowCopy<Storage>> copy;
-    if (row_copy_) {
-      try {
-        copy.reset(new RowCopy<Storage>(db_.dim()));
-        auto growth = copy->reserve(n);
-        copy->assign_rows(*row_copy_, order, n, growth, on_threads(threads));
-      } catch (const std::bad_alloc&) {
-        copy.reset();
-      }
-    }
+    std::vector<Storage> aside(row_copy_ ? (std::size_t)db_.dim() : 0);  // (allocated before anything changes)
     db_ = std::move(rows);
     if (sketched_) sketch_ = std::move(sketch);
-    if (row_copy_) {
-      drop_row_copy();
-      if (copy) publish_row_copy(std::move(copy));
-    }
+    if (row_copy_) row_copy_->permute(order, seen.data(), aside.data());  // seen: every row, 1
   }
 
   void set_row_copy(int mode, int threads) override {
