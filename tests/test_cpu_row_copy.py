@@ -228,3 +228,27 @@ def test_searches_from_several_threads_while_the_copy_is_built(rng):
         list(pool.map(work, range(6)))
     assert searcher.row_copy_counts()[2] == 1
     searcher.close()
+
+
+def test_reorders_of_every_shape_permute_the_copy_in_place(rng):
+    """permute_rows follows each cycle of the order through the copy with one row set aside: the identity, a
+    reversal (cycles of two), one cycle through every row, fixed points among long cycles; each followed by a
+    filtered search over all rows but one (so it reads the copy) against the oracle."""
+    n, dim = 9 * panel() + 3, 11
+    db = data(rng, n, dim, "float32")
+    searcher, ids = build(rng, "l2", "float32", db)
+    q = data(rng, 2, dim, "float32")
+    state_db, state_ids = db, ids
+    mixed = np.arange(n)                          # every fifth row stays, the others are shuffled
+    moved = np.flatnonzero(np.arange(n) % 5 != 0)
+    mixed[moved] = rng.permutation(moved)
+    for order in (np.arange(n), np.arange(n)[::-1], np.roll(np.arange(n), 1), mixed, rng.permutation(n)):
+        order = np.ascontiguousarray(order, dtype=np.int64)
+        searcher.permute_rows(order)
+        state_db, state_ids = state_db[order], state_ids[order]
+        rows = np.delete(np.arange(n), rng.integers(n)).astype(np.int64)
+        before = searcher.row_copy_counts()[1]
+        d, i = searcher.search(q, 9, rows=rows)
+        assert_exact(d, i, state_db[rows], q, 9, "l2", id_map=state_ids[rows])
+        assert searcher.row_copy_counts()[1] == before + 1
+    searcher.close()
