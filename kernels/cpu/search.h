@@ -2,9 +2,11 @@
 //
 // Index operations (issue 14) work on row positions: a filtered search gathers the allowed rows into the
 // calling thread's temporary index (or, for a few float32 l2 queries, their float16 sketch rows) and
-// searches that, so its cost follows the rows allowed; remove_rows swap-removes (the last rows move into
-// the holes, in the panels, ids, inverse norms and sketch alike); permute_rows copies every row into a new
-// order (the Index's label-partitioned order: a label's rows then gather as one run); range_search is range.h's.
+// searches that, so its cost follows the rows allowed; one of a few queries over scattered rows reads them
+// from the row-major copy instead, once there is one (row_copy.h, direct.h); remove_rows swap-removes (the
+// last rows move into the holes, in the panels, ids, inverse norms, sketch and row copy alike); permute_rows
+// copies every row into a new order (the Index's label-partitioned order: a label's rows then gather as one
+// run); range_search is range.h's.
 #pragma once
 #include <algorithm>
 #include <atomic>

@@ -65,7 +65,8 @@ int tk_index_use_first_passes(tk_index* index, int on);
 int tk_index_search(tk_index* index, const float* queries, int64_t nq, int64_t k, int threads,
                     float* distances, int64_t* ids);
 // The same over the rows rows[0 .. n_rows) only (row positions, sorted, unique, in [0, size)); the cost
-// follows n_rows (they are gathered into a temporary index first).
+// follows n_rows (they are gathered into a temporary index first, or, for a few queries, read from the row
+// copy: tk_index_row_copy).
 int tk_index_search_rows(tk_index* index, const float* queries, int64_t nq, int64_t k, int threads,
                          const int64_t* rows, int64_t n_rows, float* distances, int64_t* ids);
 // The row-major copy that filtered searches of a few queries read scattered rows from (row_copy.h, direct.h):

@@ -7,7 +7,8 @@ keep the exactness contract (kernels/exact.cuh): the ids of an exhaustive float6
 distances by the smaller id, the float64 distances rounded to float32 (kernels/cpu/verify.h).
 
 Index operations work on row positions (the Index maps ids and labels onto them), with GpuSearcher's meaning:
-search(rows=) over the allowed rows only (gathered into a temporary index of the library's), remove_rows
+search(rows=) over the allowed rows only (gathered into a temporary index of the library's, or for a few queries
+read from its row-major copy once filtered searches have paid for one: row_copy), remove_rows
 (swap-remove: the last rows move into the holes), get_rows, range_search (kernels/cpu/range.h),
 permute_rows (the Index's label-partitioned order, tinyknn.index.layout).
 """
@@ -72,8 +73,9 @@ class CpuSearcher:
 
     def search(self, queries: np.ndarray, k: int, rows=None) -> tuple[np.ndarray, np.ndarray]:
         """(distances, ids) (n_queries, k), nearest first, padded with (+-inf, -1). rows: None (every row) or the
-        sorted, unique int64 positions the queries may return; they are gathered into a temporary index first,
-        so a search over 1 % of the rows reads about 1 % of the panels' rows (see kernels/cpu/search.h)."""
+        sorted, unique int64 positions the queries may return; they are gathered into a temporary index first
+        (a search over 1 % of the rows reads the panels that hold them), or, for up to
+        build_param("direct_max_queries") queries, read from the row copy where it reads less (row_copy)."""
         n_queries = queries.shape[0]
         distances = np.empty((n_queries, k), dtype=np.float32)
         ids = np.empty((n_queries, k), dtype=np.int64)
