@@ -154,6 +154,7 @@ def filtered(b: Bench) -> None:
     allow = np.sort(b.rng.choice(b.args.rows, max(1, b.args.rows // 100), replace=False))
     label_rows = np.flatnonzero(b.labels == 7)
     few = b.queries[:b.args.check_queries]
+    allow_list_copy(b, allow)
     b.check("unfiltered", b.index.search(few, 10), None, few, 10)
     kinds = (("label", label_rows, lambda q: {"labels": np.full(len(q), 7)}),
              (f"{len(allow):,}-id allow-list", allow, lambda q: {"filter": allow}))
@@ -190,6 +191,30 @@ def label_layout(b: Bench, limit: int = 10_000) -> None:
                                  "search_with_reorder_ms": samples[-1] * 1e3, "total_s": sum(samples)}
     print(f"label layout: {len(samples)} one-query labelled searches (median "
           f"{b.timings['label_layout']['scattered_1q_median_ms']:.2f} ms), then one that reordered the rows: "
+          f"{samples[-1] * 1e3:.0f} ms", flush=True)
+
+
+def allow_list_copy(b: Bench, allow: np.ndarray, limit: int = 10_000) -> None:
+    """One-query searches of the allow-list until the CPU searcher keeps its row-major copy (kernels/cpu/row_copy.h:
+    built once the gathered searches of scattered rows have lost about its cost), each timed: how many it took,
+    their median, and the one that built the copy."""
+    searcher, q = b.index._searcher, b.queries[:1]
+    if not hasattr(searcher, "row_copy_counts"):
+        b.timings["allow_list_copy"] = {"note": "this device's searcher keeps no row copy"}
+        return
+    clock, samples = time.perf_counter, []
+    while searcher.row_copy_counts()[2] == 0 and len(samples) < limit:
+        t0 = clock()
+        b.index.search(q, 10, filter=allow)
+        samples.append(clock() - t0)
+    if not samples:
+        b.timings["allow_list_copy"] = {"searches_until_copy": 0, "row_copy": searcher.row_copy_counts()}
+        return
+    b.timings["allow_list_copy"] = {"searches_until_copy": len(samples), "row_copy": searcher.row_copy_counts(),
+                                    "gathered_1q_median_ms": statistics.median(samples[:-1] or samples) * 1e3,
+                                    "search_with_copy_ms": samples[-1] * 1e3, "total_s": sum(samples)}
+    print(f"allow-list row copy: {len(samples)} one-query searches of the allow-list (median "
+          f"{b.timings['allow_list_copy']['gathered_1q_median_ms']:.2f} ms), then one that built the copy: "
           f"{samples[-1] * 1e3:.0f} ms", flush=True)
 
 

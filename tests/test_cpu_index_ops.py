@@ -43,10 +43,13 @@ def sketch_rows() -> int:
     return (library.build_param("sketch_min_panels") * 5 // 4 + 8) * library.build_param("panel_rows")
 
 
+@pytest.mark.parametrize("row_copy", ["off", "always"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("metric", METRICS)
-def test_search_over_allowed_rows(metric, dtype, rng):
+def test_search_over_allowed_rows(metric, dtype, row_copy, rng):
+    """Gathered ("off") or, for up to direct_max_queries queries, from the row-major copy ("always")."""
     searcher, db, ids = build(rng, metric, dtype)
+    searcher.row_copy(row_copy)
     q = data(rng, 40, 24, dtype)
     for fraction in (0.01, 0.3, 1.0):
         rows = np.flatnonzero(rng.random(len(db)) < fraction).astype(np.int64)
@@ -66,6 +69,7 @@ def test_filtered_few_queries_go_through_the_gathered_sketch(rng):
     """Float32 l2, a few queries over enough allowed rows: their float16 sketch rows are gathered (half the bytes)
     and the candidates rescored against the index's own float32 rows; exact, and counted as sketch answers."""
     searcher, db, ids = build(rng, "l2", n=3 * sketch_rows(), dim=32)
+    searcher.row_copy("off")                     # (the gather's path, whatever the row copy's cost model says)
     q = data(rng, 8, 32, "float32")
     before = searcher.sketch_counts()[0]
     for rows in (np.arange(1, len(db), 2, dtype=np.int64), np.arange(len(db) // 2, dtype=np.int64)):
@@ -84,6 +88,7 @@ def test_runs_of_consecutive_rows_at_every_offset(metric, dtype, rng):
     a panel, mixed with single rows, each search exact."""
     panel = library.build_param("panel_rows")
     searcher, db, ids = build(rng, metric, dtype, n=12 * panel + 5, dim=19)
+    searcher.row_copy("off")
     q = data(rng, 3, 19, dtype)
     for start in range(panel + 1):
         for length in (panel - 1, panel, panel + 1, 3 * panel + 2):
@@ -109,6 +114,7 @@ def test_runs_that_cross_a_block_of_panels(metric, rng):
     searcher = CpuSearcher(dim, metric, "float32")
     for part in (slice(0, boundary // 2), slice(boundary // 2, boundary), slice(boundary, None)):
         searcher.add(db[part], ids[part])     # each add maps its own blocks: block edges are not adjacent
+    searcher.row_copy("off")
     q = base[None, :]
     sketched = searcher.sketch_counts()
     for edge in (boundary // 2, boundary):

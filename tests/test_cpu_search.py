@@ -249,7 +249,8 @@ def test_other_builds_first_passes_match_their_full_scan(rng, cache_dir, monkeyp
     """The library built for a baseline x86-64 CPU (128-bit vectors: 4 lanes, no FMA, no F16C), as a CPU
     without AVX gets it, and one forced to an AVX-512 build's 16 lanes (32-row panels; runs on any x86-64
     CPU, the compiler splits the vectors): the sketch and the Winograd pass still give the contract's
-    answer, bit for bit their own full scan's, on a database sized from the build's panel width."""
+    answer, bit for bit their own full scan's, on a database sized from the build's panel width; so do
+    filtered searches from the row-major copy (kernels/cpu/direct.h) for every metric and dtype."""
     monkeypatch.setattr(cpu_build, "FLAGS", tuple(f for f in cpu_build.FLAGS if f != cpu_build._NATIVE) + flags)
     library.reset_library()
     try:
@@ -273,6 +274,11 @@ def test_other_builds_first_passes_match_their_full_scan(rng, cache_dir, monkeyp
                 assert_exact(distances, ids, tied, tied[:2] + 0.01, 10, metric, dtype)
                 if metric != "ip":   # (ip: longer rows may outrank the copies, leaving no tie to break)
                     assert index._searcher.exact_fallbacks() >= 1
+                index._searcher.row_copy("always")
+                allowed = np.sort(rng.choice(len(tied), 300, replace=False))
+                distances, ids = index.search(tied[:3] + 0.01, 10, filter=allowed)
+                assert_exact(distances, ids, tied[allowed], tied[:3] + 0.01, 10, metric, dtype, id_map=allowed)
+                assert index._searcher.row_copy_counts()[1] == 1
                 index.close()
     finally:
         library.reset_library()

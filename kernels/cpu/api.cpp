@@ -92,6 +92,7 @@ __attribute__((visibility("default"))) int tk_build_param(const char* name, int6
         {"winograd_min_queries", kWinogradMinQueries},
         {"winograd_min_panels", kWinogradMinPanels},
         {"winograd_min_dim", kWinogradMinDim},
+        {"direct_max_queries", kDirectMaxQueries},
     };
     for (const auto& param : params) {
       if (key == param.name) {
@@ -206,6 +207,18 @@ __attribute__((visibility("default"))) int tk_index_search_rows(tk_index* index,
     require(nq == 0 || (queries != nullptr && distances != nullptr && ids != nullptr), "a pointer is null");
     require(n_rows == 0 || rows != nullptr, "the rows pointer is null");
     open(index).search_rows(queries, nq, k, threads < 1 ? 1 : threads, rows, n_rows, distances, ids);
+  });
+}
+
+__attribute__((visibility("default"))) int tk_index_row_copy(tk_index* index, int mode, int threads) {
+  return guarded([&] { open(index).set_row_copy(mode, threads < 1 ? 1 : threads); });
+}
+
+__attribute__((visibility("default"))) int tk_index_row_copy_counts(tk_index* index, int64_t* rows, int64_t* searches,
+                                                                    int64_t* builds) {
+  return guarded([&] {
+    require(rows != nullptr && searches != nullptr && builds != nullptr, "output pointer is null");
+    open(index).row_copy_counts(rows, searches, builds);
   });
 }
 

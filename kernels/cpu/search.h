@@ -2,9 +2,11 @@
 //
 // Index operations (issue 14) work on row positions: a filtered search gathers the allowed rows into the
 // calling thread's temporary index (or, for a few float32 l2 queries, their float16 sketch rows) and
-// searches that, so its cost follows the rows allowed; remove_rows swap-removes (the last rows move into
-// the holes, in the panels, ids, inverse norms and sketch alike); permute_rows copies every row into a new
-// order (the Index's label-partitioned order: a label's rows then gather as one run); range_search is range.h's.
+// searches that, so its cost follows the rows allowed; one of a few queries over scattered rows reads them
+// from the row-major copy instead, once there is one (row_copy.h, direct.h); remove_rows swap-removes (the
+// last rows move into the holes, in the panels, ids, inverse norms, sketch and row copy alike); permute_rows
+// copies every row into a new order (the Index's label-partitioned order: a label's rows then gather as one
+// run); range_search is range.h's.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -19,11 +21,13 @@
 
 #include "../metrics.cuh"
 #include "database.h"
+#include "direct.h"
 #include "errors.h"
 #include "exhaustive.h"
 #include "gate.h"
 #include "pool.h"
 #include "range.h"
+#include "row_copy.h"
 #include "scan.h"
 #include "select.h"
 #include "simd.h"
@@ -76,6 +80,12 @@ class AnyIndex {
   // range.h over every row (rows == nullptr) or rows[0 .. m) (sorted, unique, in range).
   virtual void range_search(const float* queries, int64_t nq, double radius, const int64_t* rows, int64_t m,
                             int threads, RangeAnswer& out) = 0;
+  // The row-major copy (row_copy.h): TK_ROW_COPY_OFF drops it and never builds it, TK_ROW_COPY_AUTO (the default)
+  // builds it once the filtered searches it would have sped up have lost about its cost, TK_ROW_COPY_ALWAYS
+  // builds it now and answers every filtered search of up to kDirectMaxQueries queries from it.
+  virtual void set_row_copy(int mode, int threads) = 0;
+  // Rows the copy holds (-1: none), filtered searches it answered, times it was built.
+  virtual void row_copy_counts(int64_t* rows, int64_t* searches, int64_t* builds) = 0;
   const PassCounts& sketch_counts() const { return sketch_counts_; }
   const PassCounts& winograd_counts() const { return winograd_counts_; }
   // Queries whose screened candidates could not be proven (verify.h) and were searched exhaustively.
@@ -123,10 +133,13 @@ class Index final : public AnyIndex {
     std::unique_lock<WriterFirstGate> lock(gate_);
     auto growth = db_.reserve(n, Metric::needs_norms);
     auto sketch_growth = sketch_.reserve(sketched_ ? n : 0);
+    RowCopy<Storage>* copy = row_copy_.get();
+    auto copy_growth = copy ? copy->reserve(n) : typename RowCopy<Storage>::Growth();
     db_.commit(static_cast<const Storage*>(vectors), n, ids, Metric::needs_norms, growth);
     if constexpr (kSketched) {
       if (sketched_) sketch_.commit(static_cast<const float*>(vectors), n, sketch_growth);
     }
+    if (copy) copy->append(static_cast<const Storage*>(vectors), n, copy_growth);
   }
 
   void truncate(int64_t n) override {
@@ -134,6 +147,11 @@ class Index final : public AnyIndex {
     require(n >= 0 && n <= db_.size(), "truncate: n_rows must be in [0, size]");
     db_.truncate(n);
     sketch_.truncate(sketched_ ? n : 0);
+    if (n == 0) {
+      drop_row_copy();  // a reset starts over: the next rows earn the copy again
+    } else if (row_copy_) {
+      row_copy_->truncate(n);
+    }
   }
 
   void reset() override { truncate(0); }
@@ -166,6 +184,7 @@ class Index final : public AnyIndex {
     std::shared_lock<WriterFirstGate> lock(gate_);
     check_rows(rows, m, "search");
     if (m == db_.size()) return search_locked(queries, nq, k, threads, distances, ids);
+    if (search_rows_direct(queries, nq, k, threads, rows, m, distances, ids)) return;
     if constexpr (kSketched) {
       if (search_rows_sketched(queries, nq, k, threads, rows, m, distances, ids)) return;
     }
@@ -192,12 +211,15 @@ class Index final : public AnyIndex {
       moved_to[moved] = positions[moved];
       ++moved;
     }
+    RowCopy<Storage>* copy = row_copy_.get();
     for (int64_t j = 0; j < moved; ++j) {
       db_.move_row(moved_from[j], moved_to[j]);
       if (sketched_) sketch_.move_row(moved_from[j], moved_to[j]);
+      if (copy) copy->move_row(moved_from[j], moved_to[j]);
     }
     db_.truncate(n_new);
     sketch_.truncate(sketched_ ? n_new : 0);
+    if (copy) copy->truncate(n_new);
     return moved;
   }
 
@@ -216,8 +238,34 @@ class Index final : public AnyIndex {
     rows.assign_rows(db_, order, n, Metric::needs_norms, on_threads(threads));
     Sketch sketch(sketched_ ? db_.dim() : 1);
     if (sketched_) sketch.assign_rows(sketch_, order, n, on_threads(threads));
+    std::vector<Storage> aside(row_copy_ ? (std::size_t)db_.dim() : 0);  // (allocated before anything changes)
     db_ = std::move(rows);
     if (sketched_) sketch_ = std::move(sketch);
+    if (row_copy_) row_copy_->permute(order, seen.data(), aside.data());  // seen: every row, 1
+  }
+
+  void set_row_copy(int mode, int threads) override {
+    require(mode == TK_ROW_COPY_OFF || mode == TK_ROW_COPY_AUTO || mode == TK_ROW_COPY_ALWAYS,
+            "the row copy's mode must be TK_ROW_COPY_OFF, TK_ROW_COPY_AUTO or TK_ROW_COPY_ALWAYS");
+    if (mode == TK_ROW_COPY_OFF) {
+      std::unique_lock<WriterFirstGate> lock(gate_);
+      row_copy_mode_ = mode;
+      drop_row_copy();
+      return;
+    }
+    std::shared_lock<WriterFirstGate> lock(gate_);
+    row_copy_mode_ = mode;
+    if (mode == TK_ROW_COPY_ALWAYS && row_copy_view_.load() == nullptr && build_row_copy(threads) == nullptr) {
+      throw std::bad_alloc();
+    }
+  }
+
+  void row_copy_counts(int64_t* rows, int64_t* searches, int64_t* builds) override {
+    std::shared_lock<WriterFirstGate> lock(gate_);
+    const RowCopy<Storage>* copy = row_copy_view_.load();
+    *rows = copy ? copy->rows() : -1;
+    *searches = direct_searches_.load();
+    *builds = row_copy_builds_.load();
   }
 
   void get_rows(const int64_t* positions, int64_t m, void* out) override {
@@ -241,6 +289,79 @@ class Index final : public AnyIndex {
   }
 
  private:
+  // A filtered search of a few queries from the row-major copy (direct.h), where that reads less than the
+  // gather would; in TK_ROW_COPY_AUTO the copy is built once the searches it would have sped up have lost
+  // about its cost (ski rental: never more than twice the better of the two choices made in hindsight).
+  // false: the caller gathers.
+  bool search_rows_direct(const float* queries, int64_t nq, int64_t k, int threads, const int64_t* rows, int64_t m,
+                          float* distances, int64_t* ids) {
+    const int mode = row_copy_mode_.load();
+    if (mode == TK_ROW_COPY_OFF || nq > kDirectMaxQueries) return false;
+    const RowCopy<Storage>* copy = row_copy_view_.load(std::memory_order_acquire);
+    if (mode == TK_ROW_COPY_AUTO) {
+      const int64_t gain = gather_cost(rows, m, nq, k) - direct_cost(m, nq);
+      if (gain <= 0) return false;
+      if (copy == nullptr && row_copy_credit_.fetch_add(gain) + gain < build_cost()) return false;
+    }
+    if (copy == nullptr && (copy = build_row_copy(threads)) == nullptr) return false;
+    direct_search<Metric>(*copy, db_.ids(), rows, m, queries, nq, k, threads, distances, ids);
+    ++direct_searches_;
+    return true;
+  }
+
+  // The cost model's estimates (direct.h), in nanoseconds of the development machine.
+  // The gather reads every line of each panel that holds an allowed row (the float16 sketch's, where a
+  // few float32 l2 queries go through it, else the panels'), then screens the gathered rows.
+  int64_t gather_cost(const int64_t* rows, int64_t m, int64_t nq, int64_t k) const {
+    int64_t touched = m > 0;  // (rows sorted: a new panel starts where a row's panel differs from the last's)
+    for (int64_t i = 1; i < m; ++i) touched += rows[i] / kPanel != rows[i - 1] / kPanel;
+    bool sketch = false;
+    if constexpr (kSketched) {
+      sketch = sketched_ && first_passes_ && sketch_pays(nq, std::min(m, k + screen_margin(k)), (m + kPanel - 1) / kPanel);
+    }
+    const double element = sketch ? 2.0 : (double)sizeof(Storage), row = (double)db_.dim() * element;
+    return (int64_t)((double)touched * kPanel * row * kGatherByteNs + (double)m * row * kGatheredByteNs +
+                     (double)(m * db_.dim() * nq) * kScreenElementNs);
+  }
+  // The direct search reads each allowed row's lines and computes nq float64 distances a row.
+  int64_t direct_cost(int64_t m, int64_t nq) const {
+    const double lines = (double)((db_.dim() * (int64_t)sizeof(Storage) + 63) / 64 + 1);
+    return (int64_t)((double)m * (lines * kRowLineNs + (double)(db_.dim() * nq) * kExactElementNs));
+  }
+  // Building the copy reads every panel and writes every row.
+  int64_t build_cost() const { return (int64_t)((double)(db_.size() * db_.dim() * (int64_t)sizeof(Storage)) * kBuildByteNs); }
+
+  // The row copy, built from the panels under the shared gate (writers, which keep it in step, are shut out
+  // by it; a second builder waits for the first and finds the copy there); nullptr where memory cannot hold
+  // it (the credit starts over).
+  const RowCopy<Storage>* build_row_copy(int threads) {
+    std::lock_guard<std::mutex> building(row_copy_build_);
+    if (const RowCopy<Storage>* done = row_copy_view_.load()) return done;
+    try {
+      std::unique_ptr<RowCopy<Storage>> copy(new RowCopy<Storage>(db_.dim()));
+      auto growth = copy->reserve(db_.size());
+      copy->assign_from(db_.table(), db_.size(), growth, on_threads(threads));
+      publish_row_copy(std::move(copy));
+      ++row_copy_builds_;
+      return row_copy_view_.load();
+    } catch (const std::bad_alloc&) {
+      row_copy_credit_ = 0;
+      return nullptr;
+    }
+  }
+
+  void publish_row_copy(std::unique_ptr<RowCopy<Storage>> copy) {
+    row_copy_ = std::move(copy);
+    row_copy_view_.store(row_copy_.get(), std::memory_order_release);
+  }
+
+  // (under the writer gate)
+  void drop_row_copy() {
+    row_copy_view_.store(nullptr);
+    row_copy_.reset();
+    row_copy_credit_ = 0;
+  }
+
   // This thread's temporary index of rows[0 .. m) (no sketch), its blocks reused from the thread's last
   // filtered search: a fresh mapping would fault in every page (measured: 1,280 pages of a 10,000-row
   // subset of 128 dims took longer than the search itself).
@@ -439,6 +560,15 @@ class Index final : public AnyIndex {
   WriterFirstGate gate_;  // searches share it; add, truncate and reset take it alone, ahead of later searches
   Database<Storage> db_;
   Sketch sketch_;
+  // The row-major copy (row_copy.h) once built: row_copy_ owns it and is changed only by writers (under the
+  // gate alone) and by the one builder (under the shared gate and row_copy_build_); searches read
+  // row_copy_view_.
+  std::unique_ptr<RowCopy<Storage>> row_copy_;
+  std::atomic<const RowCopy<Storage>*> row_copy_view_{nullptr};
+  std::mutex row_copy_build_;
+  std::atomic<int> row_copy_mode_{TK_ROW_COPY_AUTO};
+  std::atomic<int64_t> row_copy_credit_{0};  // what the gathered searches lost against the copy, estimated (ns)
+  std::atomic<int64_t> direct_searches_{0}, row_copy_builds_{0};
 };
 
 // The bfloat16, int8 and uint8 indexes (narrow.cpp: a translation unit of their own, compiled beside

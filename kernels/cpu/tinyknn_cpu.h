@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define TK_ABI_VERSION 6
+#define TK_ABI_VERSION 7
 
 #ifdef __cplusplus
 extern "C" {
@@ -15,6 +15,7 @@ extern "C" {
 enum tk_status { TK_OK = 0, TK_INVALID_ARGUMENT = 1, TK_OUT_OF_MEMORY = 2, TK_INTERNAL = 3 };
 enum tk_metric { TK_L2 = 0, TK_INNER_PRODUCT = 1, TK_COSINE = 2 };
 enum tk_dtype { TK_FLOAT32 = 0, TK_FLOAT16 = 1, TK_BFLOAT16 = 2, TK_INT8 = 3, TK_UINT8 = 4 };
+enum tk_row_copy { TK_ROW_COPY_OFF = 0, TK_ROW_COPY_AUTO = 1, TK_ROW_COPY_ALWAYS = 2 };
 
 typedef struct tk_index tk_index;
 typedef struct tk_range tk_range;
@@ -28,7 +29,7 @@ const char* tk_build_info(void);
 const char* tk_sources_digest(void);
 // One number of this build's shape, by name (TK_INVALID_ARGUMENT for an unknown name): "lanes",
 // "panel_rows", "tile_queries", "sketch_max_queries", "sketch_min_panels", "winograd_min_queries",
-// "winograd_min_panels", "winograd_min_dim"; tests size their databases from them. "margin:<k>": the
+// "winograd_min_panels", "winograd_min_dim", "direct_max_queries"; tests size their databases from them. "margin:<k>": the
 // rows the screen keeps beyond k (verify.h).
 int tk_build_param(const char* name, int64_t* value);
 // Runs n_tasks empty tasks on `threads` of the library's pool, task `failing_task` throwing std::bad_alloc
@@ -64,9 +65,18 @@ int tk_index_use_first_passes(tk_index* index, int on);
 int tk_index_search(tk_index* index, const float* queries, int64_t nq, int64_t k, int threads,
                     float* distances, int64_t* ids);
 // The same over the rows rows[0 .. n_rows) only (row positions, sorted, unique, in [0, size)); the cost
-// follows n_rows (they are gathered into a temporary index first).
+// follows n_rows (they are gathered into a temporary index first, or, for a few queries, read from the row
+// copy: tk_index_row_copy).
 int tk_index_search_rows(tk_index* index, const float* queries, int64_t nq, int64_t k, int threads,
                          const int64_t* rows, int64_t n_rows, float* distances, int64_t* ids);
+// The row-major copy that filtered searches of a few queries read scattered rows from (row_copy.h, direct.h):
+// TK_ROW_COPY_AUTO (the default) builds it once filtered searches have lost about its cost without it and
+// uses it where it reads less than the gather; TK_ROW_COPY_ALWAYS builds it now (TK_OUT_OF_MEMORY when it
+// cannot) and answers every filtered search of up to "direct_max_queries" queries from it; TK_ROW_COPY_OFF
+// drops it and never builds it. `threads` build it.
+int tk_index_row_copy(tk_index* index, int mode, int threads);
+// Rows the copy holds (-1: none), filtered searches answered from it, times it was built.
+int tk_index_row_copy_counts(tk_index* index, int64_t* rows, int64_t* searches, int64_t* builds);
 // Removes the rows positions[0 .. n) (sorted, unique, in [0, size)) at once: the last live rows move into
 // the holes. *n_moved rows moved: from moved_from[j] to moved_to[j] (each array has room for n; both
 // ascending). Fails only in its checks, before anything changes.

@@ -33,7 +33,7 @@ from ..errors import CpuLibraryError
 from .cache import (_fallback_path, _write_json, file_sha256, library_dir, log, primary_dir, read_sidecar, remove,
                     sidecar, verified)
 
-ABI_VERSION = 6          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
+ABI_VERSION = 7          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
 COMPILERS = ("g++", "c++", "clang++")
 # -march=native: exactly the running CPU's instructions (arm64 compilers spell it -mcpu=native)
 _NATIVE = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"

@@ -43,6 +43,8 @@ _SIGNATURES = {
     "tk_index_use_first_passes": ([_ptr, _int], _int),
     "tk_index_search": ([_ptr, _ptr, _i64, _i64, _int, _ptr, _ptr], _int),
     "tk_index_search_rows": ([_ptr, _ptr, _i64, _i64, _int, _ptr, _i64, _ptr, _ptr], _int),
+    "tk_index_row_copy": ([_ptr, _int, _int], _int),
+    "tk_index_row_copy_counts": ([_ptr, ctypes.POINTER(_i64), ctypes.POINTER(_i64), ctypes.POINTER(_i64)], _int),
     "tk_index_remove_rows": ([_ptr, _ptr, _i64, _ptr, _ptr, ctypes.POINTER(_i64)], _int),
     "tk_index_get_rows": ([_ptr, _ptr, _i64, _ptr], _int),
     "tk_index_permute_rows": ([_ptr, _ptr, _i64, _int], _int),

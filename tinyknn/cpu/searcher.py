@@ -7,7 +7,8 @@ the GIL is released. Answers keep the exactness contract (kernels/exact.cuh): th
 search, equal float64 distances by the smaller id, the float64 distances rounded to float32 (kernels/cpu/verify.h).
 
 Index operations work on row positions (the Index maps ids and labels onto them), with GpuSearcher's meaning:
-search(rows=) over the allowed rows only (gathered into a temporary index of the library's), remove_rows
+search(rows=) over the allowed rows only (gathered into a temporary index of the library's, or for a few queries
+read from its row-major copy once filtered searches have paid for one: row_copy), remove_rows
 (swap-remove: the last rows move into the holes), get_rows, range_search (kernels/cpu/range.h),
 permute_rows (the Index's label-partitioned order, tinyknn.index.layout).
 """
@@ -74,8 +75,9 @@ class CpuSearcher:
 
     def search(self, queries: np.ndarray, k: int, rows=None, *, out=None) -> tuple[np.ndarray, np.ndarray]:
         """(distances, ids) (n_queries, k), nearest first, padded with (+-inf, -1). rows: None (every row) or the
-        sorted, unique int64 positions the queries may return; they are gathered into a temporary index first,
-        so a search over 1 % of the rows reads about 1 % of the panels' rows (see kernels/cpu/search.h).
+        sorted, unique int64 positions the queries may return; they are gathered into a temporary index first
+        (a search over 1 % of the rows reads the panels that hold them), or, for up to
+        build_param("direct_max_queries") queries, read from the row copy where it reads less (row_copy).
         out: (float32, int64) C-contiguous writeable (n_queries, k) arrays, checked by the Index
         (tinyknn.inputs.outputs): the library writes the results there, and they are returned."""
         n_queries = queries.shape[0]
@@ -179,6 +181,24 @@ class CpuSearcher:
         count = ctypes.c_int64()
         self._call("reading the exact-fallback counter", self._library.tk_index_exact_fallbacks, ctypes.byref(count))
         return count.value
+
+    def row_copy(self, mode: str, threads: int | None = None) -> None:
+        """The row-major copy that filtered searches of a few queries read scattered rows from
+        (kernels/cpu/row_copy.h, direct.h): "auto" (the default) builds it once the filtered searches it would
+        have sped up have lost about its cost; "always" builds it now (MemoryError when it cannot) and answers
+        every filtered search of up to build_param("direct_max_queries") queries from it; "off" drops it."""
+        codes = {"off": 0, "auto": 1, "always": 2}
+        if mode not in codes:
+            raise ValueError(f"row copy mode must be one of {sorted(codes)}; got {mode!r}")
+        self._call("setting the row copy", self._library.tk_index_row_copy, codes[mode],
+                   self._threads if threads is None else int(threads))
+
+    def row_copy_counts(self) -> tuple[int, int, int]:
+        """(rows the row copy holds, -1 for none; filtered searches answered from it; times it was built)."""
+        rows, searches, builds = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+        self._call("reading the row copy counters", self._library.tk_index_row_copy_counts, ctypes.byref(rows),
+                   ctypes.byref(searches), ctypes.byref(builds))
+        return rows.value, searches.value, builds.value
 
     def truncate(self, n_rows: int) -> None:
         """Drop rows n_rows and later (0 <= n_rows <= size): Index.add undoes a chunked add that failed part way."""
