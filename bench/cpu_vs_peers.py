@@ -17,7 +17,7 @@ timing are recorded, and so is the share of the machine's CPU time other process
 phase was timed (from /proc/stat): they slow the OpenMP peers (FAISS) most, so only runs where that
 share is small are fair comparisons. Recall is against an exact float64 search
 (bench/datasets.py: ties with the k-th neighbour count as correct).
-Targets (issue 2): 1 query <= 0.7 x min(hnswlib, FAISS); 1,000 queries <= 0.7 x FAISS.
+Targets: 1 query <= 0.7 x min(hnswlib, FAISS); 1,000 queries <= 0.7 x FAISS.
 Writes bench/results/cpu_vs_peers_<date>_<machine>.json and .png.
 """
 

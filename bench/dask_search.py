@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """DaskIndex.search over local worker processes against one Index in one process on the same cores.
 
-Target (issue 17): 2 local CPU workers, 1M x 128 float32 l2, 1,000 queries, k = 10: DaskIndex.search
+Target: 2 local CPU workers, 1M x 128 float32 l2, 1,000 queries, k = 10: DaskIndex.search
 <= 1.3x one Index. The single Index gets TINYKNN_CPU_THREADS = --cores, each of the --workers worker
 processes --cores / --workers threads and one shard. Rounds alternate (single, dask, dask shards only) so
 that the machine's other load falls on all three alike; medians after warm-up; the Dask answer is checked

@@ -1,5 +1,4 @@
-"""The host-memory tier against the bus it streams over (issue 17's target: >= 80 % of the host-to-device
-bandwidth measured in the same run, exactness holding).
+"""The host-memory tier against the bus it streams over.
 
 One run: the database is allocated once in pinned host memory (HostTierSearcher.reserve) and filled in place
 by threads with random values (float16: +-[1, 2) from random bits, no staging copy); plain pinned H2D

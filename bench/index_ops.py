@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Index operations against issue 14's speed and behaviour targets, every row in one run on one device.
+"""Index operations against the speed and behaviour targets, every row in one run on one device.
 
 1M x 128 float32 l2 (standard normal, seeded), ids 0..n-1 given, labels 0..99 (each 1 % of the rows): add
 of 1 row with its own id; filtered search (one label, a 1 % allow-list) against unfiltered, 1 and 1,000

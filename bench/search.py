@@ -66,7 +66,7 @@ def _embeddings(dtype: str, metric: str) -> Config:
     return Config("clustered", 1_000_000, 768, dtype, metric, 10, (1000,))
 
 
-# The GPU sweep: issue 13's targets, in the order that keeps the most wanted rows inside --budget-s.
+# The GPU sweep: the targets, in the order that keeps the most wanted rows inside --budget-s.
 GPU_SWEEP = (
     Config("random", 100_000, 128, "float32", "l2", 10),
     Config("random", 1_000_000, 768, "float32", "l2", 10, (1, 100, 1000)),
@@ -116,7 +116,7 @@ def parse_args(argv=None):
     add("--oracle", choices=("auto", "torch", "numpy"), default="auto",
         help="where the float64 oracle runs (auto: torch on the GPU when there is one, else NumPy)")
     add("--sweep", choices=("gpu", "cpu"), default=None,
-        help="default panels: gpu (issue 13's targets; default unless --device cpu) or cpu (smaller shapes)")
+        help="default panels: gpu or cpu (smaller shapes)")
     add("--peers", default="", help="comma list of peers to run (default all): " + ",".join(PEERS))
     add("--resident", choices=("headline", "all", "off"), default="headline",
         help="also time GPU peers on device-resident inputs (CUDA events) for these panels")

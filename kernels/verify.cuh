@@ -60,7 +60,7 @@ template <> struct KeyBound<Cosine> {
 
 // l2's filter key of large batches (L2Expanded: |x|^2 - 2 q.x in float32, |x|^2 from the ingest's float32
 // sum): within E = 2.5 (n + 4) u (|q|^2 + max |x|^2) + (6n + 16) eta of |x - q|^2 - |q|^2 (merge.cuh's
-// derivation of the first wave, unchanged).
+// derivation of the first version, unchanged).
 struct FilterKeyBound {
   static TINYKNN_D double lowest(float key32, int n, double qq, double max_xx, double) {
     const double u = 5.9604644775390625e-08;

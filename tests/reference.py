@@ -5,7 +5,7 @@ computed operation by operation as the kernels compute them (sequential over dim
 sum rounded, no fused multiply-add), nearest first, equal float64 distances broken by the smaller id,
 distances returned as those float64 values rounded to float32; `assert_exact` compares bit for bit.
 
-`check_search` (below them) is the first wave's tolerant check, kept for paths not yet under the contract:
+`check_search` (below them) is the first version's tolerant check, kept for paths not yet under the contract:
 
 A search result is correct when (1) each row's distances are sorted nearest first, (2) they equal the
 reference's k best distances within float32 rounding (so ties may be broken any way), (3) every

@@ -1,5 +1,5 @@
 """bench/index_ops.py keeps working: a small CPU run writes one JSON and one PNG holding every target row of
-issue 14, each with its measurement, target and verdict, and every answer it checked agrees with float64."""
+the index-operations table, each with its measurement, target and verdict, and every answer it checked agrees with float64."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The exactness contract on the CPU (issue 12): on the data sets that break float32 search, every answer is
+"""The exactness contract on the CPU: on the data sets that break float32 search, every answer is
 the float64 oracle's bit for bit (reference.assert_exact), and the exact-fallback counter says how often the
 screen's candidates could not be proven (0 on random data, > 0 where ties outnumber the margin)."""
 
@@ -156,7 +156,7 @@ def test_five_thousand_queries_on_a_small_database(rng, metric):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cosine_of_tiny_vectors(dtype):
-    """Issue 11 rows 3 and 4: values near 1e-25 were treated as zero vectors, values near 1e-20 were 8 % off;
+    """Values near 1e-25 were treated as zero vectors, values near 1e-20 were 8 % off;
     the screen's query is scaled by a power of two and the norms come from float64 sums."""
     db = np.array([[-1, -2, -3, -4], [1, 2, 3, 4]], np.float32) * np.float32(1e-25)
     q = np.array([[1, 2, 3, 4]], np.float32) * np.float32(1e-25)

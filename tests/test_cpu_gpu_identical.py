@@ -1,4 +1,4 @@
-"""The exactness contract across devices (issue 12): the CPU and the GPU return bit-identical distances and ids,
+"""The exactness contract across devices: the CPU and the GPU return bit-identical distances and ids,
 both the float64 oracle's, for every metric, dtype, batch size and k (GPU machine only)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CPU searcher's index operations (issue 14; row positions, the Index maps ids and labels onto them):
+"""The CPU searcher's index operations (row positions, the Index maps ids and labels onto them):
 filtered search over gathered rows, swap-remove (panels, ids, norms and the float16 sketch), get, range search,
 k beyond 2,048 and the bfloat16 / int8 / uint8 storage dtypes, each compared bit for bit with the float64 oracle
 (tests/reference.py), and sequences of removes and searches against a model (hypothesis)."""

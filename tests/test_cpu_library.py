@@ -162,7 +162,7 @@ def unwritable_cache(tmp_path, monkeypatch):
 
 
 def test_unwritable_cache_builds_once_in_a_per_user_folder(tmp_path, tiny_sources, count_compiles, unwritable_cache):
-    """Issue 11 row 11: a cache that cannot be written: one warning, the build goes to a persistent per-user
+    """A cache that cannot be written: one warning, the build goes to a persistent per-user
     folder (not a fresh temporary one per process), a later process finds it there, nothing is left behind."""
     blocker = unwritable_cache
     with pytest.warns(RuntimeWarning, match="cannot write its cache") as caught:
@@ -245,7 +245,7 @@ def libm_file() -> Path | None:
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "libm", "directory"])
 def test_damaged_or_foreign_cached_library_is_rebuilt(tmp_path, monkeypatch, damage):
-    """Issue 11 rows 1 and 12: a truncated library (which the loader would map and die on with SIGBUS),
+    """A truncated library (which the loader would map and die on with SIGBUS),
     another valid library in its place, or a directory at its path: never loaded; removed, rebuilt once,
     one warning, no temporary file left."""
     built = Path(library.get_library()._name)
@@ -299,7 +299,7 @@ def test_foreign_library_with_a_matching_sidecar_is_refused_and_removed(tmp_path
 
 
 def test_cached_library_loads_without_a_compiler(tmp_path, monkeypatch):
-    """Issue 15 item 5: with the library cached, TINYKNN_CXX=/nonexistent still loads it; and no process with
+    """With the library cached, TINYKNN_CXX=/nonexistent still loads it; and no process with
     a cached library runs the compiler (its identity is remembered by path, size and mtime)."""
     target = real_library_in(tmp_path / "cache", monkeypatch)
     library.reset_library()
@@ -322,7 +322,7 @@ def test_cached_library_loads_without_a_compiler(tmp_path, monkeypatch):
 
 
 def test_c_driver_gives_one_clear_error(cache_dir, monkeypatch):
-    """Issue 11 row 10: TINYKNN_CXX=gcc (a C driver: no C++ runtime linked) fails once, at link time, with a
+    """TINYKNN_CXX=gcc (a C driver: no C++ runtime linked) fails once, at link time, with a
     CpuLibraryError that says to use a C++ compiler; never a second compile or a raw OSError."""
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -366,7 +366,7 @@ def test_prebuilt_levels_follow_the_cpu_features():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.machine() != "x86_64", reason="x86-64 Linux")
 def test_prebuilt_library_is_used_without_a_compiler_and_checked(tmp_path, cache_dir, monkeypatch):
-    """Issue 15 item 5: a wheel's prebuilt library (here v2, which every x86-64-v2 CPU runs) is chosen by the
+    """A wheel's prebuilt library (here v2, which every x86-64-v2 CPU runs) is chosen by the
     CPU's features and used with no compiler on PATH; one built from other sources, or damaged, is not."""
     if 2 not in prebuilt.supported_levels(prebuilt.cpu_features()):
         pytest.skip("this CPU is below x86-64-v2")

@@ -1,4 +1,4 @@
-"""The CPU library under failure and load (issue 11 rows 2, 15, 16): an add that fails changes nothing,
+"""The CPU library under failure and load (the audit's cases, 15, 16): an add that fails changes nothing,
 truncate undoes a part-done add, an add under searching threads takes at most 5x its idle time, an add's memory
 stays near the data's size."""
 
@@ -57,7 +57,7 @@ print("ok")
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("metric", METRICS)
 def test_an_add_that_cannot_be_allocated_changes_nothing(rng, metric, dtype):
-    """Issue 11 row 2: an add whose allocation fails reports out of memory and leaves the index exactly as it
+    """An add whose allocation fails reports out of memory and leaves the index exactly as it
     was: same size, same answers (before, the library kept a half-added batch and a later search crashed).
     In a child process whose address space is capped (RLIMIT_AS), so that the allocation fails on every
     machine: with overcommit allowed, a 1 TiB mapping could succeed and the add would read past its input."""
@@ -138,7 +138,7 @@ def add_under_search_bench():
 
 
 def test_peak_memory_of_an_add_stays_near_the_data(tmp_path):
-    """Issue 11 row 16: the memory the library's add of 400,000 x 128 float32 (205 MB) takes at its peak, beyond
+    """The memory the library's add of 400,000 x 128 float32 (205 MB) takes at its peak, beyond
     the caller's arrays, is at most 1.6x the data (the index's copy, the float16 sketch (0.5x) and the ids;
     panels grow in blocks, never by a copying doubling). Measured in a fresh process (its peak RSS, VmHWM)."""
     script = textwrap.dedent("""
@@ -181,7 +181,7 @@ def test_k_beyond_the_library_limit_is_refused(rng):
 
 
 def test_an_add_that_runs_out_of_address_space_changes_nothing():
-    """Issue 11 row 2 as the audit met it (`ulimit -v`, an add of float32 l2 rows whose panels fit but whose
+    """The audit's case as it met it (`ulimit -v`, an add of float32 l2 rows whose panels fit but whose
     sketch does not): MemoryError, and the library still holds exactly the rows Python registered (before,
     it kept the panels of the failed add and a later search crashed)."""
     script = textwrap.dedent("""

@@ -86,7 +86,7 @@ def test_bad_inputs_are_refused_and_change_nothing(dim, metric, dtype, n, kinds)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scale", [1e-25, 3e-23, 1e-30, 1e-40])
 def test_cosine_of_tiny_vectors(dtype, scale):
-    """Issue 11's rows 3-4 (cosine below ~1e-19 was taken for zero or off by 8 %) as fixed cases; float16
+    """The rows 3-4 (cosine below ~1e-19 was taken for zero or off by 8 %) as fixed cases; float16
     stores these magnitudes as zero, and then the similarity is 0."""
     plus, minus = PALETTE.index(scale), PALETTE.index(-scale)
     ops = [{"op": "add", "n": 3, "ids": "auto", "seed": 0, "values": [plus, plus, minus, plus, minus]},

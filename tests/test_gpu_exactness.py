@@ -1,4 +1,4 @@
-"""The exactness contract on the GPU (issue 12's data sets), and CPU = GPU bit for bit.
+"""The exactness contract on the GPU, and CPU = GPU bit for bit.
 
 Each data set is searched on the GPU and compared with `reference.assert_exact` (ids and float32 distances
 bit for bit those of the float64 oracle, ties by the smaller id); the same index on the CPU must return the
@@ -138,7 +138,7 @@ def test_property_exact_on_both_devices(seed, n, dim, nq, k, metric, dtype, leve
 
 
 def test_tiny_cosine_vectors(rng):
-    """Issue 11 rows 3 and 4: values ~1e-25 and ~1e-20 are not zero vectors (float64: similarity 1)."""
+    """Values ~1e-25 and ~1e-20 are not zero vectors (float64: similarity 1)."""
     db = np.array([[-1, -2, -3, -4], [1, 2, 3, 4]], np.float32) * np.float32(1e-25)
     q = np.array([[1, 2, 3, 4]], np.float32) * np.float32(1e-25)
     with tinyknn.Index(4, "cosine", device="cuda") as index:

@@ -112,7 +112,7 @@ def test_memory_per_id():
 
 
 def test_adding_one_id_to_a_million_row_index_is_fast(rng):
-    """Issue 14's target is <= 1 ms on the CPU; asserted with room for a loaded 2-core CI machine."""
+    """The target is <= 1 ms on the CPU; asserted with room for a loaded 2-core CI machine."""
     index = tinyknn.Index(4)
     index.add(np.zeros((10**6, 4), np.float32), ids=rng.choice(10**12, 10**6, replace=False) + 10**12)
     one = np.ones((1, 4), np.float32)

@@ -1,4 +1,4 @@
-"""Index threads (issue 14's "Threads" target): searches from 8 threads while 1 thread adds and removes.
+"""Index threads: searches from 8 threads while 1 thread adds and removes.
 
 Every answer must be consistent with a serial order of the operations (tests/serial_order.py): the exact
 answer, bit for bit, of the index after some prefix of the writer's operations that can have taken effect

@@ -1,4 +1,4 @@
-"""Index operations (issue 14): labels, remove, filtered and labelled search, range search, get, contains,
+"""Index operations: labels, remove, filtered and labelled search, range search, get, contains,
 k beyond 2,048, against the float64 oracle (reference.py) bit for bit.
 
 Every test runs on `backend`: "model" (tests/model_searcher.py injected: the Index's own logic on every
@@ -238,7 +238,7 @@ def test_removing_everything_and_reset(backend):
 
 
 def test_remove_of_one_percent_of_a_million_rows_is_fast(monkeypatch):
-    """Issue 14: the Index's own work (ids -> rows, bookkeeping for the moved rows) well under 20 ms; the
+    """The Index's own work (ids -> rows, bookkeeping for the moved rows) well under 20 ms; the
     searcher's part (here the model's) is timed separately and left out."""
     made = use_model(monkeypatch)
     index = tinyknn.Index(1)

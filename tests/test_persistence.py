@@ -440,7 +440,7 @@ def test_labels_survive_save_load_and_pickle(tmp_path, rng):
 
 
 def test_a_version_1_file_still_loads(tmp_path, rng):
-    """Version 1, as the first wave wrote it (np.savez of header, vectors, ids; no labels)."""
+    """Version 1, as the first version wrote it (np.savez of header, vectors, ids; no labels)."""
     vectors = rng.standard_normal((6, 3)).astype(np.float16)
     header = {"format": "tinyknn.index", "version": 1, "dim": 3, "metric": "cosine", "dtype": "float16", "ntotal": 6}
     with open(tmp_path / "v1", "wb") as handle:

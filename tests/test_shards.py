@@ -1,4 +1,4 @@
-"""ShardedSearcher (tinyknn.index.shards, issue 18's multi-GPU logic) over CPU searchers: bit for bit the answer of
+"""ShardedSearcher (tinyknn.index.shards, the multi-GPU logic) over CPU searchers: bit for bit the answer of
 one searcher holding every row, ties between shards settled in float64; adds that keep the shards even; a
 failed shard add that changes nothing; no search that sees part of an add.
 

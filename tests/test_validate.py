@@ -66,7 +66,7 @@ def test_non_contiguous_input_is_checked_too():
         _validate.check_values(values[::2], "queries", "float32")
 
 
-# -- the storage dtypes' input rules (issue 13 item 3) -------------------------------------------------
+# -- the storage dtypes' input rules  -------------------------------------------------
 def bfloat16_bits(values: np.ndarray) -> np.ndarray:
     """float64 -> float32 (NumPy, to nearest) -> bfloat16 by integer arithmetic: round the float32 bits
     to their upper 16, to nearest, ties to even (kernels/ingest.cuh's cvt.rn.bf16.f32)."""

@@ -1,6 +1,6 @@
 // One index = one (metric, storage type) pair: the database plus the search plan that scans it.
 //
-// Index operations (issue 14) work on row positions: a filtered search gathers the allowed rows into the
+// Index operations work on row positions: a filtered search gathers the allowed rows into the
 // calling thread's temporary index (or, for a few float32 l2 queries, their float16 sketch rows) and
 // searches that, so its cost follows the rows allowed; one of a few queries over scattered rows reads them
 // from the row-major copy instead, once there is one (row_copy.h, direct.h); remove_rows swap-removes (the

@@ -1,4 +1,4 @@
-"""ShardedSearcher: one Searcher over several (issue 18: one per GPU), the rows split between them and the
+"""ShardedSearcher: one Searcher over several (one per GPU), the rows split between them and the
 answers merged exactly (tinyknn.index.merge: the answer one searcher holding every row gives, bit for bit).
 
 The Index's rows are names here: row g lives in shard shard_of[g] at local row local_of[g]. An add goes to

@@ -1,4 +1,4 @@
-"""Checks of the index operations' arguments (issue 14): labels, id lists (filter, remove, get,
+"""Checks of the index operations' arguments: labels, id lists (filter, remove, get,
 contains), the search k, a prepared search's query count and the range-search radius. Vectors and
 queries: tinyknn.inputs.validate; the caller's result arrays (out=): tinyknn.inputs.outputs.
 
