@@ -9,27 +9,13 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 from tinyknn.cpu import library
 from tinyknn.cpu.searcher import CpuSearcher
 from reference import assert_exact
-
-METRICS = ("l2", "ip", "cosine")
-NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "int8": np.int8,
-         "uint8": np.uint8}
-
-
-def data(rng, n, dim, dtype):
-    """Rows the dtype holds exactly (integers for 8-bit dtypes), as float32."""
-    if dtype == "int8":
-        return rng.integers(-128, 128, size=(n, dim)).astype(np.float32)
-    if dtype == "uint8":
-        return rng.integers(0, 256, size=(n, dim)).astype(np.float32)
-    return rng.standard_normal((n, dim)).astype(np.float32)
-
+from test_cpu_index_ops import METRICS, NUMPY, data  # the dtypes' exact rows, shared with the gather's tests
 
 def build(rng, metric, dtype, db, mode="always"):
     searcher = CpuSearcher(db.shape[1], metric, dtype)

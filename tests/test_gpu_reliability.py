@@ -400,26 +400,7 @@ def test_an_add_under_eight_searching_threads_takes_at_most_5x_its_idle_time(rng
     """The GPU's side of tests/test_cpu_reliability.py's test of the same name: a GPU index's calls take turns
     (tinyknn.gpu.turns), and a waiting add goes ahead of the searches still waiting, so it waits for the one
     search running, not for a line of them."""
-    from test_cpu_reliability import add_under_search_bench
+    from test_cpu_reliability import assert_add_under_search_within_5x
 
-    bench = add_under_search_bench()
-    x = rng.standard_normal((200_000, 128), dtype=np.float32)
-    batch = rng.standard_normal((2000, 128), dtype=np.float32)
-    q = rng.standard_normal((1, 128), dtype=np.float32)
     with tinyknn.Index(128, device="cuda") as index:
-        index.add(x, ids=np.arange(len(x)))
-        for _ in range(3):                               # first calls: kernels, plans, staging
-            index.search(q, 10)
-            bench.timed_add(index, batch, len(x))
-        searchers = bench.Searchers(index, q, 10, 8)
-        try:
-            got = bench.measure(index, batch, searchers, rounds=15, adds=3, settle_s=0.05, first_id=len(x))
-        finally:
-            searchers.stop()
-        idle, loaded = np.median(got["idle"]), np.median(got["loaded"])
-        print(f"add of 2,000 rows: idle {idle * 1e3:.2f} ms, under 8 searching threads {loaded * 1e3:.2f} ms "
-              f"({loaded / idle:.1f}x; {got['searches_while_loaded']} searches meanwhile)")
-        assert got["searches_while_loaded"] >= 8, got["searches_while_loaded"]
-        assert loaded <= 5 * idle, (idle, loaded)
-        assert index.ntotal == len(x)
-        assert_exact(*index.search(q, 10), x, q, 10, "l2")
+        assert_add_under_search_within_5x(index, rng)
