@@ -14,7 +14,7 @@ kernels/screen_steps.cuh); render.name_expression hands these variants here. Pur
 
 from __future__ import annotations
 
-from ..spec import KernelSpec
+from ..spec import KernelSpec, parse_arch
 
 SCREEN_ELEMENTS = {"float16": "tinyknn::ScreenF16", "bfloat16": "tinyknn::ScreenBF16",
                    "int8": "tinyknn::ScreenS8", "uint8": "tinyknn::ScreenU8"}
@@ -83,7 +83,10 @@ _LARGEST_PRODUCT = {"uint8": 255 * 255, "int8": 128 * 128}
 
 def hopper_arch(arch: str) -> str | None:
     """The arch the Hopper screen compiles for on a device of `arch` (sm_90a on compute capability 9.0), else None."""
-    return HOPPER_ARCH if arch in HOPPER_DEVICE_ARCHES else None
+    text = str(arch).strip().lower()
+    if text[:1].isdigit():
+        text = f"sm_{text}"
+    return HOPPER_ARCH if parse_arch(text) in HOPPER_DEVICE_ARCHES else None
 
 
 def hopper_tile(element: str) -> tuple[int, int]:
