@@ -84,7 +84,8 @@ class Screen:
         self.row_bytes = self.stride * render.ITEMSIZE[element]
         self.element_bytes = render.ITEMSIZE[element]
         self.hopper = use_hopper(searcher._arch, get_config().screen)
-        self.hopper_spec = rs.hopper_spec(searcher.metric, searcher.dtype, self.stride, searcher._arch) if self.hopper else None
+        self.hopper_spec = (rs.hopper_spec(searcher.metric, searcher.dtype, self.stride, searcher._arch)
+                            if self.hopper else None)
         self.tile_rows = self.hopper_spec.param("bn") if self.hopper else 0
         self._maps: dict[str, tuple] = {}     # "rows" / "queries": (what it maps, TensorMapArg)
         self.timings: dict[str, list] | None = None   # benchmarks: set to {} to get each step's milliseconds

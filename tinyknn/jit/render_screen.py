@@ -96,7 +96,8 @@ def hopper_tile(element: str) -> tuple[int, int]:
 
 def hopper_smem(bn: int, mw: int, stages: int = HOPPER_STAGES) -> int:
     """hopper_smem_bytes of kernels/screen_hopper.cuh."""
-    return 1024 + stages * (128 * mw + bn) * HOPPER_KB + HOPPER_SCALAR_SLOTS * bn * 4 + 8 * (2 * stages + 2 * HOPPER_SCALAR_SLOTS)
+    ring = stages * (128 * mw + bn) * HOPPER_KB
+    return 1024 + ring + HOPPER_SCALAR_SLOTS * bn * 4 + 8 * (2 * stages + 2 * HOPPER_SCALAR_SLOTS)
 
 
 def hopper_k_blocks(row_bytes: int) -> int:
