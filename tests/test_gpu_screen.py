@@ -31,7 +31,7 @@ def screen(request, monkeypatch):
     monkeypatch.setenv("TINYKNN_SCREEN", request.param)
     reset_config()
     yield request.param
-    monkeypatch.delenv("TINYKNN_SCREEN")
+    monkeypatch.undo()
     reset_config()
 
 
