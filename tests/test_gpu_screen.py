@@ -2,7 +2,8 @@
 bfloat16, int8, uint8 or float32 (through a float16 shadow), and cosine indexes of any dtype (unit-row shadows),
 are screened on the tensor cores and their
 survivors verified in float64: every answer is the float64 oracle's, bit for bit, and a query the screen
-cannot settle (survivors beyond the capacity) is answered by the other kernels and counted."""
+cannot settle (survivors beyond the capacity) is answered by the other kernels and counted. On compute
+capability 9.0 every case runs against both screens (TINYKNN_SCREEN=mma and wgmma)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,27 @@ from reference import assert_exact
 pytestmark = pytest.mark.gpu
 DTYPES = ("float16", "bfloat16", "int8", "uint8", "float32")
 KS = (10, 100)
+SCREENS = ("mma", "wgmma")
+
+
+@pytest.fixture(params=SCREENS)
+def screen(request, monkeypatch):
+    """The screen kernel this test's indexes use (wgmma only on compute capability 9.0)."""
+    from tinyknn.config import reset_config
+    from tinyknn.gpu.device import current_device
+    from tinyknn.jit import render_screen
+
+    if request.param == "wgmma" and render_screen.hopper_arch(current_device().arch) is None:
+        pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
+    monkeypatch.setenv("TINYKNN_SCREEN", request.param)
+    reset_config()
+    yield request.param
+    monkeypatch.undo()
+    reset_config()
+
+
+def check_screen_used(index, screen):
+    assert index._searcher._screen.hopper is (screen == "wgmma")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,7 +52,7 @@ def warm_kernels():
     arch = current_device().arch
     specs = {spec for metric in ("l2", "ip", "cosine") for dtype in DTYPES for k in KS
              for spec in render_screen.specs_for_screen(metric, dtype, k, arch) +
-             render.specs_for_search(metric, dtype, 72, k, arch)}
+             render.specs_for_search(metric, dtype, 72, k, arch) + render.hopper_specs(metric, dtype, 72, arch)}
     with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(get_cubin, sorted(specs)))
 
@@ -49,6 +71,9 @@ def data(rng, kind, n, dim, dtype):
             x[: n // 2] = x[n // 2: 2 * (n // 2)]
         return x
     x = rng.standard_normal((n, dim))
+    if kind == "near_ties":     # pairs one float32 step apart in one coordinate (16-bit types: exact ties)
+        x[: n // 2] = x[n // 2: 2 * (n // 2)]
+        x[: n // 2, 0] = np.nextafter(x[: n // 2, 0].astype(np.float32), np.float32(np.inf))
     if kind == "clustered":
         centres = rng.standard_normal((20, dim)) * 3
         x = centres[rng.integers(0, 20, n)] + x * 0.3
@@ -63,14 +88,15 @@ def data(rng, kind, n, dim, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("metric", ["l2", "ip", "cosine"])
-@pytest.mark.parametrize("kind", ["normal", "clustered", "duplicates"])
-def test_screened_batches_are_exact(dtype, metric, kind, rng):
+@pytest.mark.parametrize("kind", ["normal", "clustered", "duplicates", "near_ties"])
+def test_screened_batches_are_exact(dtype, metric, kind, rng, screen):
     n, dim = 20000, 72
     db = data(rng, kind, n, dim, dtype)
     queries = db[rng.choice(n, 100)].astype(np.float32)
     if dtype not in ("int8", "uint8"):
         queries = queries + rng.standard_normal(queries.shape).astype(np.float32) * 0.1
     index = searcher_index(db, metric, dtype, ids=rng.permutation(n))
+    check_screen_used(index, screen)
     ids_of_rows = index._searcher.export()[1]
     for k in KS:
         d, i = index._searcher.search(queries, k)
@@ -83,21 +109,23 @@ def test_screened_batches_are_exact(dtype, metric, kind, rng):
     index.close()
 
 
-def test_far_data_falls_back_and_stays_exact(rng):
+def test_far_data_falls_back_and_stays_exact(rng, screen):
     """Rows far from the origin make the bound loose: survivors overflow, the other kernels answer."""
     db = (rng.standard_normal((20000, 72)) + 300.0).astype(np.float16)
     q = (rng.standard_normal((70, 72)) + 300.0).astype(np.float32)
     index = searcher_index(db, "ip", "float16")
+    check_screen_used(index, screen)
     d, i = index._searcher.search(q, 10)
     assert_exact(d, i, db, q, 10, "ip", "float16")
     assert index._searcher._screen.queries == 70
     index.close()
 
 
-def test_rows_added_after_a_screened_search_are_screened_too(rng):
+def test_rows_added_after_a_screened_search_are_screened_too(rng, screen):
     db = rng.standard_normal((40000, 72)).astype(np.float16)
     q = rng.standard_normal((64, 72)).astype(np.float32)
     index = searcher_index(db[:20000], "l2", "float16")
+    check_screen_used(index, screen)
     index._searcher.search(q, 10)
     index._searcher.add(db[20000:], np.arange(20000, 40000))
     d, i = index._searcher.search(q, 10)
@@ -106,4 +134,45 @@ def test_rows_added_after_a_screened_search_are_screened_too(rng):
     vectors, ids = index._searcher.export()
     d, i = index._searcher.search(q, 10)
     assert_exact(d, i, vectors, q, 10, "l2", "float16", id_map=ids)
+    index.close()
+
+
+@pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("ip", "uint8"), ("l2", "int8"), ("cosine", "float32")])
+def test_long_rows_and_several_query_tiles_are_exact(metric, dtype, rng, screen):
+    """dim 300: more 128-byte k-blocks than the Hopper ring's 4 stages (16-bit), the rounding-up 8-bit
+    conversion (uint8 stride 304: 65025 x 304 >= 2^24); 600 queries: several query tiles and a partial one."""
+    n, dim = 30000, 300
+    db = data(rng, "clustered", n, dim, dtype)
+    queries = db[rng.choice(n, 600)].astype(np.float32)
+    if dtype not in ("int8", "uint8"):
+        queries = queries + rng.standard_normal(queries.shape).astype(np.float32) * 0.1
+    index = searcher_index(db, metric, dtype)
+    check_screen_used(index, screen)
+    for k in KS:
+        d, i = index._searcher.search(queries, k)
+        assert_exact(d, i, db, queries, k, metric, dtype)
+    assert index._searcher._screen.queries == len(KS) * len(queries)
+    index.close()
+
+
+def test_tile_bounds_cover_every_row(rng, screen):
+    """tile_rmax: one float per tile of the Hopper screen, the largest r_x of its rows (after an add too)."""
+    if screen != "wgmma":
+        pytest.skip("tile_rmax belongs to the Hopper screen")
+    db = (rng.standard_normal((33000, 72)) * rng.uniform(0.1, 10, (33000, 1))).astype(np.float16)
+    index = searcher_index(db[:20000], "l2", "float16")
+    searcher = index._searcher
+    for n in (20000, 33000):
+        if n > 20000:
+            searcher.add(db[20000:], np.arange(20000, n))
+        searcher.search(rng.standard_normal((64, 72)).astype(np.float32), 10)
+        screen_state = searcher._screen
+        rows = screen_state.tile_rows
+        tiles = -(-n // rows)
+        r_x, rmax = np.zeros(n, np.float32), np.zeros(tiles, np.float32)
+        searcher._buffers["screen_rx"].copy_to_host(r_x, n * 4, searcher._stream)
+        searcher._buffers["screen_tile_rmax"].copy_to_host(rmax, tiles * 4, searcher._stream)
+        searcher._stream.synchronize()
+        expected = np.array([r_x[t * rows:(t + 1) * rows].max() for t in range(tiles)], np.float32)
+        np.testing.assert_array_equal(rmax, expected)
     index.close()

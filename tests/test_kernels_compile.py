@@ -2,7 +2,9 @@
 (ptxas report), for sm_90 (the H100/H200 we ship for) and sm_80, plus the large-k kernels outside the
 manifest. Per arch: every kernel that does not depend on the dim, and a third of the (metric, dtype, dim, k)
 combinations for those that do (every value and every pair of values still appears), a different third for
-each arch, so the two together compile two thirds of the dim-dependent kernels.
+each arch, so the two together compile two thirds of the dim-dependent kernels. The Hopper screen (sm_90a
+only) compiles in a handful of variants: each element type, both tiles, both 8-bit conversions, both metrics'
+epilogues, and its per-tile bound.
 
 The kernels go through tinyknn's own cubin cache (the user's cache folder, as at run time), whose entries
 keep each kernel's ptxas report under a key of its rendered source, options, arch and NVRTC version: a
@@ -86,6 +88,25 @@ def test_manifest_kernels_need_no_local_memory(arch, kernel_cache):
            if r.stack_bytes or r.spill_store_bytes or r.spill_load_bytes}
     assert not bad, "\n".join(f"{name}: {r}" for name, r in sorted(bad.items()))
     assert max(r.registers for r in reports.values()) <= 255
+
+
+HOPPER = [("l2", "float16", 768), ("ip", "bfloat16", 128), ("l2", "uint8", 128), ("ip", "int8", 2048)]
+
+
+def test_hopper_screen_needs_no_local_memory(kernel_cache):
+    from tinyknn.jit import render_screen
+
+    specs = [spec for combination in HOPPER for spec in render.hopper_specs(*combination, "sm_90a")]
+    assert {(s.param("bn"), s.param("exact", 0)) for s in specs if s.variant == "screen_hopper"} == \
+        {(128, 0), (256, 1), (256, 0)}
+    outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
+    assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
+    for spec in specs:
+        report = kernel_cache.get(spec).reports[render.name_expression(spec)]
+        assert (report.stack_bytes, report.spill_store_bytes, report.spill_load_bytes) == (0, 0, 0), (spec, report)
+        if spec.variant == "screen_hopper":   # __launch_bounds__(384, 1): the consumers raise theirs (setmaxnreg)
+            assert report.registers <= 168 and spec.param("smem") == render_screen.hopper_smem(spec.param("bn"),
+                                                                                              spec.param("mw"))
 
 
 def test_a_compile_error_names_the_spec_and_log():

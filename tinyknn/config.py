@@ -20,6 +20,8 @@ class Config:
     cpu_threads: int         # TINYKNN_CPU_THREADS, else the number of usable cores
     arch: str | None         # TINYKNN_ARCH: force a target arch (e.g. "sm_90") instead of the device's
     device_memory_limit: int | None = None   # TINYKNN_DEVICE_MEMORY_LIMIT: bytes a GPU index may allocate
+    screen: str = "auto"     # TINYKNN_SCREEN: the batch screen's kernel, "auto" (wgmma on sm_90, else mma), "mma",
+                             # "wgmma" (an error on a device without it)
 
 
 def _default_cache_dir() -> Path:
@@ -54,6 +56,17 @@ def _size(name: str) -> int | None:
     return value
 
 
+SCREEN_KERNELS = ("auto", "mma", "wgmma")
+
+
+def _choice(name: str, allowed: tuple[str, ...]) -> str:
+    """One of `allowed` (the first when unset)."""
+    text = os.environ.get(name, "").strip().lower() or allowed[0]
+    if text not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {os.environ[name]!r}")
+    return text
+
+
 def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -80,6 +93,7 @@ def get_config() -> Config:
         cpu_threads=threads,
         arch=env.get("TINYKNN_ARCH") or None,
         device_memory_limit=_size("TINYKNN_DEVICE_MEMORY_LIMIT"),
+        screen=_choice("TINYKNN_SCREEN", SCREEN_KERNELS),
     )
 
 

@@ -16,7 +16,7 @@ import ctypes
 import math
 from dataclasses import dataclass
 
-from ..jit import render
+from ..jit import render, render_screen
 from ..jit.cache import get_cubin
 from ..spec import KernelSpec
 import numpy as np
@@ -33,6 +33,13 @@ MAX_BATCH = 8192            # queries per launch pair (bounds the candidate buff
 ROW_KERNEL_THREADS = 256        # ingest, band, rows, range and the screen steps: rows one by one
 
 _P, _I, _L, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_double
+
+
+class TensorMapArg(ctypes.Structure):
+    """A CUtensorMap passed by value (128 bytes; the kernel declares it __grid_constant__)."""
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
 ARGUMENTS = {
     # ingest_kernel(src, src_itemsize, src_row_stride, n_rows, dim, dst, dst_row_stride, norms, squared, norm_max,
     #               status)
@@ -64,6 +71,11 @@ ARGUMENTS = {
     # screen_rows_kernel(data, row_stride, first, last, dim, shadow, shadow_stride, normalize, sq_lo, sq_hi, r_x,
     #                    status)
     "screen_rows": (_P, _I, _L, _L, _I, _P, _I, _I, _P, _P, _P, _P),
+    # screen_hopper_kernel(tmap_q, tmap_x, n_rows, sq_norms, tile_rmax, n_queries, row_bytes, thresholds, err_scale,
+    #                      err_offset, counts, survivors, capacity)
+    "screen_hopper": (TensorMapArg, TensorMapArg, _I, _P, _P, _I, _I, _P, _P, _P, _P, _P, _I),
+    # tile_rmax_kernel(r_x, n_rows, first_tile, last_tile, tile_rmax)
+    "screen_tiles": (_P, _L, _L, _L, _P),
     # threshold_kernel(upper, per_query, threshold)
     "threshold": (_P, _I, _P),
     # verify_survivors_kernel(survivors, counts, ids, data, queries, row_stride, dim, out_distances, out_ids, status)
@@ -92,6 +104,8 @@ def load_kernel(spec: KernelSpec) -> LoadedKernel:
     kernel = load_module(get_cubin(spec)).kernel(render.name_expression(spec))
     if spec.variant == "screen":
         threads = 32 * spec.param("wq") * spec.param("wn")
+    elif spec.variant == "screen_hopper":
+        threads = render_screen.HOPPER_THREADS
     elif spec.variant in ("scan", "single", "tiled", "verify", "survivors"):
         threads = spec.param("warps") * 32
     else:                       # ingest, band, rows, range and the screen's steps

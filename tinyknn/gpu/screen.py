@@ -11,6 +11,10 @@ their norms, the query divided by its own):
 4. the survivors get their float64 distances (exactness contract), sorted by (distance, id), k written.
 A query with more survivors than SURVIVOR_CAPACITY is answered by the other kernels and counted
 (`screen_fallbacks`). The row terms (and shadow) are computed once per added row.
+On compute capability 9.0, step 3 is the Hopper screen (kernels/screen_hopper.cuh: wgmma fed by TMA, a
+persistent grid of one CTA per SM, the bound of each tile's largest r_x, `tile_rmax`, kept beside the row
+terms); TINYKNN_SCREEN=mma keeps the mma.sync screen there (A/B comparisons). The row tensor map is encoded
+again only when the rows' address or count changes; the queries' once per batch.
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ import math
 
 import numpy as np
 
+from ..config import get_config
 from ..inputs.validate import check_values
 from ..jit import render, render_screen as rs
-from .memory import DeviceBuffer, PinnedBuffer
+from .memory import DeviceBuffer, Event, PinnedBuffer
+from .plan import TensorMapArg
+from .tensor_map import as_bytes, encode, tensor_map_args
 
 SCREEN_MIN_QUERIES = 64         # smaller batches: the scan and tiled kernels (the screen's tiles hold 128)
 SCREEN_MAX_K = 128              # the threshold mode keeps k bounds per tile; survivors grow with k
@@ -30,8 +37,25 @@ SCREEN_METRICS = ("l2", "ip", "cosine")
 WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
 
 
+ROW_PAD = 256                   # row terms are allocated in whole multiples of this many rows: the Hopper
+                                # screen's bulk copies read a whole tile of |x|^2 (BN <= 256)
+STAGES = ("queries", "threshold", "screen", "verify")   # what `timings` records, in order
 SURVIVOR_HEADROOM = 4           # the sample keeps k x step (the survivors within T, before the bound's band)
                                 # at most 1/4 of the survivor capacity
+
+
+def use_hopper(arch: str, choice: str) -> bool:
+    """Whether step 3 runs the Hopper screen: on compute capability 9.0 unless TINYKNN_SCREEN=mma; a choice of
+    wgmma on another device is a ValueError (a comparison must not measure the other kernel unawares)."""
+    available = rs.hopper_arch(arch) is not None
+    if choice == "wgmma" and not available:
+        raise ValueError(f"TINYKNN_SCREEN=wgmma needs a device of compute capability 9.0 (arch sm_90); "
+                         f"this one is {arch}")
+    return available and choice != "mma"
+
+
+def padded_rows(n: int) -> int:
+    return -(-n // ROW_PAD) * ROW_PAD
 
 
 def sample_step(n_rows: int, k: int) -> int:
@@ -58,6 +82,13 @@ class Screen:
         self.normalize = searcher.metric == "cosine"
         self.stride = render.row_layout(searcher.dim, element)[1]
         self.row_bytes = self.stride * render.ITEMSIZE[element]
+        self.element_bytes = render.ITEMSIZE[element]
+        self.hopper = use_hopper(searcher._arch, get_config().screen)
+        self.hopper_spec = (rs.hopper_spec(searcher.metric, searcher.dtype, self.stride, searcher._arch)
+                            if self.hopper else None)
+        self.tile_rows = self.hopper_spec.param("bn") if self.hopper else 0
+        self._maps: dict[str, tuple] = {}     # "rows" / "queries": (what it maps, TensorMapArg)
+        self.timings: dict[str, list] | None = None   # benchmarks: set to {} to get each step's milliseconds
 
     def forget_rows(self) -> None:
         """Rows moved or went away (remove, truncate, reset): recompute every row's terms before the next use."""
@@ -76,9 +107,14 @@ class Screen:
                               ("screen_shadow", self.row_bytes if self.shadow else 0)):
             if per_row:
                 buffer = s._buffers.get(name)
-                if buffer is None or buffer.nbytes < n * per_row:
+                if buffer is None or buffer.nbytes < padded_rows(n) * per_row:
                     self.ready = 0              # a grown buffer starts empty
-                    s._device(name, max(n, s._capacity) * per_row)
+                    s._device(name, padded_rows(max(n, s._capacity)) * per_row)
+        if self.hopper:
+            buffer = s._buffers.get("screen_tile_rmax")
+            if buffer is None or buffer.nbytes < -(-n // self.tile_rows) * 4:
+                self.ready = 0
+                s._device("screen_tile_rmax", -(-max(n, s._capacity) // self.tile_rows) * 4)
         if self.ready >= n:
             return
         loaded = s._kernel(rs.step_spec("screen_rows", s.metric, s.dtype, 0, s._arch))
@@ -88,6 +124,11 @@ class Screen:
                                 int(self.normalize), s._pointer("screen_sq_lo"), s._pointer("screen_sq_hi"), s._pointer("screen_rx"),
                                 s._pointer("status"))
         launch.launch(max(1, min(math.ceil((n - self.ready) / 8), s._sm_count * 8)), 256, 0, s._stream)
+        if self.hopper:                     # the bound of every tile holding a new row
+            first, last = self.ready // self.tile_rows, -(-n // self.tile_rows)
+            tiles = s._kernel(rs.tiles_spec(self.tile_rows, s._arch))
+            tiles.prepare(s._pointer("screen_rx"), n, first, last, s._pointer("screen_tile_rmax")).launch(
+                math.ceil((last - first) / 8), 256, 0, s._stream)
         flag = np.zeros(1, dtype=np.int32)
         s._buffers["status"].copy_to_host(flag, 4, s._stream)
         s._stream.synchronize()
@@ -113,33 +154,49 @@ class Screen:
         for name, nbytes in sizes.items():
             s._device(name, nbytes)
         ptr = s._pointer
+        hopper = self.hopper and n < (1 << 31) - 256
+        marks = self._marks()
         self._upload(queries)
-        # 1. queries rounded, error terms
+        marks.record(s._stream)
+        # 1. queries rounded, error terms (gamma's n: instructions per dot product, zero-filled ones included;
+        #    the Hopper screen's count is the larger, and its bound holds for the threshold mode's too)
         loaded = s._kernel(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch))
-        n_mma = -(-self.row_bytes // rs.SCREEN_BKB) * (rs.SCREEN_BKB // 32)
+        if hopper:
+            n_mma = 4 * rs.hopper_k_blocks(self.row_bytes)
+        else:
+            n_mma = -(-self.row_bytes // rs.SCREEN_BKB) * (rs.SCREEN_BKB // 32)
         loaded.prepare(ptr("screen_q32"), nq, s._stride, s.dim, ptr("screen_q"), self.stride, n_mma,
                        int(self.shadow), int(self.normalize), 2.0 if s.metric == "l2" else 1.0, ptr("screen_e"),
                        ptr("screen_f")).launch(max(1, math.ceil(nq / 8)), 256, 0, stream)
+        marks.record(stream)
         rows = ptr("screen_shadow") if self.shadow else ptr("data")
         # 2. threshold mode over the sample, then each query's k-th upper bound
         self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"))
         s._kernel(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch)).prepare(
             ptr("screen_upper"), sample_tiles * k, ptr("screen_t")).launch(nq, 256, 0, stream)
+        marks.record(stream)
         # 3. the screen over every row
         s._buffers["screen_counts"].fill_bytes(0, nq * 4, stream)
-        self._screen(False, k, rows, n, 1, ptr("screen_sq_lo"), nq, ptr("screen_counts"), ptr("screen_survivors"), 0)
+        if hopper:
+            self._screen_hopper(rows, n, nq)
+        else:
+            self._screen(False, k, rows, n, 1, ptr("screen_sq_lo"), nq, ptr("screen_counts"), ptr("screen_survivors"),
+                         0)
+        marks.record(stream)
         # 4. the survivors in float64
         verify = s._kernel(rs.step_spec("survivors", s.metric, s.dtype, k, s._arch))
         out = ptr("screen_out")
         verify.prepare(ptr("screen_survivors"), ptr("screen_counts"), ptr("ids"), ptr("data"), ptr("screen_q32"),
                        s._stride, s.dim, out, out + nq * k * 4, out + nq * k * 12).launch(
             nq, verify.threads, verify.shared_bytes, stream)
+        marks.record(stream)
         results = s._pinned("screen_results", nq * k * 12 + nq * 4)
         s._buffers["screen_out"].copy_to_host(results, nq * k * 12 + nq * 4, stream)
         try:
             check_values(queries, "queries", "float32")
         finally:
             stream.synchronize()
+        marks.collect(self.timings)
         raw = results.array(np.uint8, nq * k * 12 + nq * 4)
         distances = raw[:nq * k * 4].view(np.float32).reshape(nq, k).copy()
         ids = raw[nq * k * 4:nq * k * 12].view(np.int64).reshape(nq, k).copy()
@@ -166,6 +223,33 @@ class Screen:
         if keeps:
             s.kept_queries = (queries, target.ptr)
 
+    def _marks(self) -> "StageMarks":
+        return StageMarks(self.timings is not None)
+
+    def _tensor_map(self, name: str, address: int, rows: int, box_rows: int) -> TensorMapArg:
+        """The kept map of `name`, encoded again when what it maps (address, rows, box) changed."""
+        what = (address, rows, box_rows)
+        kept = self._maps.get(name)
+        if kept is None or kept[0] != what:
+            args = tensor_map_args(address, rows, self.row_bytes, self.element_bytes, box_rows)
+            kept = self._maps[name] = (what, TensorMapArg.from_buffer_copy(as_bytes(encode(args))))
+        return kept[1]
+
+    def _screen_hopper(self, rows: int, n_rows: int, nq: int) -> None:
+        """Step 3 on sm_90a: the persistent Hopper screen, one CTA per SM."""
+        s = self.searcher
+        spec = self.hopper_spec
+        loaded = s._kernel(spec)
+        bn, tile_q = spec.param("bn"), 128 * spec.param("mw")
+        ptr = s._pointer
+        row_map = self._tensor_map("rows", rows, n_rows, bn)
+        query_map = self._tensor_map("queries", ptr("screen_q"), nq, tile_q)
+        tiles = -(-nq // tile_q) * -(-n_rows // bn)
+        launch = loaded.prepare(query_map, row_map, n_rows, ptr("screen_sq_lo") if s.metric == "l2" else 0,
+                                ptr("screen_tile_rmax"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
+                                ptr("screen_f"), ptr("screen_counts"), ptr("screen_survivors"), rs.SURVIVOR_CAPACITY)
+        launch.launch(max(1, min(tiles, s._sm_count)), loaded.threads, loaded.shared_bytes, s._stream)
+
     def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, nq: int,
                 counts: int, survivors: int, upper: int) -> None:
         s = self.searcher
@@ -182,4 +266,24 @@ class Screen:
         launch.launch(grid, loaded.threads, loaded.shared_bytes, s._stream)
 
 
-__all__ = ["Screen", "SCREEN_MIN_QUERIES", "SCREEN_MAX_K", "sample_step"]
+class StageMarks:
+    """CUDA events between the steps of one batch (when asked for): each step's milliseconds into `timings`."""
+
+    def __init__(self, on: bool):
+        self.events = [] if on else None
+
+    def record(self, stream) -> None:
+        if self.events is not None:
+            event = Event(timing=True)
+            event.record(stream)
+            self.events.append(event)
+
+    def collect(self, timings) -> None:
+        """After the stream synchronised: append each step's time to timings[step]."""
+        if self.events is None or timings is None:
+            return
+        for name, start, end in zip(STAGES, self.events, self.events[1:]):
+            timings.setdefault(name, []).append(start.elapsed_ms(end))
+
+
+__all__ = ["Screen", "SCREEN_MIN_QUERIES", "SCREEN_MAX_K", "padded_rows", "sample_step", "use_hopper"]

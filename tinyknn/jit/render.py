@@ -49,7 +49,8 @@ from .._paths import kernels_dir
 from ..spec import KernelSpec, parse_arch, parse_dim, parse_dtype, parse_k, parse_metric
 from . import render_screen
 
-_SCREEN_VARIANTS = ("screen", "screen_queries", "screen_rows", "threshold", "survivors")
+_SCREEN_VARIANTS = ("screen", "screen_queries", "screen_rows", "threshold", "survivors", "screen_hopper",
+                    "screen_tiles")
 
 ENTRY_HEADER = "search.cuh"
 OPTIONS = ("-std=c++17",)
@@ -126,13 +127,18 @@ def kernel_source(entry: str = ENTRY_HEADER) -> str:
 
 def render_source(spec: KernelSpec) -> RenderedSource:
     """The source, name expression and options that build `spec`."""
-    return RenderedSource(kernel_source(), (name_expression(spec),), OPTIONS)
+    return RenderedSource(kernel_source(render_screen.entry_header(spec) or ENTRY_HEADER), (name_expression(spec),),
+                          OPTIONS)
 
 
 def render_many(specs) -> RenderedSource:
-    """One program for several specs (one NVRTC call builds them all; used by tests and warm-up)."""
+    """One program for several specs of one entry header (one NVRTC call builds them all)."""
+    specs = list(specs)
+    entries = {render_screen.entry_header(spec) or ENTRY_HEADER for spec in specs}
+    if len(entries) > 1:
+        raise ValueError(f"render_many builds specs of one entry header; got specs of {sorted(entries)}")
     names = tuple(dict.fromkeys(name_expression(spec) for spec in specs))
-    return RenderedSource(kernel_source(), names, OPTIONS)
+    return RenderedSource(kernel_source(entries.pop() if entries else ENTRY_HEADER), names, OPTIONS)
 
 
 def name_expression(spec: KernelSpec) -> str:
@@ -359,7 +365,7 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
     kernel (k <= SINGLE_MAX_K), the scan (small batches, one query alone beyond that k, and large ones
     when k > TILED_MAX_K), the tiled kernel (large batches, in each
     block size TILED_SMALL_BQ adds; for l2 also with the filter key), the verify step after each, and the
-    band search.
+    band search; for sm_90a also the Hopper screen's kernels.
     """
     metric, dtype, dim, k, arch = parse_metric(metric), parse_dtype(dtype), parse_dim(dim), parse_k(k), parse_arch(arch)
     specs = [norms_spec(dtype, dim, arch)]
@@ -375,11 +381,23 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
     if k <= SINGLE_MAX_K:
         specs.append(single_spec(metric, dtype, dim, k, arch))
     specs += [band_spec(metric, dtype, arch), rows_spec(arch), range_spec(metric, dtype, dim, arch)]
+    if arch == render_screen.HOPPER_ARCH:   # sm_90a: the Hopper screen of batches (gpu/screen.py)
+        specs += hopper_specs(metric, dtype, dim, arch)
     return list(dict.fromkeys(specs))
 
 
+def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpec]:
+    """The Hopper screen's kernels for an index of (metric, dtype, dim) on sm_90 / sm_90a (none where the
+    screen never runs: other metrics, dim < 16)."""
+    if metric not in ("l2", "ip", "cosine") or dim < 16 or render_screen.hopper_arch(arch) is None:
+        return []
+    stride = row_layout(dim, render_screen.element_of(metric, dtype))[1]
+    main = render_screen.hopper_spec(metric, dtype, stride, arch)
+    return [main, render_screen.tiles_spec(main.param("bn"), arch)]
+
+
 __all__ = [
-    "RANGE_QB", "RenderedSource", "band_spec", "range_spec", "rows_spec", "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
+    "RANGE_QB", "RenderedSource", "band_spec", "hopper_specs", "range_spec", "rows_spec", "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
     "render_source", "row_layout", "scan_spec", "single_spec", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
     "verify_spec",
 ]

@@ -8,11 +8,13 @@ kernels/screen_steps.cuh); render.name_expression hands these variants here. Pur
 - "screen_rows":    the rows' terms (and a float32 index's float16 shadow).
 - "threshold":      each query's threshold from the threshold mode's upper bounds.
 - "survivors":      the survivors verified in float64 (the exactness contract), the k best written.
+- "screen_hopper":  screen_hopper_kernel (kernels/screen_hopper.cuh): the screen mode on sm_90a (wgmma fed by
+                    TMA), compiled only for sm_90a; "screen_tiles": its per-tile bound of r_x (tile_rmax).
 """
 
 from __future__ import annotations
 
-from ..spec import KernelSpec
+from ..spec import KernelSpec, parse_arch
 
 SCREEN_ELEMENTS = {"float16": "tinyknn::ScreenF16", "bfloat16": "tinyknn::ScreenBF16",
                    "int8": "tinyknn::ScreenS8", "uint8": "tinyknn::ScreenU8"}
@@ -66,9 +68,87 @@ def step_spec(variant: str, metric: str, dtype: str, k: int, arch: str) -> Kerne
                       k if keeps_k else 0, variant, arch, tuple(params.items()))
 
 
+# The Hopper screen (bench/probes/hopper/FINDINGS.md, H200): cooperative tiles of 2 warpgroups, 4 stages of
+# 128-byte k-blocks. 16-bit: 256 queries x 128 rows (2 x m64n128 per warpgroup; 601 TFLOP/s on 1M x 768 x
+# 1,000, 350 on 10M x 128 x 2,048); 8-bit: 128 x 256 (m64n256; 302 TOPS on 10M x 128 x 2,048 uint8).
+HOPPER_ARCH = "sm_90a"
+HOPPER_DEVICE_ARCHES = ("sm_90", "sm_90a")      # compute capability 9.0 runs sm_90a code
+HOPPER_STAGES, HOPPER_KB, HOPPER_SCALAR_SLOTS = 4, 128, 8
+HOPPER_THREADS = 384
+HOPPER_ENTRY = "screen_hopper.cuh"
+_HOPPER_VARIANTS = ("screen_hopper", "screen_tiles")
+_DOT_LIMIT = 1 << 24            # float32 holds every integer below this exactly
+_LARGEST_PRODUCT = {"uint8": 255 * 255, "int8": 128 * 128}
+
+
+def hopper_arch(arch: str) -> str | None:
+    """The arch the Hopper screen compiles for on a device of `arch` (sm_90a on compute capability 9.0), else None."""
+    text = str(arch).strip().lower()
+    if text[:1].isdigit():
+        text = f"sm_{text}"
+    return HOPPER_ARCH if parse_arch(text) in HOPPER_DEVICE_ARCHES else None
+
+
+def hopper_tile(element: str) -> tuple[int, int]:
+    """(BN rows, MW m64 blocks per warpgroup) of the Hopper screen's tile of 128 MW queries x BN rows."""
+    return (256, 1) if element in ("int8", "uint8") else (128, 2)
+
+
+def hopper_smem(bn: int, mw: int, stages: int = HOPPER_STAGES) -> int:
+    """hopper_smem_bytes of kernels/screen_hopper.cuh."""
+    ring = stages * (128 * mw + bn) * HOPPER_KB
+    return 1024 + ring + HOPPER_SCALAR_SLOTS * bn * 4 + 8 * (2 * stages + 2 * HOPPER_SCALAR_SLOTS)
+
+
+def hopper_k_blocks(row_bytes: int) -> int:
+    """128-byte k-blocks of a row; the bound's n is 4 instructions (32 bytes of K each) per k-block."""
+    return -(-row_bytes // HOPPER_KB)
+
+
+def exact_conversion(element: str, stride: int) -> bool:
+    """Whether every 8-bit dot product of `stride` elements is below 2^24 in magnitude, so that converting it
+    to float32 rounds nothing (round-to-nearest, a full-rate instruction, then equals rounding up)."""
+    largest = _LARGEST_PRODUCT.get(element)
+    return largest is not None and largest * stride < _DOT_LIMIT
+
+
+def _hopper_arch_of(arch: str) -> str:
+    target = hopper_arch(arch)
+    if target is None:
+        raise ValueError(f"the Hopper screen runs on compute capability 9.0 (arch {', '.join(HOPPER_DEVICE_ARCHES)}); "
+                         f"got arch {arch!r}")
+    return target
+
+
+def hopper_spec(metric: str, dtype: str, stride: int, arch: str) -> KernelSpec:
+    """The Hopper screen of a `dtype` index whose screened rows hold `stride` elements, for a device of `arch`
+    (sm_90 or sm_90a; the spec's arch is sm_90a). The stride only decides the 8-bit conversion (exact or not)."""
+    element = element_of(metric, dtype)
+    bn, mw = hopper_tile(element)
+    params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
+              "smem": hopper_smem(bn, mw)}
+    return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
+
+
+def tiles_spec(bn: int, arch: str) -> KernelSpec:
+    """tile_rmax_kernel: the largest r_x of each tile of `bn` rows (the Hopper screen's per-tile bound)."""
+    return KernelSpec("l2", "float32", 1, 0, "screen_tiles", _hopper_arch_of(arch), (("bn", bn),))
+
+
+def entry_header(spec: KernelSpec) -> str | None:
+    """The kernels/ header that holds `spec`'s template when it is not search.cuh (the sm_90a-only ones)."""
+    return HOPPER_ENTRY if spec.variant in _HOPPER_VARIANTS else None
+
+
 def name_expression(spec: KernelSpec) -> str:
     p = spec.param
+    if spec.variant == "screen_tiles":
+        return f"tinyknn::tile_rmax_kernel<{p('bn')}>"
     element = SCREEN_ELEMENTS[element_of(spec.metric, spec.dtype)]
+    if spec.variant == "screen_hopper":
+        flag = lambda v: "true" if v else "false"   # noqa: E731
+        args = [element, flag(spec.metric != "l2"), flag(p("exact")), p("bn"), p("mw"), p("stages"), p("smem")]
+        return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         flag = lambda v: "true" if v else "false"   # noqa: E731
         args = [element, flag(spec.metric != "l2"), flag(p("threshold")), p("kl"), p("bq"), p("bn"), p("bkb"),
@@ -84,8 +164,13 @@ def name_expression(spec: KernelSpec) -> str:
     return f"tinyknn::verify_survivors_kernel<{', '.join(str(a) for a in args)}>"
 
 
-def specs_for_screen(metric: str, dtype: str, k: int, arch: str) -> list[KernelSpec]:
-    """Every kernel a screened search of (metric, dtype, k) launches."""
-    return [screen_spec(metric, dtype, k, arch, threshold=True), screen_spec(metric, dtype, k, arch, threshold=False),
+def specs_for_screen(metric: str, dtype: str, k: int, arch: str, stride: int | None = None) -> list[KernelSpec]:
+    """Every kernel a screened search of (metric, dtype, k) launches; on sm_90 / sm_90a (given the screened rows'
+    stride) also the Hopper screen's two."""
+    hopper = []
+    if hopper_arch(arch) and stride is not None:
+        spec = hopper_spec(metric, dtype, stride, arch)
+        hopper = [spec, tiles_spec(spec.param("bn"), arch)]
+    return hopper + [screen_spec(metric, dtype, k, arch, threshold=True), screen_spec(metric, dtype, k, arch, threshold=False),
             step_spec("screen_queries", metric, dtype, k, arch), step_spec("screen_rows", metric, dtype, k, arch),
             step_spec("threshold", metric, dtype, k, arch), step_spec("survivors", metric, dtype, k, arch)]

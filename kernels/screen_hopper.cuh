@@ -1,0 +1,340 @@
+// tinyknn: the tensor-core screen on Hopper (sm_90a only): wgmma.mma_async fed by TMA (cp.async.bulk.tensor)
+// through an mbarrier ring. The same job and answers as screen.cuh's screen mode (read its header for the
+// layout, the error model and the survivor semantics); bench/NOTES_SCREEN.md has the measurements.
+//
+// S = Q X^T over queries Q (n_queries x row_bytes, rounded to the screen's element type) and rows X
+// (n_rows x row_bytes, the same type), row-major with rows padded to 16 bytes. TMA zero-fills past a row's
+// end and past the last row / query (the tensor maps' extents), so no padding to the tile is asked.
+//
+// ---- Work ---------------------------------------------------------------------------------------
+// A tile is TILE_Q = 128 MW queries x BN rows, numbered t = row_tile * n_query_tiles + query_tile (the
+// query tile fastest: the CTAs running at one time read the same few row tiles, which then come from L2).
+// Persistent grid (one CTA per SM): CTA b takes tiles b, b + grid, ...  CTA = 3 warpgroups (384 threads):
+//   WG0, the producer (setmaxnreg.dec 40), one thread: per tile a bulk copy of the tile's |x|^2 lower
+//        bounds (l2) into an 8-slot scalar ring, then per k-block of 128 bytes of K one TMA box of the
+//        tile's queries and one of its rows into the STAGES-deep ring (128-byte swizzle), completing on
+//        the stage's "full" mbarrier (arrive.expect_tx + complete_tx); it waits on the stage's "empty"
+//        mbarrier before reusing it.
+//   WG1, WG2, the consumers (setmaxnreg.inc 232), cooperative: WG c takes queries [64 MW c, 64 MW (c + 1))
+//        of every tile as MW wgmma m64nBN blocks, 4 instructions per k-block each (32 bytes of K apiece),
+//        both operands from shared-memory descriptors; one wgmma group stays in flight, and a stage is
+//        free once all 8 consumer warps have arrived on its "empty" mbarrier.
+//
+// ---- The bound and the epilogue (compare-only) --------------------------------------------------------
+// screen.cuh's model with n = 4 instructions per k-block (zero-filled ones included) in the host's gamma.
+// Per tile the bound of its worst row, RU(e_q rmax + f_q) with rmax = tile_rmax[row tile] >= every r_x of
+// the tile (NaN when any is: then every row of the tile survives), is folded into the threshold once:
+// tq = RU(thresholds[q] + bound); row r survives query q unless key > tq, key = RD(|x|^2_lo - 2 dot)
+// (l2) or -dot (ip) with the dot rounded up. Rigorous: key > tq >= T + bound_r implies that the exact key
+// exceeds T. 8-bit dots are exact s32 sums; their conversion rounds up (cvt.rp), or, EXACT (the host's
+// check that every |dot| < 2^24), rounds to nearest (cvt.rn: the same value, a full-rate instruction).
+// Survivors as screen.cuh: counts[q] += 1 (atomic), survivors[q * capacity + slot] = r for slot <
+// capacity; past it the count still grows, so the host sees the overflow.
+//
+// A wait on an mbarrier that lasts 2^35 clocks (~19 s) is a broken pipeline: the kernel traps (the launch
+// fails with an error; it never returns a wrong answer).
+#pragma once
+#include "screen.cuh"
+#include "wgmma.cuh"
+
+namespace tinyknn {
+
+struct alignas(64) TensorMap { unsigned long long opaque[16]; };   // a CUtensorMap, passed by value
+
+// ---- mbarrier --------------------------------------------------------------------------------------
+TINYKNN_D void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+TINYKNN_D void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+TINYKNN_D void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+TINYKNN_D bool mbar_try_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  return done != 0;
+}
+TINYKNN_D void mbar_wait(unsigned bar, unsigned parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const long long start = clock64();
+  while (!mbar_try_wait(bar, parity)) {
+    if (clock64() - start > (1ll << 35)) __trap();
+  }
+}
+
+// ---- bulk copies (TMA) ------------------------------------------------------------------------------
+TINYKNN_D void tma_load_2d(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+TINYKNN_D void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+TINYKNN_D void prefetch_map(const TensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+
+// ---- wgmma ------------------------------------------------------------------------------------------
+TINYKNN_D void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+TINYKNN_D void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+TINYKNN_D void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+template <int R> TINYKNN_D void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R)); }
+template <int R> TINYKNN_D void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R)); }
+
+// Descriptor of a K-major tile in the 128-byte swizzle TMA writes: 128-byte rows in 8-row atoms of 1024
+// bytes (stride byte offset 1024, leading byte offset unused: 1), swizzle mode 1. The tile is 1024-byte
+// aligned; a K step inside the 128-byte row adds its byte offset to the start address.
+TINYKNN_D unsigned long long sw128_desc(unsigned address) {
+  return (unsigned long long)((address & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+         (1ull << 62);
+}
+
+// ---- element types: the instruction, and the dot rounded up as a float ---------------------------------
+template <class E, bool EXACT> struct HopperMma;
+template <bool EXACT> struct HopperMma<ScreenF16, EXACT> {
+  typedef float Acc;
+  static constexpr int BK = 64;                        // elements of K per 128-byte k-block
+  template <int N> TINYKNN_D static void mma(float (&d)[N / 2], unsigned long long a, unsigned long long b, int s) {
+    if constexpr (N == 256) wgmma_f16_n256(d, a, b, s); else wgmma_f16_n128(d, a, b, s);
+  }
+  TINYKNN_D static float high(float c) { return c; }
+  TINYKNN_D static void keep(float& c) { asm volatile("" : "+f"(c)::"memory"); }
+};
+template <bool EXACT> struct HopperMma<ScreenBF16, EXACT> : HopperMma<ScreenF16, EXACT> {
+  template <int N> TINYKNN_D static void mma(float (&d)[N / 2], unsigned long long a, unsigned long long b, int s) {
+    if constexpr (N == 256) wgmma_bf16_n256(d, a, b, s); else wgmma_bf16_n128(d, a, b, s);
+  }
+};
+TINYKNN_D float s32_to_float_rn(int c) { float f; asm("cvt.rn.f32.s32 %0, %1;" : "=f"(f) : "r"(c)); return f; }
+template <bool EXACT> struct HopperMma8 {
+  typedef int Acc;
+  static constexpr int BK = 128;
+  TINYKNN_D static float high(int c) { return EXACT ? s32_to_float_rn(c) : s32_to_float_ru(c); }
+  TINYKNN_D static void keep(int& c) { asm volatile("" : "+r"(c)::"memory"); }
+};
+template <bool EXACT> struct HopperMma<ScreenU8, EXACT> : HopperMma8<EXACT> {
+  template <int N> TINYKNN_D static void mma(int (&d)[N / 2], unsigned long long a, unsigned long long b, int s) {
+    if constexpr (N == 256) wgmma_u8_n256(d, a, b, s); else wgmma_u8_n128(d, a, b, s);
+  }
+};
+template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
+  template <int N> TINYKNN_D static void mma(int (&d)[N / 2], unsigned long long a, unsigned long long b, int s) {
+    if constexpr (N == 256) wgmma_s8_n256(d, a, b, s); else wgmma_s8_n128(d, a, b, s);
+  }
+};
+
+constexpr int HOPPER_SCALAR_SLOTS = 8;   // per-tile |x|^2 buffers of BN floats each
+// Shared memory of a configuration (the host passes at least this): 1024 bytes of alignment slack, the
+// ring, the scalar ring, the mbarriers.
+__host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) {
+  return 1024 + STAGES * (128 * MW + BN) * 128 + HOPPER_SCALAR_SLOTS * BN * 4 + 8 * (2 * STAGES + 2 * HOPPER_SCALAR_SLOTS);
+}
+
+// tmap_q: the rounded queries (n_queries x row_bytes), tmap_x: the rows (n_rows x row_bytes), boxes of 128
+// bytes x (128 MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
+// readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
+template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM>
+__global__ void __launch_bounds__(384, 1)
+screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
+                     int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
+                     int n_queries, int row_bytes, const float* __restrict__ thresholds,
+                     const float* __restrict__ err_scale, const float* __restrict__ err_offset,
+                     int* __restrict__ counts, int* __restrict__ survivors, int capacity) {
+  typedef HopperMma<E, EXACT> Mma;
+  typedef typename Mma::Acc Acc;
+  constexpr int WG_Q = 64 * MW, TILE_Q = 2 * WG_Q;
+  constexpr int Q_BYTES = TILE_Q * 128, X_BYTES = BN * 128, STAGE_BYTES = Q_BYTES + X_BYTES;
+  constexpr int BK = Mma::BK;
+  constexpr int SC_BYTES = BN * 4;
+  constexpr int NACC = BN / 2;
+  constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES);
+  static_assert(BN == 128 || BN == 256, "screen_hopper_kernel: BN is a wgmma N of 128 or 256");
+  static_assert(MW * NACC <= 128, "screen_hopper_kernel: at most 128 accumulators per thread");
+  static_assert(TILE_Q <= 256 && STAGES >= 2, "screen_hopper_kernel: a TMA box holds at most 256 rows");
+  static_assert(NEED <= 232448, "screen_hopper_kernel: more shared memory than an sm_90 block gets");
+  static_assert(SMEM >= NEED, "screen_hopper_kernel: SMEM is smaller than its shared memory layout");
+
+  extern __shared__ __align__(1024) unsigned char hopper_space[];
+  require_dynamic_smem(NEED);
+  const unsigned raw = shared_address(hopper_space);
+  const unsigned base = (raw + 1023u) & ~1023u;        // 128-byte swizzle atoms want 1024-byte alignment
+  const unsigned ring = base, scalars = base + STAGES * STAGE_BYTES;
+  const unsigned bars = scalars + HOPPER_SCALAR_SLOTS * SC_BYTES;
+  auto full = [&](int s) { return bars + 8u * s; };
+  auto empty = [&](int s) { return bars + 8u * (STAGES + s); };
+  auto sfull = [&](int b) { return bars + 8u * (2 * STAGES + b); };
+  auto sempty = [&](int b) { return bars + 8u * (2 * STAGES + HOPPER_SCALAR_SLOTS + b); };
+
+  const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), 8);
+    }
+    for (int b = 0; b < HOPPER_SCALAR_SLOTS; ++b) {
+      mbar_init(sfull(b), 1);
+      mbar_init(sempty(b), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int k_blocks = (row_bytes + 127) / 128;
+  const int n_qt = (n_queries + TILE_Q - 1) / TILE_Q;
+  const int n_rt = (n_rows + BN - 1) / BN;
+  const long long total = (long long)n_qt * n_rt;
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    regs_dec<40>();
+    if (threadIdx.x == 0) {
+      prefetch_map(&tmap_q);
+      prefetch_map(&tmap_x);
+      int pos = 0, i = 0;
+      for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
+        const int qt = (int)(t % n_qt), rt = (int)(t / n_qt);
+        const int b = i % HOPPER_SCALAR_SLOTS;
+        mbar_wait(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
+        if constexpr (IP) {
+          mbar_arrive(sfull(b));                       // no per-row scalars: the slot is ready at once
+        } else {
+          mbar_expect_tx(sfull(b), SC_BYTES);
+          bulk_load(scalars + b * SC_BYTES, sq_norms + (long long)rt * BN, SC_BYTES, sfull(b));
+        }
+        for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
+          const int s = pos % STAGES;
+          mbar_wait(empty(s), ((pos / STAGES) & 1) ^ 1);
+          mbar_expect_tx(full(s), STAGE_BYTES);
+          tma_load_2d(ring + s * STAGE_BYTES, &tmap_q, kb * BK, qt * TILE_Q, full(s));
+          tma_load_2d(ring + s * STAGE_BYTES + Q_BYTES, &tmap_x, kb * BK, rt * BN, full(s));
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers ----------------
+    regs_inc<232>();
+    const int c = wg - 1;
+    const int g = lane >> 2, t4 = lane & 3;
+    Acc acc[MW][NACC];
+#pragma unroll
+    for (int m = 0; m < MW; ++m)
+#pragma unroll
+      for (int j = 0; j < NACC; ++j) acc[m][j] = 0;
+    auto release = [&](int s) { if (lane == 0) mbar_arrive(empty(s)); };   // one arrival per warp
+
+    int i = 0;
+    for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
+      const int qt = (int)(t % n_qt), rt = (int)(t / n_qt);
+      const int q_first = qt * TILE_Q + c * WG_Q + 16 * warp + g;   // + 64 m + 8 h
+      // per-query terms, loaded before the k loop so that their latency hides behind it
+      float thr[MW][2], esc[MW][2], eoff[MW][2];
+#pragma unroll
+      for (int m = 0; m < MW; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int q = q_first + 64 * m + 8 * h;
+          const bool ok = q < n_queries;
+          thr[m][h] = ok ? __ldg(thresholds + q) : -positive_infinity();
+          esc[m][h] = ok ? __ldg(err_scale + q) : 0.0f;
+          eoff[m][h] = ok ? __ldg(err_offset + q) : 0.0f;
+        }
+      const float rmax = __ldg(tile_rmax + rt);
+
+      // ---- k loop ----
+      int pos = i * k_blocks;
+      for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
+        const int s = pos % STAGES;
+        mbar_wait(full(s), (pos / STAGES) & 1);
+        const unsigned a_base = ring + s * STAGE_BYTES + c * WG_Q * 128, b_base = ring + s * STAGE_BYTES + Q_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+#pragma unroll
+          for (int m = 0; m < MW; ++m)
+            Mma::template mma<BN>(acc[m], sw128_desc(a_base + m * 64 * 128 + k * 32), sw128_desc(b_base + k * 32),
+                                  (kb | k) != 0);
+        }
+        wgmma_commit();
+        if (kb > 0) {
+          wgmma_wait<1>();
+          release((pos - 1) % STAGES);
+        }
+      }
+      wgmma_wait<0>();
+      release((pos - 1) % STAGES);
+#pragma unroll
+      for (int m = 0; m < MW; ++m)
+#pragma unroll
+        for (int j = 0; j < NACC; ++j) Mma::keep(acc[m][j]);   // no read of acc moves above the wait
+
+      // ---- epilogue ----
+      const int b = i % HOPPER_SCALAR_SLOTS;
+      mbar_wait(sfull(b), (i / HOPPER_SCALAR_SLOTS) & 1);
+      const float* norm_s = reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
+      float tq[MW][2];
+#pragma unroll
+      for (int m = 0; m < MW; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) tq[m][h] = add_up(thr[m][h], fma_up(esc[m][h], rmax, eoff[m][h]));
+      const int r_first = rt * BN + 2 * t4;            // + 8 j + bb
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const float2 nv = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * j + 2 * t4);
+        // element e = (m, h, bb): query q_first + 64 m + 8 h, row r_first + 8 j + bb
+        bool pass[MW * 4];
+        bool any = false;
+#pragma unroll
+        for (int e = 0; e < MW * 4; ++e) {
+          const int m = e >> 2, h = (e >> 1) & 1, bb = e & 1;
+          const float hi = Mma::high(acc[m][4 * j + 2 * h + bb]);
+          const float key = IP ? -hi : fma_down(-2.0f, hi, bb ? nv.y : nv.x);
+          pass[e] = !(key > tq[m][h]);
+          any |= pass[e];
+        }
+        if (any) {   // rare: append the survivors of this 8-row chunk
+#pragma unroll
+          for (int e = 0; e < MW * 4; ++e) {
+            const int q = q_first + 64 * (e >> 2) + 8 * ((e >> 1) & 1), r = r_first + 8 * j + (e & 1);
+            if (pass[e] && q < n_queries && r < n_rows) {
+              const int slot = atomicAdd(counts + q, 1);
+              if (slot < capacity) survivors[(long long)q * capacity + slot] = r;
+            }
+          }
+        }
+      }
+      // the scalar slot is free (its generic reads done) for the producer's next bulk copy (async proxy)
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncwarp();
+      if (lane == 0) mbar_arrive(sempty(b));
+    }
+  }
+}
+
+// tile_rmax[t] = the largest r_x of rows [t * BN, min((t + 1) * BN, n_rows)), NaN if any is NaN (then every
+// row of the tile survives), for the tiles t in [first_tile, last_tile). One warp per tile.
+template <int BN>
+__global__ void __launch_bounds__(256)
+tile_rmax_kernel(const float* __restrict__ r_x, long long n_rows, long long first_tile, long long last_tile,
+                 float* __restrict__ tile_rmax) {
+  const int lane = threadIdx.x & 31;
+  const long long t = first_tile + (long long)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  if (t >= last_tile) return;
+  float most = 0.0f;
+  for (long long r = t * BN + lane; r < (t + 1) * BN && r < n_rows; r += 32) {
+    const float v = r_x[r];
+    most = v > most || v != v ? v : most;              // NaN sticks
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(FULL_WARP, most, offset);
+    most = other > most || other != other ? other : most;
+  }
+  if (lane == 0) tile_rmax[t] = most;
+}
+
+}  // namespace tinyknn

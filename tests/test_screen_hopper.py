@@ -1,0 +1,131 @@
+"""The Hopper screen's host rules (no GPU): its specs exist only for sm_90a and pick the tile per element type,
+the 8-bit exact conversion only where every dot product stays below 2^24, the tensor maps' arguments, the
+shared-memory formula, the padded row terms, and which screen a device runs (TINYKNN_SCREEN)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tinyknn.config import get_config, reset_config
+from tinyknn.jit import render, render_screen as rs
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "90", "90a"])
+def test_hopper_specs_compile_for_sm_90a_only(arch):
+    spec = rs.hopper_spec("l2", "float16", 768, arch)
+    assert spec.arch == "sm_90a" and spec.variant == "screen_hopper"
+    assert rs.tiles_spec(128, arch).arch == "sm_90a"
+    assert render.render_source(spec).source == render.kernel_source("screen_hopper.cuh")
+    assert "screen_hopper_kernel" not in render.kernel_source()      # sm_80 / sm_90 sources stay as they were
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_100"])
+def test_hopper_specs_refuse_other_arches(arch):
+    with pytest.raises(ValueError, match=f"compute capability 9.0.*{arch}"):
+        rs.hopper_spec("l2", "float16", 768, arch)
+    assert rs.hopper_arch(arch) is None
+    assert render.hopper_specs("l2", "float16", 768, arch) == []
+
+
+@pytest.mark.parametrize("metric,dtype,tile,ip", [
+    ("l2", "float16", (128, 2), False), ("ip", "bfloat16", (128, 2), True), ("l2", "float32", (128, 2), False),
+    ("cosine", "uint8", (128, 2), True), ("ip", "uint8", (256, 1), True), ("l2", "int8", (256, 1), False),
+])
+def test_tile_follows_the_element_type(metric, dtype, tile, ip):
+    spec = rs.hopper_spec(metric, dtype, 128, "sm_90")
+    assert (spec.param("bn"), spec.param("mw")) == tile
+    assert spec.param("smem") == rs.hopper_smem(*tile) <= 227 * 1024
+    name = render.name_expression(spec)
+    element = rs.SCREEN_ELEMENTS[rs.element_of(metric, dtype)]
+    assert name.startswith(f"tinyknn::screen_hopper_kernel<{element}, {'true' if ip else 'false'}, ")
+
+
+@pytest.mark.parametrize("element,stride,exact", [
+    ("uint8", 256, True), ("uint8", 257, True), ("uint8", 258, True), ("uint8", 272, False),
+    ("int8", 1008, True), ("int8", 1023, True), ("int8", 1024, False),
+    ("float16", 16, False), ("bfloat16", 16, False),
+])
+def test_exact_conversion_only_below_two_to_the_24(element, stride, exact):
+    assert rs.exact_conversion(element, stride) is exact
+    largest = {"uint8": 255 * 255, "int8": 128 * 128}.get(element)
+    if largest is not None:
+        assert (largest * stride < 2 ** 24) is exact
+
+
+def test_the_spec_carries_the_conversion_of_its_stride():
+    assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("exact") == 1
+    assert rs.hopper_spec("l2", "uint8", 768, "sm_90").param("exact") == 0
+    assert rs.hopper_spec("l2", "float16", 128, "sm_90").param("exact") == 0
+    assert "true, 256, 1, 4" in render.name_expression(rs.hopper_spec("l2", "uint8", 128, "sm_90"))
+
+
+def test_bound_counts_four_instructions_per_128_byte_block():
+    assert [rs.hopper_k_blocks(b) for b in (16, 128, 144, 256, 1536)] == [1, 1, 2, 2, 12]
+
+
+def test_warm_lists_the_hopper_kernels_for_sm_90a_only():
+    on_90a = render.specs_for_search("l2", "float16", 768, 10, "sm_90a")
+    assert {s.variant for s in on_90a} >= {"screen_hopper", "screen_tiles"}
+    assert not {s.variant for s in render.specs_for_search("l2", "float16", 768, 10, "sm_90")} & {"screen_hopper"}
+    assert render.hopper_specs("l2", "float16", 8, "sm_90a") == []          # dim < 16: never screened
+    with pytest.raises(ValueError, match="one entry header"):
+        render.render_many([rs.tiles_spec(128, "sm_90a"), render.rows_spec("sm_90a")])
+
+
+def test_tensor_map_arguments():
+    from tinyknn.gpu.tensor_map import tensor_map_args
+
+    args = tensor_map_args(0x7f0000000100, 1000, 1536, 2, 128)
+    assert args.dims == (768, 1000) and args.row_pitch == 1536 and args.box == (64, 128)
+    assert tensor_map_args(0x1000, 10, 144, 1, 256).box == (128, 256)
+    for bad, match in [((0x1008, 10, 144, 1, 256), "16-byte"), ((0x1000, 10, 136, 2, 128), "16-byte"),
+                       ((0x1000, 0, 144, 2, 128), "rows"), ((0x1000, 10, 144, 2, 512), "box"),
+                       ((0x1000, 10, 144, 4, 128), "1- or 2-byte")]:
+        with pytest.raises(ValueError, match=match):
+            tensor_map_args(*bad)
+
+
+def test_row_terms_are_padded_to_whole_tiles():
+    from tinyknn.gpu.screen import ROW_PAD, padded_rows
+
+    assert ROW_PAD % max(rs.hopper_tile(e)[0] for e in ("float16", "uint8")) == 0
+    assert [padded_rows(n) for n in (1, 256, 257, 20000)] == [256, 256, 512, 20224]
+
+
+@pytest.mark.parametrize("arch,choice,used", [
+    ("sm_90", "auto", True), ("sm_90", "wgmma", True), ("sm_90", "mma", False), ("sm_90a", "auto", True),
+    ("sm_80", "auto", False), ("sm_89", "mma", False),
+])
+def test_which_screen_a_device_runs(arch, choice, used):
+    from tinyknn.gpu.screen import use_hopper
+
+    assert use_hopper(arch, choice) is used
+
+
+def test_asking_for_wgmma_elsewhere_is_an_error():
+    from tinyknn.gpu.screen import use_hopper
+
+    with pytest.raises(ValueError, match="TINYKNN_SCREEN=wgmma.*sm_80"):
+        use_hopper("sm_80", "wgmma")
+
+
+@pytest.mark.parametrize("value,expected", [("", "auto"), ("mma", "mma"), (" WGMMA ", "wgmma"), ("auto", "auto")])
+def test_screen_setting(monkeypatch, value, expected):
+    monkeypatch.setenv("TINYKNN_SCREEN", value)
+    reset_config()
+    try:
+        assert get_config().screen == expected
+    finally:
+        monkeypatch.delenv("TINYKNN_SCREEN")
+        reset_config()
+
+
+def test_a_bad_screen_setting_says_what_is_allowed(monkeypatch):
+    monkeypatch.setenv("TINYKNN_SCREEN", "tensor")
+    reset_config()
+    try:
+        with pytest.raises(ValueError, match="TINYKNN_SCREEN must be one of auto, mma, wgmma; got 'tensor'"):
+            get_config()
+    finally:
+        monkeypatch.delenv("TINYKNN_SCREEN")
+        reset_config()
