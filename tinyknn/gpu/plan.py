@@ -41,9 +41,9 @@ ARGUMENTS = {
     #            bounds)
     "scan": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
     "tiled": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
-    # single_kernel(data, inv_norms, n_data, rows_per_slice, queries, ids, out_keys, out_positions, out_distances,
-    #               out_ids, arrivals, row_stats, status, threshold, dim)
-    "single": (_P, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I),
+    # single_kernel(data, scan_rows, inv_norms, n_data, rows_per_slice, queries, ids, out_keys, out_positions,
+    #               out_distances, out_ids, arrivals, row_stats, status, threshold, dim)
+    "single": (_P, _P, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I),
     # verify_kernel(keys, positions, n_lists, ids, out_distances, out_ids, bounds, data, queries, row_stride, dim,
     #               row_stats, status, threshold)
     "verify": (_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
@@ -70,7 +70,7 @@ ARGUMENTS = {
     "survivors": (_P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
 }
 # Where the outputs (distances, ids, status, threshold) sit among a plan's last launch's arguments.
-OUTPUT_SLOTS = {"verify": (4, 5, 12, 13), "single": (8, 9, 12, 13)}
+OUTPUT_SLOTS = {"verify": (4, 5, 12, 13), "single": (9, 10, 13, 14)}
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,11 @@ def split_rows(n_data: int, groups: int, loaded: LoadedKernel, sm_count: int, k:
     """(slices, rows_per_slice): enough blocks for every SM, slices no smaller than a step or k."""
     if slices is None:   # rounded down: a last wave of a few blocks would cost as much as a full one
         slices = whole_wave_slices(groups, sm_count * loaded.blocks_per_sm, loaded.spec.variant)
-    if loaded.spec.variant == "single":   # its slices hold at most rmax rows (a multiple of the granule)
-        slices = max(slices, math.ceil(n_data / loaded.spec.param("rmax")))
+    if loaded.spec.variant == "single":   # its slices hold at most rmax rows (a multiple of the granule) ...
+        resident = sm_count * loaded.blocks_per_sm
+        needed = math.ceil(n_data / loaded.spec.param("rmax"))
+        if needed > slices:     # ... in whole waves: 489 slices of 2,045 rows take 4 waves, 528 of 1,894 as many
+            slices = math.ceil(needed / resident) * resident
     granule = rows_granule(loaded.spec)
     rows = max(granule, k, math.ceil(max(n_data, 1) / max(1, slices)))
     rows = math.ceil(rows / granule) * granule
@@ -244,13 +247,15 @@ def candidate_bytes(n_queries: int, slices: int, per_list: int) -> int:
 
 def build_plan(main: LoadedKernel, verify: LoadedKernel | None, *, n_queries: int, k: int, n_data: int, dim: int,
                slices: int, rows_per_slice: int, row_stride: int, data_ptr: int, norms_ptr: int, queries_ptr: int,
+               scan_rows_ptr: int = 0,
                keys_ptr: int, positions_ptr: int, ids_ptr: int, distances_out: int, ids_out: int,
                bounds, row_stats_ptr: int, status_ptr: int, threshold_ptr: int) -> SearchPlan:
     """The selection kernel `main` and the verify step after it, parameters packed (the single-query
-    kernel: one launch, its last block verifies; `bounds` holds its arrival counter)."""
+    kernel: one launch, its last block verifies; `bounds` holds its arrival counter; it streams
+    `scan_rows_ptr`, a float32 index's float16 shadow, when given, else the rows themselves)."""
     groups = math.ceil(n_queries / queries_per_block(main.spec))
     if main.spec.variant == "single":
-        single = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, ids_ptr, keys_ptr,
+        single = main.prepare(data_ptr, scan_rows_ptr or data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, ids_ptr, keys_ptr,
                               positions_ptr, distances_out, ids_out, bounds.ptr, row_stats_ptr, status_ptr,
                               threshold_ptr, dim)
         return SearchPlan("single", n_queries, k, slices, rows_per_slice, single, (slices, 1, 1), main.threads,
