@@ -19,6 +19,7 @@ namespace tinyknn {
 // have kappa >= the KL-th list key A, and the bound is increasing in kappa: the verify step's proof holds with
 // lowest(A). n: the float32 row stride the verify step passes; the shadow's stride is at most n + 7 (zeros).
 struct ShadowKeyBound {
+  static constexpr bool uses_qq = false;
   static TINYKNN_D double lowest(float key32, int n, double, double max_xx, double) {
     const int terms = n + 8;
     const double s_lo = ((double)key32 - (2.0 * terms + 4.0) * Bounds::eta) / (1.0 + Bounds::gamma(terms + 3));
