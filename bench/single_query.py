@@ -92,7 +92,8 @@ def _end_to_end(index, queries, reps: int) -> dict:
     out = np.empty((1, K), np.float32), np.empty((1, K), np.int64)
     rows = [queries[i:i + 1] for i in range(len(queries))]
     result = {}
-    for name, call in (("default_us", lambda q: index.search(q, K)), ("prepared_out_us", lambda q: prepared(q, out=out))):
+    calls = (("default_us", lambda q: index.search(q, K)), ("prepared_out_us", lambda q: prepared(q, out=out)))
+    for name, call in calls:
         for q in rows[:20]:
             call(q)
         samples = []
@@ -152,7 +153,8 @@ def measure_shape(label: str, n: int, dim: int, dtype: str, reps: int, launches:
                 row["variants"] = [{"overrides": o, "slices_override": sl, **_kernel_ms(searcher, launches, sl, o)}
                                    for o, sl in (SMALL_SWEEP if n <= 200_000 else LARGE_SWEEP)]
             out["modes"][mode] = row
-            print(f"{label:20s} {mode:15s} search {row['default_us']:8.1f} us  prepared {row['prepared_out_us']:8.1f} us"
+            print(f"{label:20s} {mode:15s} search {row['default_us']:8.1f} us"
+                  f"  prepared {row['prepared_out_us']:8.1f} us"
                   f"  kernel {row['kernel_ms'] * 1e3:8.1f} us  floor {row['floor']['floor_ms'] * 1e3:8.1f} us"
                   f"  ({row['floor']['copy_bandwidth_TBps']:.2f} TB/s)  reruns {row['exact_reruns_of_64']}", flush=True)
         searcher.single_shadow = True

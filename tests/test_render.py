@@ -165,7 +165,8 @@ def test_one_query_on_a_float32_l2_index_may_stream_its_float16_shadow():
     shadow = render.single_spec("l2", "float32", 100, 10, "sm_90", shadow=True)
     plain = render.single_spec("l2", "float32", 100, 10, "sm_90")
     name = render.name_expression(shadow)
-    assert "ShadowKeyBound, float, tinyknn::half_bits, 100," in name and "half_bits" not in render.name_expression(plain)
+    assert "ShadowKeyBound, float, tinyknn::half_bits, 100," in name
+    assert "half_bits" not in render.name_expression(plain)
     assert shadow.param("kl") == 10 + render.SINGLE_SHADOW_MARGIN > plain.param("kl") and shadow.param("shadow") == 1
     assert shadow.param("lanes") <= plain.param("lanes")       # 16-byte chunks of half the bytes
     listed = render.specs_for_search("l2", "float32", 100, 10, "sm_90")

@@ -145,7 +145,7 @@ def split_rows(n_data: int, groups: int, loaded: LoadedKernel, sm_count: int, k:
     if loaded.spec.variant == "single":   # its slices hold at most rmax rows (a multiple of the granule) ...
         resident = sm_count * loaded.blocks_per_sm
         needed = math.ceil(n_data / loaded.spec.param("rmax"))
-        if needed > slices:     # ... in whole waves: 489 slices of 2,045 rows take 4 waves, 528 of 1,894 as many
+        if needed > slices:     # ... in whole waves: 489 slices of 2,045 rows (1M) take 4 waves, as 521 of 1,920 do
             slices = math.ceil(needed / resident) * resident
     granule = rows_granule(loaded.spec)
     rows = max(granule, k, math.ceil(max(n_data, 1) / max(1, slices)))
@@ -255,9 +255,9 @@ def build_plan(main: LoadedKernel, verify: LoadedKernel | None, *, n_queries: in
     `scan_rows_ptr`, a float32 index's float16 shadow, when given, else the rows themselves)."""
     groups = math.ceil(n_queries / queries_per_block(main.spec))
     if main.spec.variant == "single":
-        single = main.prepare(data_ptr, scan_rows_ptr or data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, ids_ptr, keys_ptr,
-                              positions_ptr, distances_out, ids_out, bounds.ptr, row_stats_ptr, status_ptr,
-                              threshold_ptr, dim)
+        single = main.prepare(data_ptr, scan_rows_ptr or data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr,
+                              ids_ptr, keys_ptr, positions_ptr, distances_out, ids_out, bounds.ptr, row_stats_ptr,
+                              status_ptr, threshold_ptr, dim)
         return SearchPlan("single", n_queries, k, slices, rows_per_slice, single, (slices, 1, 1), main.threads,
                           main.shared_bytes, None, 0, 0, bounds, list_k(main.spec))
     main_launch = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, n_queries, row_stride,
