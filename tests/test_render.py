@@ -191,3 +191,15 @@ def test_single_query_slices_fill_whole_waves(n, rmax, expected_waves):
     slices, rows = plan.split_rows(n, 1, loaded, 132, spec.param("kl"))
     assert rows <= rmax and slices * rows >= n and (slices - 1) * rows < n
     assert (expected_waves - 1) * 132 < slices <= expected_waves * 132
+
+
+def test_a_small_database_gets_fewer_single_query_blocks():
+    """One query on 20,000 rows: slices of at least plan.SINGLE_MIN_SLICE_ROWS (40 blocks, not 132 of 160 rows);
+    100k rows still fill the 132 SMs; a forced slice count is kept."""
+    from tinyknn.gpu import plan
+
+    spec = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True)
+    loaded = plan.LoadedKernel(spec, None, 512, spec.param("smem"), 1)
+    assert plan.split_rows(20_000, 1, loaded, 132, spec.param("kl"))[0] == 20_000 // plan.SINGLE_MIN_SLICE_ROWS + 1
+    assert plan.split_rows(100_000, 1, loaded, 132, spec.param("kl"))[0] == 131    # rows rounded to steps of 256
+    assert plan.split_rows(20_000, 1, loaded, 132, spec.param("kl"), slices=79)[0] == 79

@@ -29,6 +29,7 @@ USE_SINGLE = True           # one query: the single-query kernel (tests switch i
 SCAN_WAVES = 1              # scan grid: SMs x resident blocks per SM x this many waves
 TILED_WAVES = 1             # tiled grid: the fewest whole waves that fill the GPU (fewer slices, fewer lists)
 TILED_MIN_FILL = 0.85       # ... where the last wave holds at least this share of resident blocks
+SINGLE_MIN_SLICE_ROWS = 512    # one query: at least this many rows a slice (not yet measured; bench/single_query.py)
 MAX_BATCH = 8192            # queries per launch pair (bounds the candidate buffer; grid.y <= 65535)
 ROW_KERNEL_THREADS = 256        # ingest, band, rows, range and the screen steps: rows one by one
 
@@ -142,6 +143,8 @@ def split_rows(n_data: int, groups: int, loaded: LoadedKernel, sm_count: int, k:
     """(slices, rows_per_slice): enough blocks for every SM, slices no smaller than a step or k."""
     if slices is None:   # rounded down: a last wave of a few blocks would cost as much as a full one
         slices = whole_wave_slices(groups, sm_count * loaded.blocks_per_sm, loaded.spec.variant)
+        if loaded.spec.variant == "single":     # a small database: fewer blocks, fewer lists for the last one
+            slices = min(slices, max(1, math.ceil(n_data / SINGLE_MIN_SLICE_ROWS)))
     if loaded.spec.variant == "single":   # its slices hold at most rmax rows (a multiple of the granule) ...
         resident = sm_count * loaded.blocks_per_sm
         needed = math.ceil(n_data / loaded.spec.param("rmax"))
