@@ -156,7 +156,9 @@ class HostQueries:
                     buffer.close()
             self._screen.forget_rows()
             return False
-        return self._screen.usable
+        screen = self._screen       # the layout single.cuh reads: float16 rows, unscaled, padded like the index's
+        return screen.usable and screen.shadow and not screen.normalize and \
+            screen.stride == render.row_layout(self.dim, "float16")[1]
 
     def _plan(self, n_queries: int, k: int, purpose: str, exact: bool = False) -> plans.SearchPlan:
         """The cached plan of a batch shape; the buffers it needs are grown first. exact: no filter key."""
