@@ -480,6 +480,10 @@ def checks(payload: dict) -> dict:
     if "ratio_to_cpp_one_by_one" in whole.get("tinyknn_search", {}):
         out["whole search <= C++ issuing the same calls one by one"] = \
             whole["tinyknn_search"]["ratio_to_cpp_one_by_one"] <= 1.0
+        out["whole search <= 35 us end to end"] = whole["tinyknn_search"]["median_us"] <= 35.0
+    if "ratio_to_cpp_one_by_one" in whole.get("tinyknn_prepared_out", {}):
+        out["prepared search with out= <= 0.95 x C++ one by one"] = \
+            whole["tinyknn_prepared_out"]["ratio_to_cpp_one_by_one"] <= 0.95
     return out
 
 

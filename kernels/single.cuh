@@ -5,6 +5,32 @@
 
 namespace tinyknn {
 
+// ---- a float32 l2 index's float16 shadow: the bound of its keys ------------------------------------
+// A float32 l2 index may stream its float16 shadow (the screen's copy, tinyknn/gpu/screen.py: h = x rounded
+// to nearest; an index with any |x_i| beyond 65504 has no usable shadow and never comes here): half the bytes.
+// The key is then kappa = the float32 evaluation of sum (q_i - h_i)^2 (h_i is exact in float32), n terms.
+// 1. KeyBound<L2>'s derivation with h for x: s = |h - q|^2 >= s_lo = (kappa - (2n + 4) eta) / (1 + gamma(n + 3)).
+// 2. Rounding to float16: |x_i - h_i| <= 2^-11 |x_i| + 2^-25 (relative half-ulp when normal, 2^-25 in the
+//    subnormal range; the sum covers both), so |x - h| <= 2^-11 |x| + 2^-25 sqrt(n) <= delta
+//    = 2^-11 sqrt(max |x|^2) + 2^-25 sqrt(n) (max |x|^2 from row_stats, rounded up at ingest).
+// 3. Triangle inequality: |x - q| >= |h - q| - |x - h| >= sqrt(s_lo) - delta, so the true key
+//    |x - q|^2 >= max(0, sqrt(s_lo) - delta)^2, and the float64 contract key is within gamma64(n + 3) of it.
+// Every double operation below is rounded outwards by a relative 1e-15 (a few ulps). Rows outside the lists
+// have kappa >= the KL-th list key A, and the bound is increasing in kappa: the verify step's proof holds with
+// lowest(A). n: the float32 row stride the verify step passes; the shadow's stride is at most n + 7 (zeros).
+struct ShadowKeyBound {
+  static constexpr bool uses_qq = false;
+  static TINYKNN_D double lowest(float key32, int n, double, double max_xx, double) {
+    const int terms = n + 8;
+    const double s_lo = ((double)key32 - (2.0 * terms + 4.0) * Bounds::eta) / (1.0 + Bounds::gamma(terms + 3));
+    if (!(s_lo > 0.0)) return 0.0;
+    const double delta = (4.8828125e-04 * sqrt(max_xx) + 2.9802322387695312e-08 * sqrt((double)terms)) * (1.0 + 1e-15);
+    const double r = sqrt(s_lo) * (1.0 - 1e-15) - delta;
+    if (!(r > 0.0)) return 0.0;
+    return r * r * (1.0 - 1e-15) * (1.0 - Bounds::gamma64(terms + 3));
+  }
+};
+
 // ---- single: one query, grid (n_slices), WARPS warps per block --------------------------------------
 // Each block streams its slice (at most RMAX rows) once: G lanes share a row (CPL 16-byte loads each, UNROLL
 // rows at a time) and write its float32 key to shared memory; no candidate lists are kept while streaming (their insertions
@@ -13,15 +39,19 @@ namespace tinyknn {
 // list, exactly what scan_kernel writes. The last block to finish (a counter in bounds[0] that wraps to
 // zero at the last arrival) runs the verify step over all the slices' lists (copied to shared memory when
 // they fit in CMAX entries): one launch instead of two.
-template <class Metric, class Bound, class T, int DIM, int K, int KL, int G, int WARPS, int RMAX, int UNROLL, int CMAX,
-          int SMEM>
+// S: the element type streamed from `scan_rows` (T itself, or float16 for a float32 index's shadow with
+// Bound = ShadowKeyBound); the verify step reads the stored rows `data` (T) at the lists' positions.
+template <class Metric, class Bound, class T, class S, int DIM, int K, int KL, int G, int WARPS, int RMAX, int UNROLL,
+          int CMAX, int SMEM>
 __global__ void __launch_bounds__(WARPS * 32, 1)
-single_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms, long long n_data,
-              long long rows_per_slice, const float* __restrict__ queries, const long long* __restrict__ ids,
-              float* out_keys, int* out_positions, float* __restrict__ out_distances, long long* __restrict__ out_ids,
-              unsigned* arrivals, const unsigned* __restrict__ row_stats, int* __restrict__ status,
-              double* __restrict__ threshold, int dim) {
-  using Layout = RowLayout<T, DIM>;
+single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const float* __restrict__ data_inv_norms,
+              long long n_data, long long rows_per_slice, const float* __restrict__ queries,
+              const long long* __restrict__ ids, float* out_keys, int* out_positions,
+              float* __restrict__ out_distances, long long* __restrict__ out_ids, unsigned* arrivals,
+              const unsigned* __restrict__ row_stats, int* __restrict__ status, double* __restrict__ threshold,
+              int dim) {
+  using Layout = RowLayout<S, DIM>;                             // the streamed rows
+  constexpr int STORED_STRIDE = RowLayout<T, DIM>::STRIDE;    // the stored rows (verify)
   static_assert(is_pow2(G) && G <= 32, "G (lanes per row) must be a power of two <= 32");
   constexpr int CPL = (Layout::CHUNKS + G - 1) / G;            // chunks per lane
   constexpr int QROW = G * CPL * Layout::PER_CHUNK;           // floats of the query row in shared memory
@@ -44,7 +74,7 @@ single_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_nor
   require_dynamic_smem(NEED);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int i = threadIdx.x; i < QROW; i += WARPS * 32) query_s[i] = i < Layout::STRIDE ? queries[i] : 0.0f;
+  for (int i = threadIdx.x; i < QROW; i += WARPS * 32) query_s[i] = i < dim ? queries[i] : 0.0f;
   __syncthreads();
   if constexpr (Metric::needs_norms) {
     if (warp == 0) {
@@ -67,7 +97,7 @@ single_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_nor
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int row = base + u * WARPS * ROWS_PER_STEP + lane / G;
-      load_row_chunks<T, DIM, G, CPL>(data, row, row < end, part, raw[u]);
+      load_row_chunks<S, DIM, G, CPL>(scan_rows, row, row < end, part, raw[u]);
       data_inv[u] = 1.0f;
       if constexpr (Metric::needs_norms) data_inv[u] = row < end ? __ldg(data_inv_norms + row) : 0.0f;
     }
@@ -77,7 +107,7 @@ single_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_nor
       float even = 0.0f, odd = 0.0f;
 #pragma unroll
       for (int i = 0; i < CPL; ++i) {
-        accumulate_chunk<Metric, T>(even, odd, raw[u][i], query_s + (part + i * G) * Layout::PER_CHUNK);
+        accumulate_chunk<Metric, S>(even, odd, raw[u][i], query_s + (part + i * G) * Layout::PER_CHUNK);
       }
       const float sum = sum_over_lanes<G>(even + odd);
       if (row < end && part == 0) {
@@ -128,7 +158,7 @@ single_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_nor
     positions = copied_positions;
   }
   verify_query<Metric, Bound, T, K, KL, WARPS>(0, keys, positions, gridDim.x, ids, out_distances, out_ids, arrivals,
-                                               data, queries, Layout::STRIDE, dim, row_stats, status, threshold,
+                                               data, queries, STORED_STRIDE, dim, row_stats, status, threshold,
                                                shared_space);
 }
 

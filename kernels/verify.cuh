@@ -27,6 +27,7 @@ struct Bounds {
 template <class Metric> struct KeyBound;
 
 template <> struct KeyBound<L2> {
+  static constexpr bool uses_qq = false;     // the verify step skips the query's float64 |q|^2 for l2
   // key = sum of (q - x)^2: each term within (1 + u)^3 of its true value (the subtraction and the
   // square), the sum within gamma(n) of the sum of the rounded terms, plus 2n + 4 underflows.
   static TINYKNN_D double lowest(float key32, int n, double, double, double) {
@@ -36,6 +37,7 @@ template <> struct KeyBound<L2> {
 };
 
 template <> struct KeyBound<InnerProduct> {
+  static constexpr bool uses_qq = true;
   // key = -sum of q x: |error| <= gamma(n) sum |q x| + 2 n eta <= gamma(n) |q| |x| + 2 n eta.
   static TINYKNN_D double lowest(float key32, int n, double qq, double max_xx, double) {
     const double scale = sqrt(qq) * sqrt(max_xx) * (1.0 + 1e-15);
@@ -44,6 +46,7 @@ template <> struct KeyBound<InnerProduct> {
 };
 
 template <> struct KeyBound<Cosine> {
+  static constexpr bool uses_qq = true;
   // key = -(dot * inv_q) * inv_x, inv_q = rsqrtf of the float32 sum of squares (within 2^-22 of its value),
   // inv_x = the float32 rounding of 1 / sqrt(float64 |x|^2). The float32 sums of squares are within
   // gamma(n) s + 2 n eta of s; the dot within gamma(n) |q||x| + 2 n eta. Every relative term is doubled to
@@ -62,6 +65,7 @@ template <> struct KeyBound<Cosine> {
 // sum): within E = 2.5 (n + 4) u (|q|^2 + max |x|^2) + (6n + 16) eta of |x - q|^2 - |q|^2 (merge.cuh's
 // derivation of the first version, unchanged).
 struct FilterKeyBound {
+  static constexpr bool uses_qq = true;
   static TINYKNN_D double lowest(float key32, int n, double qq, double max_xx, double) {
     const double u = 5.9604644775390625e-08;
     const double error = 2.5 * (n + 4) * u * (qq * (1.0 + 1e-15) + max_xx) + (6.0 * n + 16.0) * Bounds::eta;
@@ -220,12 +224,17 @@ TINYKNN_D void verify_query(long long q, const float* keys, const int* positions
   const unsigned kl_bits = gather_best<KL, SORT>(keys, positions, total, sort_keys, sort_positions, histogram,
                                                  histogram + 258);
   const float* query = queries + q * row_stride;
-  if (threadIdx.x < 32) {
-    const double qq = exact_squares_by_warp(query, dim, threadIdx.x);
-    if (threadIdx.x == 0) query_qq[0] = qq;
+  // |q|^2 in float64: a dim-long chain on the critical path, so only where the distance (cosine) or the
+  // bound reads it (l2's distance and its float32 / shadow bounds do not).
+  double qq = 0.0;
+  if constexpr (Metric::needs_norms || Bound::uses_qq) {
+    if (threadIdx.x < 32) {
+      const double mine = exact_squares_by_warp(query, dim, threadIdx.x);
+      if (threadIdx.x == 0) query_qq[0] = mine;
+    }
+    __syncthreads();
+    qq = query_qq[0];
   }
-  __syncthreads();
-  const double qq = query_qq[0];
   if constexpr (KL <= 2 * WARPS) {      // a warp per candidate: few of them, latency matters most
     const int lane = threadIdx.x & 31;
     for (int i = threadIdx.x >> 5; i < SORT; i += WARPS) {

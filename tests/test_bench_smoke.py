@@ -220,3 +220,17 @@ def test_search_gpu_small_sweep_runs_every_gpu_peer(tmp_path):
     exact = [r for r in rows if r["peer"] == "tinyknn-cuda" and r["dtype"] in ("float32", "float16")]
     assert exact and all(r["agreement"] == 1.0 for r in exact), exact
     assert all(r["note"] for r in rows if r["peer"] == "torch-fp16"), rows
+
+
+def test_single_query_bench_checks_and_cpu_skip(tmp_path):
+    """bench/single_query.py: without a GPU it writes a skipped record; its checks read the best mode of each
+    shape against the targets (100k x 128 float32 <= 35 us end to end)."""
+    single = _bench_module("single_query")
+    assert single.main(["--device", "cpu", "--out-dir", str(tmp_path)]) == 0
+    (written,) = tmp_path.glob("single_query_*.json")
+    assert "needs a CUDA GPU" in json.loads(written.read_text())["results"]["skipped"]
+    payload = {"shapes": {"100k x 128 float32": {"modes": {"float16 shadow": {"default_us": 34.0},
+                                                           "float32 rows": {"default_us": 60.0}}},
+                          "1M x 768 float16": {"modes": {"stored rows": {"default_us": 420.0}}}}}
+    assert single.checks(payload) == {"100k x 128 float32: end to end <= 35 us": True,
+                                      "1M x 768 float16: end to end <= 380 us": False}

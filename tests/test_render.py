@@ -157,3 +157,49 @@ def test_include_cycles_and_missing_headers_are_reported(tmp_path, monkeypatch):
             render.kernel_source("c.cuh")
     finally:
         render.kernel_source.cache_clear()
+
+
+def test_one_query_on_a_float32_l2_index_may_stream_its_float16_shadow():
+    """The shadow variant: float16 rows streamed, float32 rows verified under ShadowKeyBound, a wider margin;
+    listed for warm-up beside the float32 stream, for float32 l2 only."""
+    shadow = render.single_spec("l2", "float32", 100, 10, "sm_90", shadow=True)
+    plain = render.single_spec("l2", "float32", 100, 10, "sm_90")
+    name = render.name_expression(shadow)
+    assert "ShadowKeyBound, float, tinyknn::half_bits, 100," in name
+    assert "half_bits" not in render.name_expression(plain)
+    assert shadow.param("kl") == 10 + render.SINGLE_SHADOW_MARGIN > plain.param("kl") and shadow.param("shadow") == 1
+    assert shadow.param("lanes") <= plain.param("lanes")       # 16-byte chunks of half the bytes
+    listed = render.specs_for_search("l2", "float32", 100, 10, "sm_90")
+    assert [s.param("shadow", 0) for s in listed if s.variant == "single"] == [0, 1]
+    for metric, dtype in (("ip", "float32"), ("cosine", "float32"), ("l2", "float16")):
+        assert len([s for s in render.specs_for_search(metric, dtype, 100, 10, "sm_90") if s.variant == "single"]) == 1
+    with pytest.raises(ValueError, match="float32 index streams a float16 shadow; got dtype 'float16'"):
+        render.single_spec("l2", "float16", 100, 10, "sm_90", shadow=True)
+    with pytest.raises(ValueError, match="for l2 only; got metric 'ip'"):
+        render.single_spec("ip", "float32", 100, 10, "sm_90", shadow=True)
+
+
+@pytest.mark.parametrize("n,rmax,expected_waves", [(1_000_000, 2048, 4), (100_000, 2048, 1), (1_000_000, 8192, 1),
+                                                   (300_000, 2048, 2)])
+def test_single_query_slices_fill_whole_waves(n, rmax, expected_waves):
+    """One block per SM resident (132 SMs): slices of at most rmax rows, rounded up to whole waves (1M rows at
+    2,048: 4 waves of 132 blocks of 1,920 rows, not 3.7 waves of 2,045 rows whose last wave costs a whole one)."""
+    from tinyknn.gpu import plan
+
+    spec = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, rmax=rmax)
+    loaded = plan.LoadedKernel(spec, None, 512, spec.param("smem"), 1)
+    slices, rows = plan.split_rows(n, 1, loaded, 132, spec.param("kl"))
+    assert rows <= rmax and slices * rows >= n and (slices - 1) * rows < n
+    assert (expected_waves - 1) * 132 < slices <= expected_waves * 132
+
+
+def test_a_small_database_gets_fewer_single_query_blocks():
+    """One query on 20,000 rows: slices of at least plan.SINGLE_MIN_SLICE_ROWS (40 blocks, not 132 of 160 rows);
+    100k rows still fill the 132 SMs; a forced slice count is kept."""
+    from tinyknn.gpu import plan
+
+    spec = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True)
+    loaded = plan.LoadedKernel(spec, None, 512, spec.param("smem"), 1)
+    assert plan.split_rows(20_000, 1, loaded, 132, spec.param("kl"))[0] == 20_000 // plan.SINGLE_MIN_SLICE_ROWS + 1
+    assert plan.split_rows(100_000, 1, loaded, 132, spec.param("kl"))[0] == 131    # rows rounded to steps of 256
+    assert plan.split_rows(20_000, 1, loaded, 132, spec.param("kl"), slices=79)[0] == 79

@@ -11,6 +11,8 @@ import ctypes
 import statistics
 import time
 
+import numpy as np
+
 from tinyknn.gpu import launcher, memory
 
 import _common
@@ -253,7 +255,8 @@ def _with_sync(ops: list[dict]) -> tuple[list[dict], bool]:
 
 
 def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
-    """Index.search wall time (graphs on, and off) against C++ issuing the same driver calls."""
+    """Index.search wall time (graphs on, and off) and a prepared search with out= against C++ issuing the same
+    driver calls (one at a time, and replaying tinyknn's graph)."""
     out = {"note": "C++ replays the recorded driver calls (copies, launches, graph launches, events, syncs) "
                    "with the same buffers; it does not copy the queries into pinned memory nor build the "
                    "result arrays. Totals include the GPU time, which is the same on both sides."}
@@ -262,6 +265,11 @@ def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
         with graphs(index, enabled) as switch:
             if switch.available or enabled:
                 out[name] = _common.summary_us(_common.time_calls(lambda: index.search(queries, k), reps, 5))
+    prepared = index.prepare_search(k=k, n_queries=len(queries))     # bound once; results into the caller's arrays
+    targets = np.empty((len(queries), k), np.float32), np.empty((len(queries), k), np.int64)
+    out["tinyknn_prepared_out"] = _common.summary_us(_common.time_calls(lambda: prepared(queries, out=targets), reps, 5))
+    prepared.close()
+    modes = {**modes, "tinyknn_prepared_out": True}
     for name, key in (("cpp_one_by_one", "one_by_one"), ("cpp_replaying_tinyknn_calls", "default")):
         ops, appended = _with_sync(trace[key])
         array = to_ops(ops)
@@ -274,4 +282,6 @@ def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
         if name in out:
             out[name]["ratio_to_cpp_one_by_one"] = out[name]["median_us"] / floor
             out[name]["minus_cpp_one_by_one_us"] = out[name]["median_us"] - floor
+            out[name]["ratio_to_cpp_replaying_graph"] = \
+                out[name]["median_us"] / out["cpp_replaying_tinyknn_calls"]["total"]["median_us"]
     return out

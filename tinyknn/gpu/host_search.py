@@ -15,6 +15,7 @@ from . import plan as plans
 
 BAND_MIN_CAPACITY = 256         # band entries per query at first (grown to the largest count when exceeded)
 PLAN_CACHE = 32
+SHADOW_BUFFERS = ("screen_shadow", "screen_sq_lo", "screen_sq_hi", "screen_rx")   # what Screen._rows allocates
 
 
 class HostQueries:
@@ -58,8 +59,9 @@ class HostQueries:
         else:
             distances, ids = out
             distances[...], ids[...] = batch.distances, batch.ids      # (np.copyto costs twice as much here)
-        unproven = np.flatnonzero(batch.status)
-        if len(unproven):
+        status = batch.status       # one query: one element read (np.flatnonzero costs ~1 us more)
+        if status[0] if len(status) == 1 else status.any():
+            unproven = np.flatnonzero(status)
             distances[unproven], ids[unproven] = self._band(unproven, k)
         return distances, ids
 
@@ -129,10 +131,34 @@ class HostQueries:
         args = (self.metric, self.dtype, self.dim, k, self._arch)
         variant = plans.choose_variant(n_queries, k)
         if variant == "single":
-            return render.single_spec(*args)
+            return render.single_spec(*args, shadow=self._streams_shadow(), **dict(self.single_overrides))
         if variant == "scan":
             return render.scan_spec(*args, n_queries=n_queries)
         return render.tiled_spec(*args, exact=exact, n_queries=n_queries)
+
+    def _streams_shadow(self) -> bool:
+        """Whether one query reads the float16 shadow of a float32 l2 index (half the bytes, single.cuh's
+        ShadowKeyBound): every row (no filter's gathered copy) and a shadow the screen could make (no value
+        beyond float16's range). Called when a plan is built; the screen makes the missing rows' shadow then, or,
+        where it does not fit in device memory, gives its buffers back and the rows are streamed."""
+        view = self._view
+        if not (self.single_shadow and self.metric == "l2" and self.dtype == "float32" and view is not None
+                and view.prefix == "" and view.n > 0):
+            return False
+        try:
+            self._screen._rows()
+        except MemoryError:     # no room for the shadow (a device-memory cap, a full GPU): the rows themselves
+            self._stream.synchronize()
+            self._forget_plans()        # no plan may keep the shadow's address
+            for name in SHADOW_BUFFERS:
+                buffer = self._buffers.pop(name, None)
+                if buffer is not None:
+                    buffer.close()
+            self._screen.forget_rows()
+            return False
+        screen = self._screen       # the layout single.cuh reads: float16 rows, unscaled, padded like the index's
+        return screen.usable and screen.shadow and not screen.normalize and \
+            screen.stride == render.row_layout(self.dim, "float16")[1]
 
     def _plan(self, n_queries: int, k: int, purpose: str, exact: bool = False) -> plans.SearchPlan:
         """The cached plan of a batch shape; the buffers it needs are grown first. exact: no filter key."""
@@ -157,6 +183,7 @@ class HostQueries:
         search_plan = plans.build_plan(
             main, verify, n_queries=n_queries, k=k, n_data=view.n, dim=self.dim, slices=slices, rows_per_slice=rows,
             row_stride=self._stride, data_ptr=self._pointer(view.prefix + "data"),
+            scan_rows_ptr=self._pointer("screen_shadow") if main.spec.param("shadow", 0) else 0,
             norms_ptr=self._pointer(view.prefix + "norms"), queries_ptr=self._pointer("queries"), keys_ptr=candidates,
             positions_ptr=candidates + n_queries * slices * per_list * 4, ids_ptr=self._pointer(view.prefix + "ids"),
             distances_out=results, ids_out=results + ids_offset, bounds=bounds,

@@ -45,6 +45,7 @@ class ChunkWorker(GpuSearcher):
     forgets them), so capturing CUDA graphs would only cost."""
 
     use_graphs = False
+    single_shadow = False   # a chunk is searched once per load: making its float16 shadow would cost more than it saves
     keeps_queries = True    # the screen uploads a search's queries once for all chunks (forget_queries)
 
     def __init__(self, dim: int, metric: str, dtype: str, budget: Budget, bus: Bus):

@@ -29,6 +29,7 @@ USE_SINGLE = True           # one query: the single-query kernel (tests switch i
 SCAN_WAVES = 1              # scan grid: SMs x resident blocks per SM x this many waves
 TILED_WAVES = 1             # tiled grid: the fewest whole waves that fill the GPU (fewer slices, fewer lists)
 TILED_MIN_FILL = 0.85       # ... where the last wave holds at least this share of resident blocks
+SINGLE_MIN_SLICE_ROWS = 512    # one query: at least this many rows a slice (not yet measured; bench/single_query.py)
 MAX_BATCH = 8192            # queries per launch pair (bounds the candidate buffer; grid.y <= 65535)
 ROW_KERNEL_THREADS = 256        # ingest, band, rows, range and the screen steps: rows one by one
 
@@ -48,9 +49,9 @@ ARGUMENTS = {
     #            bounds)
     "scan": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
     "tiled": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
-    # single_kernel(data, inv_norms, n_data, rows_per_slice, queries, ids, out_keys, out_positions, out_distances,
-    #               out_ids, arrivals, row_stats, status, threshold, dim)
-    "single": (_P, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I),
+    # single_kernel(data, scan_rows, inv_norms, n_data, rows_per_slice, queries, ids, out_keys, out_positions,
+    #               out_distances, out_ids, arrivals, row_stats, status, threshold, dim)
+    "single": (_P, _P, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I),
     # verify_kernel(keys, positions, n_lists, ids, out_distances, out_ids, bounds, data, queries, row_stride, dim,
     #               row_stats, status, threshold)
     "verify": (_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
@@ -82,7 +83,7 @@ ARGUMENTS = {
     "survivors": (_P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
 }
 # Where the outputs (distances, ids, status, threshold) sit among a plan's last launch's arguments.
-OUTPUT_SLOTS = {"verify": (4, 5, 12, 13), "single": (8, 9, 12, 13)}
+OUTPUT_SLOTS = {"verify": (4, 5, 12, 13), "single": (9, 10, 13, 14)}
 
 
 @dataclass(frozen=True)
@@ -156,8 +157,13 @@ def split_rows(n_data: int, groups: int, loaded: LoadedKernel, sm_count: int, k:
     """(slices, rows_per_slice): enough blocks for every SM, slices no smaller than a step or k."""
     if slices is None:   # rounded down: a last wave of a few blocks would cost as much as a full one
         slices = whole_wave_slices(groups, sm_count * loaded.blocks_per_sm, loaded.spec.variant)
-    if loaded.spec.variant == "single":   # its slices hold at most rmax rows (a multiple of the granule)
-        slices = max(slices, math.ceil(n_data / loaded.spec.param("rmax")))
+        if loaded.spec.variant == "single":     # a small database: fewer blocks, fewer lists for the last one
+            slices = min(slices, max(1, math.ceil(n_data / SINGLE_MIN_SLICE_ROWS)))
+    if loaded.spec.variant == "single":   # its slices hold at most rmax rows (a multiple of the granule) ...
+        resident = sm_count * loaded.blocks_per_sm
+        needed = math.ceil(n_data / loaded.spec.param("rmax"))
+        if needed > slices:     # ... in whole waves: 489 slices of 2,045 rows (1M) take 4 waves, as 521 of 1,920 do
+            slices = math.ceil(needed / resident) * resident
     granule = rows_granule(loaded.spec)
     rows = max(granule, k, math.ceil(max(n_data, 1) / max(1, slices)))
     rows = math.ceil(rows / granule) * granule
@@ -258,15 +264,17 @@ def candidate_bytes(n_queries: int, slices: int, per_list: int) -> int:
 
 def build_plan(main: LoadedKernel, verify: LoadedKernel | None, *, n_queries: int, k: int, n_data: int, dim: int,
                slices: int, rows_per_slice: int, row_stride: int, data_ptr: int, norms_ptr: int, queries_ptr: int,
+               scan_rows_ptr: int = 0,
                keys_ptr: int, positions_ptr: int, ids_ptr: int, distances_out: int, ids_out: int,
                bounds, row_stats_ptr: int, status_ptr: int, threshold_ptr: int) -> SearchPlan:
     """The selection kernel `main` and the verify step after it, parameters packed (the single-query
-    kernel: one launch, its last block verifies; `bounds` holds its arrival counter)."""
+    kernel: one launch, its last block verifies; `bounds` holds its arrival counter; it streams
+    `scan_rows_ptr`, a float32 index's float16 shadow, when given, else the rows themselves)."""
     groups = math.ceil(n_queries / queries_per_block(main.spec))
     if main.spec.variant == "single":
-        single = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, ids_ptr, keys_ptr,
-                              positions_ptr, distances_out, ids_out, bounds.ptr, row_stats_ptr, status_ptr,
-                              threshold_ptr, dim)
+        single = main.prepare(data_ptr, scan_rows_ptr or data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr,
+                              ids_ptr, keys_ptr, positions_ptr, distances_out, ids_out, bounds.ptr, row_stats_ptr,
+                              status_ptr, threshold_ptr, dim)
         return SearchPlan("single", n_queries, k, slices, rows_per_slice, single, (slices, 1, 1), main.threads,
                           main.shared_bytes, None, 0, 0, bounds, list_k(main.spec))
     main_launch = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, n_queries, row_stride,

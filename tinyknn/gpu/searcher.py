@@ -90,11 +90,31 @@ class Rows:
     n: int
 
 
+class _EveryRow:
+    """`with searcher._reading(None):` every row is read: the view made once per row count, not per call."""
+
+    __slots__ = ("searcher", "view")
+
+    def __init__(self, searcher):
+        self.searcher, self.view = searcher, Rows("", 0)
+
+    def __enter__(self) -> None:
+        searcher = self.searcher
+        searcher._check_open()
+        if self.view.n != searcher._n:
+            self.view = Rows("", searcher._n)
+        searcher._view = self.view
+
+    def __exit__(self, *exc) -> None:
+        self.searcher._view = None
+
+
 class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
     """The Searcher protocol (tinyknn.index) on the current CUDA device."""
 
     use_graphs = True
     use_screen = True       # benchmarks and tests may switch the tensor-core path off
+    single_shadow = True    # one query on a float32 l2 index streams the screen's float16 shadow (single.cuh)
 
     def __init__(self, dim: int, metric: str, dtype: str):
         self.dim, self.metric, self.dtype = dim, metric, dtype
@@ -114,6 +134,7 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
         self._plans: OrderedDict = OrderedDict()
         self._n = 0
         self._view: Rows | None = None     # set by _reading() for the duration of a search
+        self._every_row = _EveryRow(self)
         self._capacity = 0
         self._status_host = PinnedBuffer(4)
         self._device("status", 4)
@@ -248,23 +269,26 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
 
         return ranges.large_k_search(self, np.ascontiguousarray(queries, dtype=np.float32), k)
 
-    @contextlib.contextmanager
     def _reading(self, rows):
         """For the call in progress (the lock held): read every row, or the gathered copy of `rows`."""
+        if rows is None:        # the common case, without a generator per call (~1 us on the host)
+            return self._every_row
+        return self._reading_rows(rows)
+
+    @contextlib.contextmanager
+    def _reading_rows(self, rows):
         self._check_open()
-        if rows is None:
-            self._view = Rows("", self._n)
-        else:
-            positions = np.ascontiguousarray(rows, dtype=np.int64)
-            self._view = Rows("sub_", len(positions))
-            if len(positions):
-                self._copy_rows(positions, None, "sub_")
+        positions = np.ascontiguousarray(rows, dtype=np.int64)
+        self._view = Rows("sub_", len(positions))
+        if len(positions):
+            self._copy_rows(positions, None, "sub_")
         try:
             yield
         finally:
             self._view = None
 
     slices_override: int | None = None   # benchmarks only: force the number of database slices
+    single_overrides: tuple = ()         # benchmarks only: (name, value) pairs for render.single_params
 
     # -- index operations (row positions; ids and labels are the Index's) ------------------------------
     def range_search(self, queries, radius: float, rows=None):

@@ -74,6 +74,8 @@ SINGLE_UNROLL = 2               # rows per lane whose loads are in flight togeth
                                 # 16-element chunks unpack into too many registers at 2)
 SINGLE_COPY_MAX = 4096          # the last block copies the lists to shared memory up to this many entries
 SINGLE_MAX_K = 128              # the single-query kernel up to this k (its last block verifies k + margin)
+SINGLE_SHADOW_MARGIN = 8        # candidates beyond k when streaming a float32 index's float16 shadow (its bound is
+                                # looser than float32's: 2 extra would send more near-ties to the band search)
 REGISTER_LIST_SLOTS = 256       # QB * padded k up to this: candidate lists in registers, else in shared memory
 TILED_MAX_K = 256               # above this a large batch uses the scan kernel, query group by query group
 TILED_BN = 128                  # database rows per tile
@@ -152,7 +154,10 @@ def name_expression(spec: KernelSpec) -> str:
     elif spec.variant == "scan":
         args = [metric, storage, spec.dim, p("kl", spec.k), p("qb"), p("lanes"), p("warps"), p("smem")]
     elif spec.variant == "single":
-        args = [metric, _BOUND_TYPES[spec.metric], storage, spec.dim, spec.k, p("kl"), p("lanes"), p("warps"),
+        shadow = p("shadow", 0)
+        bound = "tinyknn::ShadowKeyBound" if shadow else _BOUND_TYPES[spec.metric]
+        streamed = _STORAGE_TYPES["float16"] if shadow else storage
+        args = [metric, bound, storage, streamed, spec.dim, spec.k, p("kl"), p("lanes"), p("warps"),
                 p("rmax"), p("unroll"), p("cmax"), p("smem")]
     elif spec.variant == "tiled":
         if p("filter", 0):
@@ -233,24 +238,31 @@ _RADIX_BYTES = (256 + 4) * 4    # the radix histogram and gather counters (MERGE
 
 def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, warps: int = SINGLE_WARPS,
                   rmax: int = SINGLE_MAX_ROWS, unroll: int | None = None,
-                  cmax: int = SINGLE_COPY_MAX) -> dict[str, int]:
+                  cmax: int = SINGLE_COPY_MAX, shadow: bool = False) -> dict[str, int]:
     """Parameters of the single-query kernel: the scan kernel's lanes per row, a slice of at most
-    `rmax` rows whose keys and positions sit in shared memory, and room for the verify step after."""
-    kl = list_length(k)
-    chunks, stride = row_layout(dim, dtype)
+    `rmax` rows whose keys and positions sit in shared memory, and room for the verify step after.
+    shadow: a float32 l2 index streams its float16 shadow (single.cuh's ShadowKeyBound), with a wider margin."""
+    if shadow and dtype != "float32":
+        raise ValueError(f"only a float32 index streams a float16 shadow; got dtype {dtype!r}")
+    streamed = "float16" if shadow else dtype
+    kl = k + SINGLE_SHADOW_MARGIN if shadow else list_length(k)
+    chunks, stride = row_layout(dim, streamed)
     if lanes is None:
-        lanes = scan_params(dtype, dim, k)["lanes"]
+        lanes = scan_params(streamed, dim, k)["lanes"]
     if unroll is None:
-        unroll = SINGLE_UNROLL if ITEMSIZE[dtype] > 1 else 1
+        unroll = SINGLE_UNROLL if ITEMSIZE[streamed] > 1 else 1
     query_bytes = _align16(_query_floats(chunks, stride, lanes) * 4) + 16
     slice_bytes = query_bytes + rmax * 8 + _sort_slots(kl) * 8 + _RADIX_BYTES
     verify_bytes = _align16(verify_params(kl, False)["smem"]) + cmax * 8     # + the lists, copied
-    return {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "unroll": unroll, "cmax": cmax,
-            "smem": max(slice_bytes, verify_bytes)}
+    params = {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "unroll": unroll, "cmax": cmax,
+              "smem": max(slice_bytes, verify_bytes)}
+    return {**params, "shadow": 1} if shadow else params
 
 
 def single_spec(metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
-    """The single-query kernel (selection and verify step in one launch)."""
+    """The single-query kernel (selection and verify step in one launch); shadow=True only for l2."""
+    if overrides.get("shadow") and metric != "l2":
+        raise ValueError(f"the single-query kernel streams a float16 shadow for l2 only; got metric {metric!r}")
     return KernelSpec(metric, dtype, dim, k, "single", arch, tuple(single_params(dtype, dim, k, **overrides).items()))
 
 
@@ -380,6 +392,8 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
         specs += [main, verify_spec(main)]
     if k <= SINGLE_MAX_K:
         specs.append(single_spec(metric, dtype, dim, k, arch))
+        if metric == "l2" and dtype == "float32":      # through the float16 shadow
+            specs.append(single_spec(metric, dtype, dim, k, arch, shadow=True))
     specs += [band_spec(metric, dtype, arch), rows_spec(arch), range_spec(metric, dtype, dim, arch)]
     if arch == render_screen.HOPPER_ARCH:   # sm_90a: the Hopper screen of batches (gpu/screen.py)
         specs += hopper_specs(metric, dtype, dim, arch)
