@@ -107,6 +107,7 @@ def test_range_pool_overflow_and_split(rng, monkeypatch):
     index, ids = build(rng, "l2", "float32", x)
     q = small_integers(rng, 40, 12, "float32")
     monkeypatch.setattr(ranges, "POOL_FIRST", 16)                        # overflows at once
+    monkeypatch.setattr(ranges, "POOL_PER_QUERY", 0)
     monkeypatch.setattr(ranges, "POOL_MAX_BYTES", 500 * ranges.HIT_BYTES)   # then splits the queries
     counts = assert_range(index, x, q, 30.0, "l2", "float32", ids)
     assert counts.sum() > 2000

@@ -20,7 +20,8 @@ import numpy as np
 from ..inputs.validate import check_values
 from ..jit import render
 
-POOL_FIRST = 1 << 16            # hits the pool holds at first (grown to the count when a chunk overflows it)
+POOL_FIRST = 1 << 16            # hits the pool holds at first, at the least (grown to the count when a chunk
+POOL_PER_QUERY = 1024           # overflows it), or this many a query (a second pass costs a whole search)
 POOL_MAX_BYTES = 256 << 20      # a chunk of queries with more hits than this is split
 HIT_BYTES = 8 + 8 + 4           # a pool entry: key, id, query
 KEY_CHUNK_BYTES = 512 << 20     # k beyond the lists: every row's key and the k best, per chunk of queries
@@ -53,7 +54,8 @@ def range_search(searcher, queries: np.ndarray, radius: float):
     radius_key = -radius if larger else radius
     n_queries = len(queries)
     counts, distances, ids = [], [], []
-    capacity, chunk = POOL_FIRST, max(1, min(n_queries, MAX_GRID_Y * _queries_per_block(searcher)))
+    chunk = max(1, min(n_queries, MAX_GRID_Y * _queries_per_block(searcher)))
+    capacity = min(POOL_MAX_BYTES // HIT_BYTES, max(POOL_FIRST, POOL_PER_QUERY * chunk))
     start = 0
     while start < n_queries:
         chunk = min(chunk, n_queries - start)
