@@ -306,9 +306,31 @@ def ranges(b: Bench) -> None:
                                   exact.distances[i, :counts[i]].astype(np.float32).view(np.uint32))
     b.checks.append({"what": "range search (every hit, nothing else within the radius)", "queries": nq, "k": k,
                      "oracle": exact.backend, "ids_agree": float(np.mean(agree)), "distances_bitwise": bool(bitwise)})
+    if b.args.device == "cuda":
+        range_block_sweep(b, q, radius)
     b.row("range search ~100 hits, 1,000 queries: time vs search(k=100)", seconds / knn, "x", "<=", 1.5, "cuda",
           radius=radius, range_ms=seconds * 1e3, knn_ms=knn * 1e3, hits_mean=float(counts.mean()),
           hits_median=float(np.median(counts)), hits_max=int(counts.max()))
+
+
+def range_block_sweep(b: Bench, q: np.ndarray, radius: float) -> None:
+    """range_search's time with range_kernel's queries per block forced to each of QB_SWEEP (each row is read
+    once per block's queries; more queries hold more registers): kept in the timings, the answers checked
+    equal to the default's."""
+    from tinyknn.gpu import ranges as gpu_ranges
+
+    want = b.index.range_search(q, radius)
+    try:
+        for qb in QB_SWEEP:
+            gpu_ranges.QUERIES_PER_BLOCK = qb
+            got = b.index.range_search(q, radius)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want)), f"range search with QB = {qb} differs"
+            b.time(f"range_1000q_qb{qb}", lambda: b.index.range_search(q, radius))
+    finally:
+        gpu_ranges.QUERIES_PER_BLOCK = None
+
+
+QB_SWEEP = (4, 8, 16, 32)
 
 
 def large_k(b: Bench) -> None:

@@ -39,3 +39,10 @@ def test_a_removal_rebuilds_only_whole_index_host_batches():
     assert not _whole_index_batch((1, 10, "host", False, Rows("sub_", 10)))      # a filter's gathered rows
     assert not _whole_index_batch((1, 10, "host", False, Rows("", 1000), "plan"))  # a plan, not a batch
     assert not _whole_index_batch((1, 10, "device", False, Rows("", 1000)))
+
+
+def test_range_spec_takes_a_forced_block_of_queries():
+    assert render.range_spec("l2", "float32", 128, "sm_90").param("qb") == 8
+    assert render.range_spec("l2", "float32", 128, "sm_90", 32).param("smem") == 32 * 128 * 4
+    with pytest.raises(ValueError, match="qb must be an int in \\[1, 64\\].*got 0"):
+        render.range_spec("l2", "float32", 128, "sm_90", 0)

@@ -27,6 +27,7 @@ HIT_BYTES = 8 + 8 + 4           # a pool entry: key, id, query
 KEY_CHUNK_BYTES = 512 << 20     # k beyond the lists: every row's key and the k best, per chunk of queries
 MAX_GRID_Y = 65535              # range_kernel's grid.y is queries / QB
 MAX_SEGMENT = 1 << 30           # segment_sort_kernel's sizes are int
+QUERIES_PER_BLOCK: int | None = None   # range_kernel's QB; None: render.range_spec's choice (benchmarks sweep it)
 
 
 def segment_sizes(counts: np.ndarray) -> np.ndarray:
@@ -106,8 +107,12 @@ def large_k_search(searcher, queries: np.ndarray, k: int) -> tuple[np.ndarray, n
     return distances, ids
 
 
+def _range_spec(searcher):
+    return render.range_spec(searcher.metric, searcher.dtype, searcher.dim, searcher._arch, QUERIES_PER_BLOCK)
+
+
 def _queries_per_block(searcher) -> int:
-    return render.range_spec(searcher.metric, searcher.dtype, searcher.dim, searcher._arch).param("qb")
+    return _range_spec(searcher).param("qb")
 
 
 def _padded(searcher, queries: np.ndarray) -> np.ndarray:
@@ -120,7 +125,7 @@ def _launch_range(searcher, queries_ptr: int, n_queries: int, radius_key: float,
                   ids_ptr: int, pool_queries_ptr: int, counts_ptr: int, total_ptr: int) -> None:
     """range_kernel over the current view: a pool of hits (pool_queries_ptr given) or every row's key."""
     view = searcher._view
-    spec = render.range_spec(searcher.metric, searcher.dtype, searcher.dim, searcher._arch)
+    spec = _range_spec(searcher)
     loaded = searcher._kernel(spec)
     norms = searcher._pointer(view.prefix + "norms") if searcher.metric == "cosine" else 0
     launch = loaded.prepare(searcher._pointer(view.prefix + "data"), norms, searcher._pointer(view.prefix + "ids"),

@@ -349,11 +349,16 @@ RANGE_QB = (8, 4, 2, 1)         # queries per range_search block (each row is re
 RANGE_QUERY_SMEM = 48 * 1024    # ... as many as fit this much shared memory
 
 
-def range_spec(metric: str, dtype: str, dim: int, arch: str) -> KernelSpec:
+def range_spec(metric: str, dtype: str, dim: int, arch: str, qb: int | None = None) -> KernelSpec:
     """range_kernel: every row within a radius of QB queries (float32 screen, float64 decision); QB
-    from the padded row length, so the dim matters only through it (canonical dim 1 per QB)."""
+    from the padded row length (or given: a benchmark's sweep), so the dim matters only through it
+    (canonical dim 1 per QB)."""
     stride = row_layout(parse_dim(dim), parse_dtype(dtype))[1]
-    qb = next((q for q in RANGE_QB if q * stride * 4 <= RANGE_QUERY_SMEM), 1)
+    if qb is None:
+        qb = next((q for q in RANGE_QB if q * stride * 4 <= RANGE_QUERY_SMEM), 1)
+    elif not (isinstance(qb, int) and 1 <= qb <= 64 and qb * stride * 4 <= 227 * 1024):
+        raise ValueError(f"range_spec: qb must be an int in [1, 64] whose {stride}-float query rows fit 227 KiB of "
+                         f"shared memory; got {qb!r}")
     return KernelSpec(metric, dtype, 1, 0, "range", arch, (("qb", qb), ("smem", qb * stride * 4)))
 
 
