@@ -10,6 +10,8 @@ and out (so every call returns synchronised), host clock, medians after warm-up.
 measured, its target, whether the issue states that target for this device, and whether it is met; a
 few answers of every kind are checked against the float64 oracle (bench/oracle.py), ids and distance
 bits. The threads target is tests/test_index_concurrency.py (TINYKNN_STRESS_SECONDS=30).
+
+Length: one section per row of the targets' table, each with its own checks, in the one script the docs cite.
 """
 
 from __future__ import annotations
