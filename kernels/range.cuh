@@ -10,14 +10,18 @@ namespace tinyknn {
 // arithmetic, each row read once per QB queries); a row whose float32 key could still be inside the radius
 // (KeyBound::lowest < radius_key) gets its contract float64 distance (exact.cuh), and is a hit when that key
 // is strictly inside: key < radius_key (l2: distance < radius; ip, cosine: similarity > radius, key =
-// -similarity). Hits go to the query's region of out_keys / out_ids (capacity entries); counts keeps growing
-// past the capacity so the host can tell and search again with more room. The host sorts each query's hits.
+// -similarity). Two ways out (select.cuh takes it from there):
+// - a pool (pool_queries given): a hit takes the next of `capacity` pool entries (key, id, query) through
+//   *total, which keeps counting past the capacity so the host can tell and search again with more room;
+//   counts[q] counts the query's hits;
+// - every row (pool_queries null, radius_key +inf): row r's key for query q goes to out_keys[q * n_data + r].
 template <class Metric, class T, int QB>
 __global__ void __launch_bounds__(256, 1)
 range_kernel(const T* __restrict__ data, const float* __restrict__ inv_norms, const long long* __restrict__ ids,
              long long n_data, int row_stride, int dim, const float* __restrict__ queries, int n_queries,
-             double radius_key, const unsigned* __restrict__ row_stats, int capacity, double* __restrict__ out_keys,
-             long long* __restrict__ out_ids, unsigned* __restrict__ counts) {
+             double radius_key, const unsigned* __restrict__ row_stats, long long capacity, double* __restrict__ out_keys,
+             long long* __restrict__ out_ids, int* __restrict__ pool_queries, unsigned* __restrict__ counts,
+             unsigned long long* __restrict__ total) {
   extern __shared__ float4 shared_space[];
   float* query_s = reinterpret_cast<float*>(shared_space);   // [QB][row_stride]
   __shared__ double query_qq[QB];
@@ -60,15 +64,20 @@ range_kernel(const T* __restrict__ data, const float* __restrict__ inv_norms, co
     for (int j = 0; j < QB; ++j) {
       if (q0 + j >= n_queries) continue;
       const float key32 = to_key<Metric>(Metric::finish(sums[j], query_inv[j], inv_x));
-      if (!(KeyBound<Metric>::lowest(key32, row_stride, query_qq[j], max_xx, min_xx) < radius_key)) continue;
+      if (pool_queries != nullptr &&
+          !(KeyBound<Metric>::lowest(key32, row_stride, query_qq[j], max_xx, min_xx) < radius_key)) continue;
       const float* query = queries + (long long)(q0 + j) * row_stride;
       const double key = exact_key<Metric>(exact_distance_by_chunks<Metric>(query, data + row * row_stride, dim,
                                                                             query_qq[j]));
-      if (key < radius_key) {
-        const unsigned slot = atomicAdd(counts + q0 + j, 1u);
-        if (slot < (unsigned)capacity) {
-          out_keys[(long long)(q0 + j) * capacity + slot] = key;
-          out_ids[(long long)(q0 + j) * capacity + slot] = __ldg(ids + row);
+      if (pool_queries == nullptr) {
+        out_keys[(long long)(q0 + j) * n_data + row] = key;
+      } else if (key < radius_key) {
+        const unsigned long long slot = atomicAdd(total, 1ull);
+        atomicAdd(counts + q0 + j, 1u);
+        if (slot < (unsigned long long)capacity) {
+          out_keys[slot] = key;
+          out_ids[slot] = __ldg(ids + row);
+          pool_queries[slot] = q0 + j;
         }
       }
     }

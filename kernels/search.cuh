@@ -20,4 +20,5 @@
 #include "single.cuh"
 #include "rows.cuh"
 #include "range.cuh"
+#include "select.cuh"
 #include "screen_steps.cuh"

@@ -353,6 +353,37 @@ TINYKNN_D void publish_bound(unsigned* bound, float threshold) {
 }
 
 // ---- block-wide radix select --------------------------------------------------------------------
+// Warp 0 of a radix select's pass: the digit (bin of histogram[0..255]) where the running count reaches
+// `remaining` goes to histogram[256], the count of the bins before it to histogram[257]. 8 bins a lane.
+TINYKNN_D void find_digit(unsigned* histogram, unsigned remaining) {
+  const int lane = threadIdx.x & 31;
+  unsigned counts[8], sum = 0;
+#pragma unroll
+  for (int b = 0; b < 8; ++b) {
+    counts[b] = histogram[lane * 8 + b];
+    sum += counts[b];
+  }
+  unsigned inclusive = sum;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const unsigned other = __shfl_up_sync(FULL_WARP, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  const unsigned before = inclusive - sum;
+  if (before < remaining && remaining <= inclusive) {
+    unsigned below = before;
+    int digit = lane * 8;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      if (below + counts[b] >= remaining) break;
+      below += counts[b];
+      ++digit;
+    }
+    histogram[256] = digit;
+    histogram[257] = below;
+  }
+}
+
 // The ordered bits of the k-th smallest of n keys (k <= n) and how many keys equal to it belong to
 // the k smallest (the rest are strictly smaller). Four passes of 8 bits over the keys (read from
 // global memory, usually L2); histogram counts are aggregated per warp (__match_any_sync) so that
@@ -377,33 +408,7 @@ TINYKNN_D unsigned block_select(const float* keys, long long n, int k, unsigned*
       if (digit < 256 && lane == __ffs(peers) - 1) atomicAdd(&histogram[digit], (unsigned)__popc(peers));
     }
     __syncthreads();
-    if (warp == 0) {   // the digit where the running count reaches `remaining`: 8 bins per lane
-      unsigned counts[8], sum = 0;
-#pragma unroll
-      for (int b = 0; b < 8; ++b) {
-        counts[b] = histogram[lane * 8 + b];
-        sum += counts[b];
-      }
-      unsigned inclusive = sum;
-#pragma unroll
-      for (int offset = 1; offset < 32; offset *= 2) {
-        const unsigned other = __shfl_up_sync(FULL_WARP, inclusive, offset);
-        if (lane >= offset) inclusive += other;
-      }
-      const unsigned before = inclusive - sum;
-      if (before < (unsigned)remaining && (unsigned)remaining <= inclusive) {
-        unsigned below = before;
-        int digit = lane * 8;
-#pragma unroll
-        for (int b = 0; b < 8; ++b) {
-          if (below + counts[b] >= (unsigned)remaining) break;
-          below += counts[b];
-          ++digit;
-        }
-        histogram[256] = digit;
-        histogram[257] = below;
-      }
-    }
+    if (warp == 0) find_digit(histogram, (unsigned)remaining);
     __syncthreads();
     prefix |= histogram[256] << shift;
     remaining -= (int)histogram[257];

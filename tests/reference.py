@@ -81,6 +81,22 @@ def exact_search(db, q, k: int, metric: str, dtype: str = "float32", id_map=None
     return out_d, out_i
 
 
+def exact_range(db, q, radius: float, metric: str, dtype: str = "float32", id_map=None):
+    """The contract's range search: (lims, float32 distances, int64 ids) in CSR order, every row strictly inside
+    the radius (l2 below it; ip and cosine above it), each query's hits by (float64 distance, id)."""
+    dist = contract_distances(stored(db, dtype), searched(q), metric)
+    ids = np.arange(len(db), dtype=np.int64) if id_map is None else np.asarray(id_map, dtype=np.int64)
+    larger = LARGER_IS_BETTER[metric]
+    lims, out_d, out_i = [0], [np.empty(0, np.float32)], [np.empty(0, np.int64)]
+    for row in dist:
+        hit = np.flatnonzero(row > radius if larger else row < radius)
+        order = hit[np.lexsort((ids[hit], -row[hit] if larger else row[hit]))]
+        out_d.append(row[order].astype(np.float32))
+        out_i.append(ids[order])
+        lims.append(lims[-1] + len(order))
+    return np.array(lims, dtype=np.int64), np.concatenate(out_d), np.concatenate(out_i)
+
+
 def assert_exact(distances, ids, db, q, k: int, metric: str, dtype: str = "float32", id_map=None) -> None:
     """The exactness contract: ids equal the float64 oracle's, distances its float32 roundings, bit for bit."""
     want_d, want_i = exact_search(db, q, k, metric, dtype, id_map)

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 from tinyknn.cpu import library
 from tinyknn.cpu.searcher import CpuSearcher
-from reference import LARGER_IS_BETTER, assert_exact, contract_distances, searched, stored
-from test_gpu_index_ops import oracle_range  # the range oracle both devices' tests share
+from reference import LARGER_IS_BETTER, assert_exact, contract_distances, exact_range, searched, stored
 
 METRICS = ("l2", "ip", "cosine")
 NUMPY = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "int8": np.int8,
@@ -289,7 +288,7 @@ def test_sequences_of_operations_match_a_model(steps, metric):
 
 
 def assert_range_exact(got, db, q, radius, metric, dtype, ids):
-    want = oracle_range(db, q, radius, metric, dtype, ids)
+    want = exact_range(db, q, radius, metric, dtype, ids)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[2], want[2])
     np.testing.assert_array_equal(got[1].view(np.uint32), want[1].view(np.uint32))

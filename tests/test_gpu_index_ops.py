@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tinyknn
-from reference import LARGER_IS_BETTER, assert_exact, contract_distances, searched, stored
+from reference import assert_exact, exact_range
 
 pytestmark = pytest.mark.gpu
 METRICS = ("l2", "ip", "cosine")
@@ -68,19 +68,6 @@ def test_remove_rows_moves_the_last_rows_into_the_holes(metric, rng):
     index.close()
 
 
-def oracle_range(db, q, radius, metric, dtype, ids):
-    dist = contract_distances(stored(db, dtype), searched(q), metric)
-    lims, out_d, out_i = [0], [], []
-    for row in dist:
-        hit = np.flatnonzero(row > radius) if LARGER_IS_BETTER[metric] else np.flatnonzero(row < radius)
-        key = -row[hit] if LARGER_IS_BETTER[metric] else row[hit]
-        order = hit[np.lexsort((ids[hit], key))]
-        out_d.append(row[order].astype(np.float32))
-        out_i.append(ids[order])
-        lims.append(lims[-1] + len(order))
-    return np.array(lims), np.concatenate(out_d), np.concatenate(out_i)
-
-
 @pytest.mark.parametrize("metric,radius", [("l2", 30.0), ("ip", 6.0), ("cosine", 0.5)])
 def test_range_search_is_exact(metric, radius, rng):
     index, db, ids = build(rng, metric)
@@ -88,7 +75,7 @@ def test_range_search_is_exact(metric, radius, rng):
     for rows in (None, np.arange(0, len(db), 3, dtype=np.int64)):
         lims, d, i = index._searcher.range_search(q, radius, rows=rows)
         sub_db, sub_ids = (db, ids) if rows is None else (db[rows], ids[rows])
-        want = oracle_range(sub_db, q, radius, metric, "float32", sub_ids)
+        want = exact_range(sub_db, q, radius, metric, id_map=sub_ids)
         np.testing.assert_array_equal(lims, want[0])
         np.testing.assert_array_equal(i, want[2])
         np.testing.assert_array_equal(d.view(np.uint32), want[1].view(np.uint32))

@@ -32,6 +32,7 @@ TILED_MIN_FILL = 0.85       # ... where the last wave holds at least this share 
 SINGLE_MIN_SLICE_ROWS = 512    # one query: at least this many rows a slice (not yet measured; bench/single_query.py)
 MAX_BATCH = 8192            # queries per launch pair (bounds the candidate buffer; grid.y <= 65535)
 ROW_KERNEL_THREADS = 256        # ingest, band, rows, range and the screen steps: rows one by one
+SELECTION_THREADS = {"select": 1024, "segment_sort": 512}   # select.cuh's SELECT_THREADS, SORT_THREADS
 
 _P, _I, _L, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_double
 
@@ -61,8 +62,14 @@ ARGUMENTS = {
     # copy_rows_kernel(src, dst, words_per_row, from, to, count, src_ids, dst_ids, src_norms, dst_norms)
     "rows": (_P, _P, _I, _P, _P, _L, _P, _P, _P, _P),
     # range_kernel(data, inv_norms, ids, n_data, row_stride, dim, queries, n_queries, radius_key, row_stats,
-    #              capacity, out_keys, out_ids, counts)
-    "range": (_P, _P, _P, _L, _I, _I, _P, _I, _D, _P, _I, _P, _P, _P),
+    #              capacity, out_keys, out_ids, pool_queries, counts, total)
+    "range": (_P, _P, _P, _L, _I, _I, _P, _I, _D, _P, _L, _P, _P, _P, _P, _P),
+    # select_kernel(keys, ids, n, take, segment, out_keys, out_ids)
+    "select": (_P, _P, _L, _I, _L, _P, _P),
+    # scatter_kernel(pool_keys, pool_ids, pool_queries, total, segments, cursors, out_keys, out_ids)
+    "scatter": (_P, _P, _P, _L, _P, _P, _P, _P),
+    # segment_sort_kernel(keys, ids, segments, counts, out_offsets, larger, out_distances, out_ids)
+    "segment_sort": (_P, _P, _P, _P, _P, _I, _P, _P),
     # screen_kernel(data, n_rows, row_step, sq_norms, row_norms, queries, n_queries, row_bytes, thresholds,
     #               err_scale, err_offset, counts, survivors, capacity, out_upper, tiles_per_block)
     "screen": (_P, _L, _L, _P, _P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P, _I),
@@ -109,6 +116,8 @@ def load_kernel(spec: KernelSpec) -> LoadedKernel:
         threads = render_screen.HOPPER_THREADS
     elif spec.variant in ("scan", "single", "tiled", "verify", "survivors"):
         threads = spec.param("warps") * 32
+    elif spec.variant in SELECTION_THREADS:
+        threads = SELECTION_THREADS[spec.variant]
     else:                       # ingest, band, rows, range and the screen's steps
         threads = ROW_KERNEL_THREADS
     shared = spec.param("smem", 0)

@@ -1,10 +1,14 @@
-"""Range search on the GPU: every row within a radius, under the exactness contract.
+"""Range search and k beyond the selection kernels on the GPU, exact, selected and sorted on the device.
 
-range_kernel (kernels/range.cuh) screens each row's float32 keys for a block of queries with the rounding
-bound the verify step uses and decides every row that could be inside by its float64 distance; hits are
-written to fixed-capacity regions per query, counted past the capacity (then the chunk is searched again
-with room for the largest count), and sorted here by (distance, id). Queries go in chunks whose hit
-regions stay under CHUNK_HIT_BYTES, so memory is bounded by chunking, not by a cap on hits.
+Both start from range_kernel (kernels/range.cuh), which screens each row's float32 keys with the verify step's
+rounding bound and decides what it cannot rule out by the contract's float64 distance; select.cuh does the rest:
+- range search: the hits go to one pool (key, id, query) and are counted per query; the host turns the counts
+  into the CSR offsets, then scatter_kernel groups the hits by query and segment_sort_kernel sorts each query's
+  hits by (distance, id) and writes them at the query's offset. A chunk of queries whose hits overflow the pool
+  is searched again with room for all of them (or split, past POOL_MAX_BYTES).
+- k beyond spec.MAX_K: every row's float64 key (range_kernel with no radius), select_kernel's radix select of
+  each query's k best by (key, id), segment_sort_kernel's sort. No host selection: the host sees the k results.
+Memory is bounded by chunks of queries, not by a cap on hits or on k.
 """
 
 from __future__ import annotations
@@ -16,8 +20,30 @@ import numpy as np
 from ..inputs.validate import check_values
 from ..jit import render
 
-FIRST_CAPACITY = 256            # hits per query room at first
-CHUNK_HIT_BYTES = 256 << 20     # hit regions of one chunk of queries (16 bytes a hit)
+POOL_FIRST = 1 << 16            # hits the pool holds at first, at the least (grown to the count when a chunk
+POOL_PER_QUERY = 1024           # overflows it), or this many a query (a second pass costs a whole search)
+POOL_MAX_BYTES = 256 << 20      # a chunk of queries with more hits than this is split
+HIT_BYTES = 8 + 8 + 4           # a pool entry: key, id, query
+KEY_CHUNK_BYTES = 512 << 20     # k beyond the lists: every row's key and the k best, per chunk of queries
+MAX_GRID_Y = 65535              # range_kernel's grid.y is queries / QB
+MAX_SEGMENT = 1 << 30           # segment_sort_kernel's sizes are int
+QUERIES_PER_BLOCK: int | None = None   # range_kernel's QB; None: render.range_spec's choice (benchmarks sweep it)
+
+
+def segment_sizes(counts: np.ndarray) -> np.ndarray:
+    """Each count rounded up to a power of two (0 stays 0): the bitonic sort's segment lengths."""
+    counts = np.asarray(counts, dtype=np.int64)
+    sizes = np.zeros(len(counts), dtype=np.int64)
+    some = counts > 0
+    sizes[some] = np.left_shift(1, np.ceil(np.log2(counts[some])).astype(np.int64))
+    return sizes
+
+
+def offsets(sizes: np.ndarray) -> np.ndarray:
+    """[0, sizes[0], sizes[0] + sizes[1], ...]: CSR offsets of consecutive sizes."""
+    out = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out[1:])
+    return out
 
 
 def range_search(searcher, queries: np.ndarray, radius: float):
@@ -28,82 +54,183 @@ def range_search(searcher, queries: np.ndarray, radius: float):
     larger = searcher.metric != "l2"
     radius_key = -radius if larger else radius
     n_queries = len(queries)
-    hits_d, hits_i, counts = [], [], np.zeros(n_queries, dtype=np.int64)
-    capacity = FIRST_CAPACITY
+    counts, distances, ids = [], [], []
+    chunk = max(1, min(n_queries, MAX_GRID_Y * _queries_per_block(searcher)))
+    capacity = min(POOL_MAX_BYTES // HIT_BYTES, max(POOL_FIRST, POOL_PER_QUERY * chunk))
     start = 0
     while start < n_queries:
-        chunk = max(1, min(n_queries - start, CHUNK_HIT_BYTES // (16 * capacity)))
-        found, keys, ids = _launch(searcher, queries[start:start + chunk], radius_key, capacity)
-        if int(found.max(initial=0)) > capacity:
-            capacity = int(found.max())          # search this chunk again with room for every hit
+        chunk = min(chunk, n_queries - start)
+        found = _range_chunk(searcher, queries[start:start + chunk], radius_key, capacity, larger)
+        if isinstance(found, int):                    # more hits than the pool holds
+            if found * HIT_BYTES <= POOL_MAX_BYTES or chunk == 1:
+                capacity = found
+            else:
+                capacity = POOL_MAX_BYTES // HIT_BYTES
+                chunk = max(1, chunk * capacity // found)
             continue
-        for i, count in enumerate(found.tolist()):
-            order = np.lexsort((ids[i, :count], keys[i, :count]))
-            chosen = keys[i, order]
-            hits_d.append((-chosen if larger else chosen).astype(np.float32))
-            hits_i.append(ids[i, order])
-            counts[start + i] = count
+        for kept, value in zip((counts, distances, ids), found):
+            kept.append(value)
         start += chunk
-    lims = np.zeros(n_queries + 1, dtype=np.int64)
-    np.cumsum(counts, out=lims[1:])
-    distances = np.concatenate(hits_d) if hits_d else np.empty(0, np.float32)
-    ids = np.concatenate(hits_i) if hits_i else np.empty(0, np.int64)
-    return lims, distances, ids
+    lims = offsets(np.concatenate(counts) if counts else np.zeros(0, np.int64))
+    return (lims, np.concatenate(distances) if distances else np.empty(0, np.float32),
+            np.concatenate(ids) if ids else np.empty(0, np.int64))
 
 
 def large_k_search(searcher, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """k beyond what the selection kernels keep (spec.MAX_K): every row's contract distance from the GPU
-    (range_kernel with an infinite radius), the k best by (distance, id) selected here on the host, chunk by
-    chunk of queries. Correct for any k; it costs a copy of every distance (O(n) host work per query)."""
+    """k beyond what the selection kernels keep (spec.MAX_K): every row's contract key, the k best by
+    (distance, id) selected and sorted on the device, chunk by chunk of queries. Rows past ntotal are
+    (+inf or -inf, -1), as the other paths pad them."""
     check_values(queries, "queries", "float32")
     larger = searcher.metric != "l2"
     n, n_queries = searcher._view.n, len(queries)
     distances = np.full((n_queries, k), -np.inf if larger else np.inf, dtype=np.float32)
     ids = np.full((n_queries, k), -1, dtype=np.int64)
     take = min(k, n)
-    chunk = max(1, CHUNK_HIT_BYTES // (16 * max(n, 1)))
-    for start in range(0, n_queries if n else 0, chunk):
-        part = queries[start:start + chunk]
-        found, keys, row_ids = _launch(searcher, part, math.inf, n)
-        for i in range(len(part)):
-            kth = np.partition(keys[i], take - 1)[take - 1]
-            inside = np.flatnonzero(keys[i] <= kth)             # every row tied with the k-th too
-            order = inside[np.lexsort((row_ids[i, inside], keys[i, inside]))[:take]]
-            chosen = keys[i, order]
-            distances[start + i, :take] = (-chosen if larger else chosen).astype(np.float32)
-            ids[start + i, :take] = row_ids[i, order]
+    if take == 0 or n_queries == 0:
+        return distances, ids
+    segment = int(segment_sizes(np.array([take]))[0])
+    if segment > MAX_SEGMENT:
+        raise ValueError(f"k = {k:,} over {n:,} rows: the GPU selects at most {MAX_SEGMENT:,} results a query")
+    chunk = max(1, min(n_queries, MAX_GRID_Y * _queries_per_block(searcher), KEY_CHUNK_BYTES // (8 * n + 16 * segment)))
+    start = 0
+    while start < n_queries:
+        stop = min(n_queries, start + chunk)
+        try:
+            part_d, part_i = _select_chunk(searcher, queries[start:stop], take, segment, larger)
+        except MemoryError:
+            if chunk == 1:
+                raise
+            chunk //= 2                               # the device holds less than a chunk's keys: halve it
+            continue
+        distances[start:stop, :take], ids[start:stop, :take] = part_d, part_i
+        start = stop
     return distances, ids
 
 
-def _launch(searcher, queries: np.ndarray, radius_key: float, capacity: int):
-    """One chunk of queries: (counts, keys (nq, capacity) float64, ids (nq, capacity) int64) on the host."""
+def _range_spec(searcher):
+    return render.range_spec(searcher.metric, searcher.dtype, searcher.dim, searcher._arch, QUERIES_PER_BLOCK)
+
+
+def _queries_per_block(searcher) -> int:
+    return _range_spec(searcher).param("qb")
+
+
+def _padded(searcher, queries: np.ndarray) -> np.ndarray:
+    padded = np.zeros((len(queries), searcher._stride), dtype=np.float32)
+    padded[:, :searcher.dim] = queries
+    return padded
+
+
+def _launch_range(searcher, queries_ptr: int, n_queries: int, radius_key: float, capacity: int, keys_ptr: int,
+                  ids_ptr: int, pool_queries_ptr: int, counts_ptr: int, total_ptr: int) -> None:
+    """range_kernel over the current view: a pool of hits (pool_queries_ptr given) or every row's key."""
+    view = searcher._view
+    spec = _range_spec(searcher)
+    loaded = searcher._kernel(spec)
+    norms = searcher._pointer(view.prefix + "norms") if searcher.metric == "cosine" else 0
+    launch = loaded.prepare(searcher._pointer(view.prefix + "data"), norms, searcher._pointer(view.prefix + "ids"),
+                            view.n, searcher._stride, searcher.dim, queries_ptr, n_queries, radius_key,
+                            searcher._pointer("row_stats"), capacity, keys_ptr, ids_ptr, pool_queries_ptr, counts_ptr,
+                            total_ptr)
+    blocks = max(1, min(math.ceil(view.n / 256), searcher._sm_count * 4))
+    launch.launch((blocks, math.ceil(n_queries / spec.param("qb")), 1), 256, spec.param("smem"), searcher._stream)
+
+
+def _sort(searcher, n_segments: int, keys_ptr: int, ids_ptr: int, places, counts_ptr: int, larger: bool,
+          distances_ptr: int, out_ids_ptr: int) -> None:
+    """segment_sort_kernel: places is the device buffer of [segment offsets (n_segments + 1), output offsets
+    (n_segments + 1)], int64."""
+    loaded = searcher._kernel(render.selection_spec("segment_sort", searcher._arch))
+    loaded.prepare(keys_ptr, ids_ptr, places.ptr, counts_ptr, places.ptr + (n_segments + 1) * 8, int(larger),
+                   distances_ptr, out_ids_ptr).launch(n_segments, loaded.threads, 0, searcher._stream)
+
+
+def _range_chunk(searcher, queries: np.ndarray, radius_key: float, capacity: int, larger: bool):
+    """One chunk of queries: (counts, distances, ids) on the host, or the number of hits when they are more
+    than `capacity` (nothing else done)."""
     view, stream = searcher._view, searcher._stream
     n_queries = len(queries)
-    spec = render.range_spec(searcher.metric, searcher.dtype, searcher.dim, searcher._arch)
-    loaded = searcher._kernel(spec)
-    padded = np.zeros((n_queries, searcher._stride), dtype=np.float32)
-    padded[:, :searcher.dim] = queries
-    found = np.zeros(n_queries, dtype=np.uint32)
-    keys = np.empty((n_queries, capacity))
-    ids = np.empty((n_queries, capacity), dtype=np.int64)
     if view.n == 0 or n_queries == 0:
-        return found, keys, ids
-    staged, counts, out_keys, out_ids = searcher._scratch("range search hits", padded.nbytes, n_queries * 4,
-                                                          keys.nbytes, ids.nbytes)
-    with staged, counts, out_keys, out_ids:
+        return np.zeros(n_queries, np.int64), np.empty(0, np.float32), np.empty(0, np.int64)
+    padded = _padded(searcher, queries)
+    buffers = searcher._scratch("range search hits", padded.nbytes, n_queries * 4, 8, capacity * 8, capacity * 8,
+                                capacity * 4)
+    staged, counts, total, pool_keys, pool_ids, pool_queries = buffers
+    try:
         staged.copy_from_host(padded, padded.nbytes, stream)
         counts.fill_bytes(0, n_queries * 4, stream)
-        norms = searcher._pointer(view.prefix + "norms") if searcher.metric == "cosine" else 0
-        launch = loaded.prepare(searcher._pointer(view.prefix + "data"), norms, searcher._pointer(view.prefix + "ids"),
-                                view.n, searcher._stride, searcher.dim, staged.ptr, n_queries, radius_key,
-                                searcher._pointer("row_stats"), capacity, out_keys.ptr, out_ids.ptr, counts.ptr)
-        qb = spec.param("qb")
-        blocks = max(1, min(math.ceil(view.n / 256), searcher._sm_count * 4))
-        launch.launch((blocks, math.ceil(n_queries / qb), 1), 256, spec.param("smem"), stream)
+        total.fill_bytes(0, 8, stream)
+        _launch_range(searcher, staged.ptr, n_queries, radius_key, capacity, pool_keys.ptr, pool_ids.ptr,
+                      pool_queries.ptr, counts.ptr, total.ptr)
+        found, hits = np.empty(n_queries, dtype=np.uint32), np.empty(1, dtype=np.uint64)
         counts.copy_to_host(found, n_queries * 4, stream)
+        total.copy_to_host(hits, 8, stream)
         stream.synchronize()
-        if int(found.max()) <= capacity:
-            out_keys.copy_to_host(keys, keys.nbytes, stream)
-            out_ids.copy_to_host(ids, ids.nbytes, stream)
-            stream.synchronize()
-    return found, keys, ids
+        n_hits = int(hits[0])
+        if n_hits > capacity:
+            return n_hits
+        distances, ids = np.empty(n_hits, np.float32), np.empty(n_hits, np.int64)
+        if n_hits:
+            segments = offsets(segment_sizes(found))
+            places = np.concatenate([segments, offsets(found)])
+            _group_and_sort(searcher, pool_keys, pool_ids, pool_queries, n_hits, places, counts, larger, distances, ids)
+        return found.astype(np.int64), distances, ids
+    finally:
+        for buffer in buffers:
+            buffer.close()
+
+
+def _group_and_sort(searcher, pool_keys, pool_ids, pool_queries, n_hits: int, places: np.ndarray, counts, larger,
+                    distances: np.ndarray, ids: np.ndarray) -> None:
+    """The pool's hits grouped by query (scatter_kernel), each query's sorted and written at its CSR offset."""
+    stream, n_queries = searcher._stream, len(places) // 2 - 1
+    room = int(places[n_queries])
+    buffers = searcher._scratch("range search hits, grouped", places.nbytes, n_queries * 4, room * 8, room * 8,
+                                n_hits * 4, n_hits * 8)
+    device_places, cursors, keys, group_ids, out_d, out_i = buffers
+    try:
+        device_places.copy_from_host(places, places.nbytes, stream)
+        cursors.fill_bytes(0, n_queries * 4, stream)
+        loaded = searcher._kernel(render.selection_spec("scatter", searcher._arch))
+        blocks = max(1, min(math.ceil(n_hits / loaded.threads), searcher._sm_count * 8))
+        loaded.prepare(pool_keys.ptr, pool_ids.ptr, pool_queries.ptr, n_hits, device_places.ptr, cursors.ptr, keys.ptr,
+                       group_ids.ptr).launch(blocks, loaded.threads, 0, stream)
+        _sort(searcher, n_queries, keys.ptr, group_ids.ptr, device_places, counts.ptr, larger, out_d.ptr, out_i.ptr)
+        out_d.copy_to_host(distances, n_hits * 4, stream)
+        out_i.copy_to_host(ids, n_hits * 8, stream)
+        stream.synchronize()
+    finally:
+        for buffer in buffers:
+            buffer.close()
+
+
+def _select_chunk(searcher, queries: np.ndarray, take: int, segment: int, larger: bool):
+    """One chunk of queries' `take` best: (distances, ids), (len(queries), take) on the host."""
+    view, stream = searcher._view, searcher._stream
+    n_queries, n = len(queries), searcher._view.n
+    padded = _padded(searcher, queries)
+    places = np.concatenate([np.arange(n_queries + 1, dtype=np.int64) * segment,
+                             np.arange(n_queries + 1, dtype=np.int64) * take])
+    takes = np.full(n_queries, take, dtype=np.uint32)
+    buffers = searcher._scratch("the k best of every row", padded.nbytes, n_queries * n * 8,
+                                n_queries * segment * 8, n_queries * segment * 8, places.nbytes, takes.nbytes,
+                                n_queries * take * 4, n_queries * take * 8)
+    staged, keys, best_keys, best_ids, device_places, device_takes, out_d, out_i = buffers
+    distances = np.empty((n_queries, take), np.float32)
+    ids = np.empty((n_queries, take), np.int64)
+    try:
+        staged.copy_from_host(padded, padded.nbytes, stream)
+        device_places.copy_from_host(places, places.nbytes, stream)
+        device_takes.copy_from_host(takes, takes.nbytes, stream)
+        _launch_range(searcher, staged.ptr, n_queries, math.inf, 0, keys.ptr, 0, 0, 0, 0)
+        select = searcher._kernel(render.selection_spec("select", searcher._arch))
+        select.prepare(keys.ptr, searcher._pointer(view.prefix + "ids"), n, take, segment, best_keys.ptr,
+                       best_ids.ptr).launch(n_queries, select.threads, 0, stream)
+        _sort(searcher, n_queries, best_keys.ptr, best_ids.ptr, device_places, device_takes.ptr, larger, out_d.ptr, out_i.ptr)
+        out_d.copy_to_host(distances, distances.nbytes, stream)
+        out_i.copy_to_host(ids, ids.nbytes, stream)
+        stream.synchronize()
+    finally:
+        for buffer in buffers:
+            buffer.close()
+    return distances, ids

@@ -91,8 +91,24 @@ class Screen:
         self.timings: dict[str, list] | None = None   # benchmarks: set to {} to get each step's milliseconds
 
     def forget_rows(self) -> None:
-        """Rows moved or went away (remove, truncate, reset): recompute every row's terms before the next use."""
+        """Rows moved or went away (truncate, reset): recompute every row's terms before the next use."""
         self.ready = 0
+
+    def move_rows(self, moved_from: np.ndarray, moved_to: np.ndarray, n_rows: int) -> None:
+        """A removal moved rows moved_from into its holes moved_to and kept n_rows: their terms and shadow move
+        with them (nothing recomputed); terms not computed yet start again from the first hole. The Hopper
+        screen's tile bounds are taken again over every kept tile, since a tile's rows changed."""
+        if len(moved_to) and self.ready > int(moved_to.min()):
+            if self.ready > int(moved_from.max()):
+                columns = [("screen_sq_lo", 4), ("screen_sq_hi", 4), ("screen_rx", 4)]
+                if self.shadow:
+                    columns.append(("screen_shadow", self.row_bytes))
+                self.searcher.move_row_columns(columns, moved_from, moved_to)
+            else:
+                self.ready = int(moved_to.min())
+        self.ready = min(self.ready, n_rows)
+        if self.hopper and self.ready:
+            self._tile_bounds(0, self.ready)
 
     def applies(self, n_queries: int, k: int) -> bool:
         s = self.searcher
@@ -125,16 +141,21 @@ class Screen:
                                 s._pointer("status"))
         launch.launch(max(1, min(math.ceil((n - self.ready) / 8), s._sm_count * 8)), 256, 0, s._stream)
         if self.hopper:                     # the bound of every tile holding a new row
-            first, last = self.ready // self.tile_rows, -(-n // self.tile_rows)
-            tiles = s._kernel(rs.tiles_spec(self.tile_rows, s._arch))
-            tiles.prepare(s._pointer("screen_rx"), n, first, last, s._pointer("screen_tile_rmax")).launch(
-                math.ceil((last - first) / 8), 256, 0, s._stream)
+            self._tile_bounds(self.ready, n)
         flag = np.zeros(1, dtype=np.int32)
         s._buffers["status"].copy_to_host(flag, 4, s._stream)
         s._stream.synchronize()
         if flag[0]:
             self.usable = False             # a float32 value beyond float16: this index is not screened
         self.ready = n
+
+    def _tile_bounds(self, first_row: int, n: int) -> None:
+        """tile_rmax of every Hopper tile from the one holding first_row to the last of rows [0, n)."""
+        s = self.searcher
+        first, last = first_row // self.tile_rows, -(-n // self.tile_rows)
+        tiles = s._kernel(rs.tiles_spec(self.tile_rows, s._arch))
+        tiles.prepare(s._pointer("screen_rx"), n, first, last, s._pointer("screen_tile_rmax")).launch(
+            math.ceil((last - first) / 8), 256, 0, s._stream)
 
     # -- one batch -------------------------------------------------------------------------------------
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

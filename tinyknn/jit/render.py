@@ -26,6 +26,9 @@ Variants (spec.variant):
             kernel's rounding-error bound (verify.cuh) does not prove.
 - "band":   band_kernel: for the flagged queries, every row whose float64 distance is within the
             verify step's k-th one (the searcher sorts those bands on the host).
+- "range":  range_kernel: every row within a radius (a pool of hits), or every row's float64 key (large k).
+- "select", "scatter", "segment_sort": select.cuh, k beyond the selection kernels and range search's
+            hits selected, grouped and sorted by (float64 distance, id) on the device.
 
 Only the scan kernel has the dimension as a template argument (its per-lane loads unroll over it).
 The tiled kernel stages a tile 16 dimensions at a time in a loop that does not unroll over the
@@ -167,8 +170,8 @@ def name_expression(spec: KernelSpec) -> str:
     elif spec.variant == "verify":
         bound = "tinyknn::FilterKeyBound" if p("filter", 0) else _BOUND_TYPES[spec.metric]
         args = [metric, bound, storage, spec.k, p("kl"), p("warps"), p("smem")]
-    elif spec.variant == "rows":
-        return "tinyknn::copy_rows_kernel"
+    elif spec.variant in _PLAIN_KERNELS:
+        return f"tinyknn::{_PLAIN_KERNELS[spec.variant]}"
     elif spec.variant == "range":
         args = [metric, storage, p("qb")]
     else:  # band
@@ -176,6 +179,8 @@ def name_expression(spec: KernelSpec) -> str:
     return f"tinyknn::{_KERNEL_NAMES[spec.variant]}<{', '.join(str(a) for a in args)}>"
 
 
+_PLAIN_KERNELS = {"rows": "copy_rows_kernel", "select": "select_kernel", "scatter": "scatter_kernel",
+                  "segment_sort": "segment_sort_kernel"}   # no template arguments
 _KERNEL_NAMES = {"norms": "ingest_kernel", "scan": "scan_kernel", "single": "single_kernel", "tiled": "tiled_kernel",
                  "verify": "verify_kernel", "band": "band_kernel", "rows": "copy_rows_kernel", "range": "range_kernel"}
 
@@ -362,12 +367,32 @@ RANGE_QB = (8, 4, 2, 1)         # queries per range_search block (each row is re
 RANGE_QUERY_SMEM = 48 * 1024    # ... as many as fit this much shared memory
 
 
-def range_spec(metric: str, dtype: str, dim: int, arch: str) -> KernelSpec:
+def range_spec(metric: str, dtype: str, dim: int, arch: str, qb: int | None = None) -> KernelSpec:
     """range_kernel: every row within a radius of QB queries (float32 screen, float64 decision); QB
-    from the padded row length, so the dim matters only through it (canonical dim 1 per QB)."""
+    from the padded row length (or given: a benchmark's sweep), so the dim matters only through it
+    (canonical dim 1 per QB)."""
     stride = row_layout(parse_dim(dim), parse_dtype(dtype))[1]
-    qb = next((q for q in RANGE_QB if q * stride * 4 <= RANGE_QUERY_SMEM), 1)
+    if qb is None:
+        qb = next((q for q in RANGE_QB if q * stride * 4 <= RANGE_QUERY_SMEM), 1)
+    elif not (isinstance(qb, int) and 1 <= qb <= 64 and qb * stride * 4 <= 227 * 1024):
+        raise ValueError(f"range_spec: qb must be an int in [1, 64] whose {stride}-float query rows fit 227 KiB of "
+                         f"shared memory; got {qb!r}")
     return KernelSpec(metric, dtype, 1, 0, "range", arch, (("qb", qb), ("smem", qb * stride * 4)))
+
+
+SELECTION_VARIANTS = ("select", "scatter", "segment_sort")
+
+
+def selection_spec(variant: str, arch: str) -> KernelSpec:
+    """One of select.cuh's kernels (float64 keys and int64 ids only: no metric, dtype, dim or k): large k's
+    selection, range search's scatter, and the sort of both."""
+    if variant not in SELECTION_VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(map(repr, SELECTION_VARIANTS))}; got {variant!r}")
+    return KernelSpec("l2", "float32", 1, 0, variant, arch)
+
+
+def selection_specs(arch: str) -> list[KernelSpec]:
+    return [selection_spec(variant, arch) for variant in SELECTION_VARIANTS]
 
 
 def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
@@ -395,8 +420,12 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
         if metric == "l2" and dtype == "float32":      # through the float16 shadow
             specs.append(single_spec(metric, dtype, dim, k, arch, shadow=True))
     specs += [band_spec(metric, dtype, arch), rows_spec(arch), range_spec(metric, dtype, dim, arch)]
+<<<<<<< HEAD
     if arch == render_screen.HOPPER_ARCH:   # sm_90a: the Hopper screen of batches (gpu/screen.py)
         specs += hopper_specs(metric, dtype, dim, arch)
+=======
+    specs += selection_specs(arch)
+>>>>>>> ops
     return list(dict.fromkeys(specs))
 
 
@@ -411,7 +440,11 @@ def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpe
 
 
 __all__ = [
+<<<<<<< HEAD
     "RANGE_QB", "RenderedSource", "band_spec", "hopper_specs", "range_spec", "rows_spec", "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
+=======
+    "RANGE_QB", "RenderedSource", "band_spec", "range_spec", "rows_spec", "selection_spec", "selection_specs", "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
+>>>>>>> ops
     "render_source", "row_layout", "scan_spec", "single_spec", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
     "verify_spec",
 ]
