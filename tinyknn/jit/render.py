@@ -420,12 +420,9 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
         if metric == "l2" and dtype == "float32":      # through the float16 shadow
             specs.append(single_spec(metric, dtype, dim, k, arch, shadow=True))
     specs += [band_spec(metric, dtype, arch), rows_spec(arch), range_spec(metric, dtype, dim, arch)]
-<<<<<<< HEAD
+    specs += selection_specs(arch)
     if arch == render_screen.HOPPER_ARCH:   # sm_90a: the Hopper screen of batches (gpu/screen.py)
         specs += hopper_specs(metric, dtype, dim, arch)
-=======
-    specs += selection_specs(arch)
->>>>>>> ops
     return list(dict.fromkeys(specs))
 
 
@@ -440,11 +437,8 @@ def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpe
 
 
 __all__ = [
-<<<<<<< HEAD
-    "RANGE_QB", "RenderedSource", "band_spec", "hopper_specs", "range_spec", "rows_spec", "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
-=======
-    "RANGE_QB", "RenderedSource", "band_spec", "range_spec", "rows_spec", "selection_spec", "selection_specs", "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
->>>>>>> ops
+    "RANGE_QB", "RenderedSource", "band_spec", "hopper_specs", "range_spec", "rows_spec", "selection_spec", "selection_specs",
+    "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
     "render_source", "row_layout", "scan_spec", "single_spec", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
     "verify_spec",
 ]
