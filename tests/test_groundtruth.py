@@ -299,3 +299,19 @@ def test_gpu_uint8_file_over_shards_equals_the_oracle(tmp_path, rng):
     for kwargs in ({}, {"shard_rows": 2500, "query_batch": 20}):
         got = groundtruth(str(tmp_path / "b.u8bin"), str(tmp_path / "q.u8bin"), 100, "l2", device="cuda", **kwargs)
         _assert_bits(got, want)
+
+
+@pytest.mark.parametrize("extension", [".u8bin", ".fvecs", ".npy"])
+def test_prefetched_batches_are_the_files_rows(tmp_path, rng, extension):
+    """The GPU's add batches, read ahead by a second thread (one pread for a big-ann file, a copy for others)."""
+    from tinyknn.groundtruth.compute import _batches
+    from tinyknn.groundtruth.inputs import Source
+
+    x = rng.integers(0, 256, (1000, 12)).astype(np.uint8 if extension == ".u8bin" else np.float32)
+    path = tmp_path / f"b{extension}"
+    np.save(path, x) if extension == ".npy" else tio.write_vectors(path, x)
+    source = Source(str(path), "the base")
+    batches = list(_batches(source, 5, 1000, 128, prefetch=True))
+    assert [(a, b) for a, b, _ in batches] == [(a, min(1000, a + 128)) for a in range(5, 1000, 128)]
+    np.testing.assert_array_equal(np.concatenate([rows for _, _, rows in batches]), x[5:])
+    assert not any(isinstance(rows, np.memmap) for _, _, rows in batches)    # read into memory of their own

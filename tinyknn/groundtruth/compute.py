@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -62,6 +63,26 @@ def _limit(value, available: int, what: str, source: Source) -> int:
     if value > available:
         raise ValueError(f"{what} = {value:,} but {source.name} holds {available:,} rows")
     return value
+
+
+def _batches(base: Source, first: int, last: int, batch_rows: int, prefetch: bool):
+    """(a, b, rows a..b) of one shard's add batches. With `prefetch` (a file added to a GPU index), the next
+    batch is read by a second thread while this one is added, so the file's read overlaps the copy to the
+    device. Not on the CPU, whose add keeps the cores busy (on the 2-core VM a reader thread made the adds of
+    1M x 128 float32 from a file slower, 1.7-2.3 s against 1.4-2.1 s)."""
+    starts = range(first, last, batch_rows)
+    if not prefetch or base.path is None or len(starts) < 2:
+        for a in starts:
+            yield a, min(last, a + batch_rows), base.rows(a, min(last, a + batch_rows))
+        return
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        pending = reader.submit(base.read, first, min(last, first + batch_rows))
+        for a in starts:
+            b = min(last, a + batch_rows)
+            rows = pending.result()
+            if b < last:
+                pending = reader.submit(base.read, b, min(last, b + batch_rows))
+            yield a, b, rows
 
 
 def _concat_ranges(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
@@ -205,9 +226,8 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
         start_batch = batch if s == shard else 0
         stage = f"shard {s + 1}/{n_shards}" if n_shards > 1 else "searching"
         with _new_index(dim, metric, dtype, device, storage, client) as index:
-            for a in range(first, last, batch_rows):
-                b = min(last, a + batch_rows)
-                index.add(base.rows(a, b), ids=np.arange(a, b, dtype=np.int64))
+            for a, b, rows in _batches(base, first, last, batch_rows, device == "cuda" and client is None):
+                index.add(rows, ids=np.arange(a, b, dtype=np.int64))
                 if progress is not None:
                     progress(done_units, total_units, f"adding {stage}" if n_shards > 1 else "adding rows")
             for t in range(start_batch, n_batches):
