@@ -41,6 +41,12 @@ def test_dask_command_writes_the_record(client, tmp_path, rng, capsys):
     assert record["dask"] == {"scheduler": address, "workers": 2}
     truth = tio.read_knn_groundtruth(out)
     _assert_bits((truth.distances, truth.ids), exact_search(x, q, 9, "ip"))
+    scheduler_file = tmp_path / "scheduler.json"         # what `dask scheduler --scheduler-file` writes
+    scheduler_file.write_text(json.dumps({"address": address}))
+    again = str(tmp_path / "again.bin")
+    assert command_main([base, queries, "-k", "9", "--metric", "ip", "-o", again, "--scheduler",
+                         str(scheduler_file)]) == 0
+    assert np.array_equal(tio.read_knn_groundtruth(again).ids, truth.ids)
 
 
 def test_dask_refuses_the_host_tier(client, rng):
