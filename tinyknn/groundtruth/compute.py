@@ -69,7 +69,7 @@ def _batches(base: Source, first: int, last: int, batch_rows: int, prefetch: boo
     """(a, b, rows a..b) of one shard's add batches. With `prefetch` (a file added to a GPU index), the next
     batch is read by a second thread while this one is added, so the file's read overlaps the copy to the
     device. Not on the CPU, whose add keeps the cores busy (on the 2-core VM a reader thread made the adds of
-    1M x 128 float32 from a file slower, 1.7-2.3 s against 1.4-2.1 s)."""
+    1M x 128 float32 from a file slower: 1.7-3.2 s against 1.4-2.3 s, four runs each)."""
     starts = range(first, last, batch_rows)
     if not prefetch or base.path is None or len(starts) < 2:
         for a in starts:
