@@ -234,3 +234,45 @@ def test_single_query_bench_checks_and_cpu_skip(tmp_path):
                           "1M x 768 float16": {"modes": {"stored rows": {"default_us": 420.0}}}}}
     assert single.checks(payload) == {"100k x 128 float32: end to end <= 35 us": True,
                                       "1M x 768 float16: end to end <= 380 us": False}
+
+
+def test_groundtruth_scale_small_run_on_the_cpu(tmp_path):
+    """bench/groundtruth_scale.py's whole flow at a small size: the file rows through the command and the API
+    on the CPU (exact on the sample, the same bits both ways), the CPU row against FAISS when installed, the
+    GPU-only row skipped cleanly without a GPU."""
+    from tinyknn.gpu import has_gpu
+
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "groundtruth_scale.py"), "--run", "file,fbin,device,cpu", "--file-device", "cpu",
+         "--rows", "30000", "--fbin-rows", "20000", "--device-rows", "20000", "--cpu-rows", "20000", "--queries", "60",
+         "--cpu-queries", "60", "-k", "10", "--repeats", "1", "--check-queries", "5", "--threads", "2",
+         "--workdir", str(tmp_path / "work"), "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (result_file,) = tmp_path.glob("groundtruth_scale_*.json")
+    rows = json.loads(result_file.read_text())["results"]
+    for name in ("file", "fbin"):
+        row = rows["rows"][name]
+        assert row["check"]["ids_equal"] and row["check"]["distance_bits_equal"] and row["api_equals_command"], row
+        assert row["command"]["seconds"] > 0 and row["read"]["bytes"] == row["base_bytes"] and "h2d" not in row
+    assert rows["rows"]["cpu"]["tinyknn_check"]["ids_equal"]
+    assert importlib.util.find_spec("faiss") is None or rows["rows"]["cpu"]["faiss_median_s"] > 0
+    assert ("device" in rows["skipped"]) != has_gpu()
+    assert not list((tmp_path / "work").glob("*bin"))          # the data files are removed afterwards
+
+
+def test_groundtruth_scale_synth_is_sift_like_and_prefix_stable(tmp_path):
+    scale = _bench_module("groundtruth_scale")
+    import tinyknn.io as tio
+
+    small, large = tmp_path / "small.u8bin", tmp_path / "large.u8bin"
+    scale.synth(small, 20_000, 128, "uint8", seed=3, threads=2)
+    scale.synth(large, 50_000, 128, "uint8", seed=3, threads=1)
+    x = tio.read_vectors(large)
+    assert x.shape == (50_000, 128) and x.dtype == np.uint8
+    np.testing.assert_array_equal(tio.read_vectors(small), x[:20_000])   # rows do not depend on n or threads
+    assert 0.15 < np.mean(x == 0) < 0.4 and 10 < x.mean() < 30 and x.max() > 150   # SIFT-like, not uniform
+    assert len(np.unique(x[:5000], axis=0)) > 4990                          # clustered rows, still distinct
+    floats = tmp_path / "f.fbin"
+    scale.synth(floats, 1000, 16, "float32", seed=3, threads=2)
+    assert tio.read_vectors(floats).dtype == np.float32

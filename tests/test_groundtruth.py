@@ -274,9 +274,44 @@ def test_command_range_and_progress_lines(tmp_path, rng, capsys, caplog):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["random", "duplicated", "tied", "far", "near-ties"])
 @pytest.mark.parametrize("metric", ["l2", "ip", "cosine"])
-def test_gpu_equals_cpu_and_the_oracle(rng, metric):
-    x, q = _data(rng, "duplicated", n=5000, d=32, nq=100)
+def test_gpu_equals_cpu_and_the_oracle(rng, kind, metric):
+    """One Index on the GPU, and shards of 1,700 rows merged on the GPU's answers: the oracle's bits, and the
+    CPU's."""
+    x, q = _data(rng, kind, n=5000, d=32, nq=100)
     want = exact_search(x, q, 20, metric)
-    _assert_bits(groundtruth(x, q, 20, metric, device="cuda"), want)
+    cpu = groundtruth(x, q, 20, metric, device="cpu")
+    _assert_bits(cpu, want)
+    _assert_bits(groundtruth(x, q, 20, metric, device="cuda"), cpu)
     _assert_bits(groundtruth(x, q, 20, metric, device="cuda", shard_rows=1700, query_batch=33), want)
+
+
+@pytest.mark.gpu
+def test_gpu_uint8_file_over_shards_equals_the_oracle(tmp_path, rng):
+    """A SIFT-like uint8 file (integer distances: ties everywhere) as the scale benchmark computes it, k = 100."""
+    x = np.minimum(rng.exponential(25.0, (6000, 128)), 255).astype(np.uint8)
+    x[1000:1100] = x[5]
+    q = x[rng.integers(0, len(x), 64)].copy()
+    tio.write_vectors(tmp_path / "b.u8bin", x)
+    tio.write_vectors(tmp_path / "q.u8bin", q)
+    want = exact_search(x, q.astype(np.float32), 100, "l2", dtype="uint8")
+    for kwargs in ({}, {"shard_rows": 2500, "query_batch": 20}):
+        got = groundtruth(str(tmp_path / "b.u8bin"), str(tmp_path / "q.u8bin"), 100, "l2", device="cuda", **kwargs)
+        _assert_bits(got, want)
+
+
+@pytest.mark.parametrize("extension", [".u8bin", ".fvecs", ".npy"])
+def test_prefetched_batches_are_the_files_rows(tmp_path, rng, extension):
+    """The GPU's add batches, read ahead by a second thread (one pread for a big-ann file, a copy for others)."""
+    from tinyknn.groundtruth.compute import _batches
+    from tinyknn.groundtruth.inputs import Source
+
+    x = rng.integers(0, 256, (1000, 12)).astype(np.uint8 if extension == ".u8bin" else np.float32)
+    path = tmp_path / f"b{extension}"
+    np.save(path, x) if extension == ".npy" else tio.write_vectors(path, x)
+    source = Source(str(path), "the base")
+    batches = list(_batches(source, 5, 1000, 128, prefetch=True))
+    assert [(a, b) for a, b, _ in batches] == [(a, min(1000, a + 128)) for a in range(5, 1000, 128)]
+    np.testing.assert_array_equal(np.concatenate([rows for _, _, rows in batches]), x[5:])
+    assert not any(isinstance(rows, np.memmap) for _, _, rows in batches)    # read into memory of their own

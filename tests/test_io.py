@@ -305,3 +305,64 @@ def test_not_an_hdf5_file(here):
     tio.write_vectors("y.hdf5", np.zeros((3, 2), np.float32))
     with pytest.raises(ValueError, match=r"y\.hdf5 has no dataset 'test'"):
         tio.read_vectors("y.hdf5:test")
+
+
+def _peer_read_vectors(path: str, extension: str, dtype) -> np.ndarray:
+    """A vector file as the benchmarks' own readers read it: FAISS's contrib.vecs_io for TEXMEX, big-ann's
+    `xbin_mmap` (an 8-byte header, then the values) for the binaries, np.load, h5py."""
+    if extension in (".fvecs", ".ivecs", ".bvecs"):
+        vecs_io = pytest.importorskip("faiss.contrib.vecs_io", reason="faiss (the bench extra) is not installed")
+        read = {".fvecs": vecs_io.fvecs_read, ".ivecs": vecs_io.ivecs_read, ".bvecs": vecs_io.bvecs_mmap}[extension]
+        return np.asarray(read(path))
+    if extension == ".npy":
+        return np.load(path)
+    if extension == ".hdf5":
+        h5py = pytest.importorskip("h5py", reason="h5py (the hdf5 extra) is not installed")
+        with h5py.File(path, "r") as f:
+            return f["train"][()]
+    n, d = np.fromfile(path, dtype="<u4", count=2)
+    return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", offset=8, shape=(int(n), int(d)))
+
+
+@pytest.mark.parametrize("extension,dtype", VECTOR_CASES)
+def test_every_vector_writer_is_read_by_the_peers_readers(here, rng, extension, dtype):
+    x = _values(rng, dtype)
+    tio.write_vectors("v" + extension, x)
+    got = _peer_read_vectors("v" + extension, extension, dtype)
+    assert got.shape == x.shape and np.array_equal(got, x)
+
+
+def _peer_read_knn(paths: tuple, format: str) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, distances) of a k-NN ground truth as its benchmark reads it: big-ann's `knn_result_read`, cuVS's
+    .ibin/.fbin pair by hand, FAISS's ivecs_read/fvecs_read, np.load, h5py."""
+    if format == "bigann":
+        nq, k = np.fromfile(paths[0], dtype="<u4", count=2)
+        ids = np.fromfile(paths[0], dtype="<i4", count=nq * k, offset=8).reshape(nq, k)
+        return ids, np.fromfile(paths[0], dtype="<f4", count=nq * k, offset=8 + 4 * nq * k).reshape(nq, k)
+    if format == "cuvs":
+        pair = [np.fromfile(p, dtype=t, offset=8).reshape(np.fromfile(p, dtype="<u4", count=2))
+                for p, t in zip(paths, ("<i4", "<f4"))]
+        return pair[0], pair[1]
+    if format == "ivecs":
+        vecs_io = pytest.importorskip("faiss.contrib.vecs_io", reason="faiss (the bench extra) is not installed")
+        return vecs_io.ivecs_read(paths[0]), vecs_io.fvecs_read(paths[1])
+    if format == "npy":
+        return np.load(paths[0]), np.load(paths[1])
+    h5py = pytest.importorskip("h5py", reason="h5py (the hdf5 extra) is not installed")
+    with h5py.File(paths[0], "r") as f:
+        return f["neighbors"][()], f["distances"][()]
+
+
+@pytest.mark.parametrize("format", ["bigann", "cuvs", "ivecs", "npy", "hdf5"])
+def test_every_groundtruth_writer_is_read_by_the_peers_readers(here, rng, format):
+    ids, dist = rng.integers(0, 50_000, (9, 7)), rng.random((9, 7)).astype(np.float32)
+    out = {"hdf5": "gt.hdf5", "ivecs": "gt.ivecs", "npy": "gt.npy"}.get(format, "gt")
+    paths = tio.write_knn_groundtruth(out, ids, dist, format=format, distance="euclidean")
+    got_ids, got_dist = _peer_read_knn(paths, format)
+    assert np.array_equal(got_ids, ids) and np.array_equal(got_dist.view(np.uint32), dist.view(np.uint32))
+    lims = np.array([0, 3, 3, 7, 8])
+    if format == "npy":                            # the range layout, read by np.load
+        written = tio.write_range_groundtruth("r.npy", lims, ids.ravel()[:8], dist.ravel()[:8], format="npy")
+        back = [np.load(p) for p in written]
+        assert np.array_equal(back[0], lims) and np.array_equal(back[1], ids.ravel()[:8])
+        assert np.array_equal(back[2], dist.ravel()[:8])

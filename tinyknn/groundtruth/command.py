@@ -2,6 +2,7 @@
 
     tinyknn groundtruth BASE QUERIES -k 100 --metric l2 -o gt.bin [--format bigann|cuvs|ivecs|hdf5|npy]
         [--device cpu|cuda] [--rows N] [--queries N] [--range RADIUS] [--checkpoint PATH] [--json]
+        [--scheduler ADDRESS]
     tinyknn groundtruth check CANDIDATE [GT] --base B --queries Q -k K [--metric M] [--json]
 
 The first form computes and writes the ground truth (and OUT.json, the record of what was computed); a
@@ -17,8 +18,10 @@ it alone. Exit codes: 0 done; 1 a file or the computation failed (the message sa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import sys
 import time
 
@@ -62,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-checkpoint", action="store_true", help="keep the checkpoint after success")
     parser.add_argument("--shard-rows", type=int, help="rows per index (default: all that fit half the memory; "
                                                        "32 GiB of them on a GPU)")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="a Dask scheduler (tcp://host:8786, or a scheduler file's path): the base's rows go "
+                             "to its workers' shards (tinyknn.dask), for bases no single machine holds")
     parser.add_argument("--query-batch", type=int, default=4096, help="queries searched at a time (default 4096)")
     parser.add_argument("--base", dest="check_base", metavar="BASE", help="check: the base vectors")
     parser.add_argument("--strict", action="store_true", help="check: exit 1 when there are real errors")
@@ -133,11 +139,11 @@ def _compute(args, base: str, queries: str) -> int:
                           ("npy" if args.output.endswith(".npy") else "bigann"))
     metric = _metric(args, base, queries)
     started = time.perf_counter()
-    with _progress() as report:
+    with _client(args.scheduler) as client, _progress() as report:
         groundtruth(base, queries, args.k, metric, args.device, rows=args.rows, queries_limit=queries_limit,
                     checkpoint=args.checkpoint, progress=report, radius=args.radius, dtype=args.dtype,
                     query_batch=args.query_batch, shard_rows=args.shard_rows, storage=args.storage,
-                    output=args.output, format=fmt, keep_checkpoint=args.keep_checkpoint)
+                    output=args.output, format=fmt, keep_checkpoint=args.keep_checkpoint, client=client)
     with open(record_path(args.output)) as handle:
         record = json.load(handle)
     if args.json:
@@ -149,6 +155,26 @@ def _compute(args, base: str, queries: str) -> int:
           f"{conventions.describe(record['output']['distance_convention'])}; {time.perf_counter() - started:.1f} s "
           f"on {args.device}")
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _client(scheduler: str | None):
+    """A distributed.Client of the scheduler at ADDRESS (or of a scheduler file), closed afterwards; None
+    without --scheduler."""
+    if scheduler is None:
+        yield None
+        return
+    try:
+        from distributed import Client
+    except ImportError as exc:
+        raise ImportError("--scheduler needs Dask's distributed scheduler: pip install 'tinyknn[dask]'") from exc
+    is_file = os.path.isfile(scheduler)
+    try:
+        client = Client(scheduler_file=scheduler, timeout=30) if is_file else Client(scheduler, timeout=30)
+    except (OSError, TimeoutError) as exc:
+        raise OSError(f"cannot reach the Dask scheduler {scheduler!r}: {exc}") from exc
+    with client:
+        yield client
 
 
 def _check(args, candidate: str, exact: str | None) -> int:

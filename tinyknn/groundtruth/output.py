@@ -16,7 +16,7 @@ from .inputs import FirstRows
 
 
 def write_output(run, result, output, format, k, radius, device, storage, base, n_shards, seconds, key,
-                  fingerprints) -> None:
+                  fingerprints, cluster=None) -> None:
     name = conventions.convention(format, run.metric)
     if radius is None:
         distances, ids = result
@@ -44,6 +44,8 @@ def write_output(run, result, output, format, k, radius, device, storage, base, 
                  "equal float64 distances by the smaller id; distances are those float64 values in the "
                  "convention above, rounded to float32 once",
     }
+    if cluster is not None:
+        record["dask"] = cluster
     if radius is not None:
         record["hits"] = int(result[0][-1])
         record["radius_meaning"] = "l2: squared distance < radius" if run.metric == "l2" else "similarity > radius"
