@@ -129,3 +129,11 @@ def test_a_bad_screen_setting_says_what_is_allowed(monkeypatch):
     finally:
         monkeypatch.delenv("TINYKNN_SCREEN")
         reset_config()
+
+
+def test_auto_runs_the_hopper_screen_only_on_batches_where_it_measured_faster():
+    from tinyknn.gpu.screen import hopper_pays
+
+    assert hopper_pays(1000, 1_000_000) and hopper_pays(2048, 10_000_000)
+    assert not hopper_pays(100, 1_000_000)        # 1M x 768 x 100: 1.62 ms against 1.40 through mma.sync
+    assert not hopper_pays(1000, 100_000)         # 100k x 128 x 1,000: 0.67 against 0.59

@@ -188,7 +188,15 @@ class LoadedModule:
         self.context = ctx
         self.handle = check(driver.cuModuleLoadData(cubin.image), "cuModuleLoadData")
         self._kernels: dict[str, Kernel] = {}
+        self._names = dict(cubin.lowered_names)   # of every cubin with this image (see learn_names)
         self._lock = threading.Lock()
+
+    def learn_names(self, lowered_names) -> None:
+        """Specs whose sources render to one image (a template file with several kernels) share a module: each
+        brings its own name expressions."""
+        with self._lock:
+            for name, lowered in lowered_names.items():
+                self._names.setdefault(name, lowered)
 
     def kernel(self, name: str) -> Kernel:
         """The kernel for a name expression of cubin.lowered_names (or a plain extern "C" symbol)."""
@@ -196,10 +204,10 @@ class LoadedModule:
         if found is not None:
             return found
         with self._lock:
-            lowered = self.cubin.lowered_names.get(name, name)
+            lowered = self._names.get(name, name)
             err, handle = driver.cuModuleGetFunction(self.handle, lowered.encode())
             if err == driver.CUresult.CUDA_ERROR_NOT_FOUND:
-                known = sorted(self.cubin.lowered_names) or ["(no name expressions)"]
+                known = sorted(self._names) or ["(no name expressions)"]
                 raise ValueError(f"kernel {name!r} is not in this cubin; its name expressions are {known}")
             if err:
                 raise_error(err, f"cuModuleGetFunction({lowered!r})")
@@ -232,6 +240,8 @@ def load_module(cubin) -> LoadedModule:
             if module is None:
                 module = registry.modules[key] = LoadedModule(cubin, ctx)
                 registry.loads += 1
+    if cubin.lowered_names.keys() - module._names.keys():
+        module.learn_names(cubin.lowered_names)
     return module
 
 

@@ -44,6 +44,16 @@ SURVIVOR_HEADROOM = 4           # the sample keeps k x step (the survivors withi
                                 # at most 1/4 of the survivor capacity
 
 
+HOPPER_MIN_QUERIES = 256          # auto: the Hopper screen only where it measured faster on the H200 (2026-12-01,
+HOPPER_MIN_PRODUCTS = 1 << 28     # bench/results/hopper_screen_check_...): 1M x 768 at 1,000 queries 5.12 against
+                                  # 9.04 ms; slower at 1M x 768 x 100 (1.62 / 1.40) and 100k x 128 x 1,000 (0.67 / 0.59)
+
+
+def hopper_pays(n_queries: int, n_rows: int) -> bool:
+    """Whether a batch is large enough for the Hopper screen's 128-256-query tiles and persistent grid to win."""
+    return n_queries >= HOPPER_MIN_QUERIES and n_queries * n_rows >= HOPPER_MIN_PRODUCTS
+
+
 def use_hopper(arch: str, choice: str) -> bool:
     """Whether step 3 runs the Hopper screen: on compute capability 9.0 unless TINYKNN_SCREEN=mma; a choice of
     wgmma on another device is a ValueError (a comparison must not measure the other kernel unawares)."""
@@ -84,6 +94,8 @@ class Screen:
         self.row_bytes = self.stride * render.ITEMSIZE[element]
         self.element_bytes = render.ITEMSIZE[element]
         self.hopper = use_hopper(searcher._arch, get_config().screen)
+        self.forced = self.hopper and get_config().screen == "wgmma"   # every batch, whatever its size (tests)
+        self.last_kernel = None       # "wgmma" | "mma": what the last batch's full screen ran
         self.hopper_spec = (rs.hopper_spec(searcher.metric, searcher.dtype, self.stride, searcher._arch)
                             if self.hopper else None)
         self.tile_rows = self.hopper_spec.param("bn") if self.hopper else 0
@@ -175,7 +187,8 @@ class Screen:
         for name, nbytes in sizes.items():
             s._device(name, nbytes)
         ptr = s._pointer
-        hopper = self.hopper and n < (1 << 31) - 256
+        hopper = self.hopper and n < (1 << 31) - 256 and (self.forced or hopper_pays(nq, n))
+        self.last_kernel = "wgmma" if hopper else "mma"
         marks = self._marks()
         self._upload(queries)
         marks.record(s._stream)
@@ -307,4 +320,4 @@ class StageMarks:
             timings.setdefault(name, []).append(start.elapsed_ms(end))
 
 
-__all__ = ["Screen", "SCREEN_MIN_QUERIES", "SCREEN_MAX_K", "padded_rows", "sample_step", "use_hopper"]
+__all__ = ["Screen", "SCREEN_MIN_QUERIES", "SCREEN_MAX_K", "hopper_pays", "padded_rows", "sample_step", "use_hopper"]
