@@ -136,7 +136,8 @@ def test_large_k_on_rows_stored_by_cluster(metric, dtype, rng, screen):
     index = searcher_index(db, metric, dtype)
     check_screen_used(index, screen)
     for k in (100, 128):
-        sample_tiles = -(-(-(-n // sample_step(n, k))) // render_screen.SCREEN_BN)
+        n_sample = -(-n // sample_step(n, k))
+        sample_tiles = -(-n_sample // render_screen.SCREEN_BN)
         assert render_screen.threshold_keep(k, sample_tiles) < k
         d, i = index._searcher.search(queries, k)
         assert_exact(d, i, db, queries, k, metric, dtype)

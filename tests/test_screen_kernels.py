@@ -16,6 +16,8 @@ sys.path.insert(0, str(PROBES))   # bench/ is not a package
 
 import tc_screen as ts  # noqa: E402
 
+from tinyknn.jit.render_screen import THRESHOLD_KEEP  # noqa: E402  (KT, what a large sample's tiles keep)
+
 DEVICE = "cuda"                    # where the gpu tests put their tensors
 SHARED_LIMIT = 227 * 1024          # dynamic shared memory one block may have on sm_80 / sm_90
 
@@ -29,7 +31,7 @@ def _configs():
         for metric in ("l2", "ip"):
             configs.append(ts.ScreenConfig(elem=elem, metric=metric))
             configs.append(ts.ScreenConfig(elem=elem, metric=metric, threshold=True, k=10))
-            configs.append(ts.ScreenConfig(elem=elem, metric=metric, threshold=True, k=4))   # KT (threshold_keep)
+            configs.append(ts.ScreenConfig(elem=elem, metric=metric, threshold=True, k=THRESHOLD_KEEP))
     configs += [replace(c, elem="bfloat16") for c in TILES] + TILES
     configs += [ts.ScreenConfig(threshold=True, k=100), ts.ScreenConfig(threshold=True, k=1)]
     return list(dict.fromkeys(configs))
