@@ -56,7 +56,7 @@ def threshold_keep(k: int, sample_tiles: int | None = None) -> int:
     may keep fewer than k: min(k, THRESHOLD_KEEP) once the sample has at least k tiles (then a query's k best
     sampled rows average at most one per tile, and a tile holding more than KT of them, the only way T gets
     looser, is rare), else k. Each kept bound costs a warp argmin per (query, tile) and 4 bytes of
-    screen_upper: at k = 100 that was 95% of the threshold pass (10M x 128 uint8 on the H200: 410 ms).
+    screen_upper: at k = 100 nearly all of the threshold pass (10M x 128 uint8 on the H200: 410 ms).
     sample_tiles None: a sample of at least k tiles (every search of 128 x k sampled rows or more)."""
     if k < 1:
         raise ValueError(f"k must be at least 1; got {k}")
