@@ -48,10 +48,17 @@
 //                   the overflow (counts[q] > capacity) and falls back for that query.
 // threshold (true): upper(q, r) = key~ + (e_q r_x + f_q), rounded up (sq_norms: an UPPER bound of
 //                   |x|^2). Each block writes, per query, the K smallest upper bounds of its BN rows
-//                   (ascending, +inf past its rows) to out_upper[(q * n_row_tiles + row_tile) * K + j];
-//                   the K-th smallest over all tiles bounds the true K-th key from above.
+//                   (ascending, +inf past its rows) to out_upper[(q * n_row_tiles + row_tile) * K + j].
+//                   K (KT, render_screen.threshold_keep) may be below the search's k: the k-th smallest
+//                   of any k or more of these values bounds the true k-th key from above, since they
+//                   are upper bounds of k distinct rows' keys (each tile's bounds are of its own rows,
+//                   one each), all within it. Keeping fewer per tile only loosens T when a tile holds
+//                   more than K of the sample's k best (bench/NOTES_SCREEN.md, "Fewer bounds per tile").
 // Rows are logical r in [0, n_rows), read from physical row r * row_step (a strided sample when
-// row_step > 1); sq_norms and row_norms are indexed by the physical row; survivors hold r.
+// row_step > 1); sq_norms and row_norms are indexed by the physical row; survivors hold r. Row tile t
+// holds rows t BN .. t BN + BN - 1 in screen mode; in threshold mode rows t, t + n_rtiles, t + 2 n_rtiles,
+// ...: rows stored near each other (a cluster inserted at once) spread over many tiles, so a tile rarely
+// holds more than K of a query's best (sample_row).
 #pragma once
 // topk.cuh brings distance.cuh (TINYKNN_D, require_dynamic_smem) and ordered_bits.
 #include "topk.cuh"
@@ -236,6 +243,10 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
   const long long left = n_rtiles - first_tile;
   const int my_tiles = left <= 0 ? 0 : (left < tiles_per_block ? (int)left : tiles_per_block);
   const int total = my_tiles * k_tiles;                      // pipeline steps: (tile, k tile) pairs
+  // Logical row at position i (< BN) of row tile t: contiguous tiles (screen), interleaved (threshold).
+  auto sample_row = [n_rtiles](long long t, int i) -> long long {
+    return THRESHOLD ? (long long)i * n_rtiles + t : t * BN + i;
+  };
 
   for (int i = threadIdx.x; i < BQ; i += THREADS) {        // per-query scalars (seen after the first barrier)
     const bool ok = q0 + i < n_queries;
@@ -261,7 +272,7 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
     const unsigned b_base = smem_base + STAGES * STAGE_A + slot * STAGE_B + my_offset;
     const int c0 = load_kt * CH;
     const bool chunk_ok = c0 + my_chunk < row_chunks;
-    const long long r0 = (first_tile + load_tile) * BN + my_row;
+    const long long load_t = first_tile + load_tile;
 #pragma unroll
     for (int i = 0; i < A_LOADS; ++i) {
       if (i * THREADS + (int)threadIdx.x < A_UNITS) {
@@ -273,7 +284,7 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
 #pragma unroll
     for (int i = 0; i < B_LOADS; ++i) {
       if (i * THREADS + (int)threadIdx.x < B_UNITS) {
-        const long long r = r0 + i * ROWS_PER_PASS;
+        const long long r = sample_row(load_t, my_row + i * ROWS_PER_PASS);
         const bool ok = chunk_ok && r < n_rows;
         copy_async16(b_base + i * ROWS_PER_PASS * PITCH, ok ? data + r * row_stride + my_chunk + c0 : data,
                      ok ? 16 : 0);
@@ -282,7 +293,7 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
     if (load_kt == 0) {                                      // the tile's per-row scalars, into buffer tile % STAGES
       const unsigned base = rows_base + (load_tile % STAGES) * 2 * BN * 4;
       for (int i = threadIdx.x; i < 2 * BN; i += THREADS) {
-        const long long r = r0 - my_row + (i % BN);
+        const long long r = sample_row(load_t, i % BN);
         const bool ok = r < n_rows && (i >= BN || !IP);
         const float* from = i < BN ? sq_norms : row_norms;
         copy_async4(base + i * 4, ok ? from + r * row_step : row_norms, ok ? 4 : 0);
@@ -363,7 +374,7 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
     if (kt == k_tiles - 1) {
       // Epilogue of the tile. acc[m][n][i]: query wq0 + 16 m + g + 8 (i >> 1), row wn0 + 8 n + 2 t + (i & 1).
       // Its per-row scalars landed with its first step (an earlier commit group, so complete now).
-      const long long r0 = (first_tile + tile) * BN;
+      const long long tile_t = first_tile + tile;
       const float* norm_s = rows_s + (tile % STAGES) * 2 * BN;
       const float* rnorm_s = norm_s + BN;
 #pragma unroll
@@ -378,7 +389,7 @@ screen_kernel(const uint4* __restrict__ data, long long n_rows, long long row_st
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
               const int rl = wn0 + 8 * n + 2 * t + j;
-              const long long r = r0 + rl;
+              const long long r = sample_row(tile_t, rl);
               const Acc c = acc[m][n][2 * h + j];
               acc[m][n][2 * h + j] = 0;
               const float bound = fma_up(e, rnorm_s[rl], f);

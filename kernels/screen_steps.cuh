@@ -144,7 +144,8 @@ screen_rows_kernel(const T* __restrict__ data, int row_stride, long long first, 
 }
 
 // One block per query: the K-th smallest of its `per_query` upper bounds (the threshold mode's output over
-// every row tile of the sample) is an upper bound of its true K-th key: threshold[q].
+// every row tile of the sample, KT <= K per tile, per_query >= K) is an upper bound of its true K-th key:
+// threshold[q] (bounds of K distinct rows are all within it).
 template <int K>
 __global__ void __launch_bounds__(256, 1)
 threshold_kernel(const float* __restrict__ upper, int per_query, float* __restrict__ threshold) {

@@ -109,6 +109,46 @@ def test_screened_batches_are_exact(dtype, metric, kind, rng, screen):
     index.close()
 
 
+def stored_by_cluster(rng, n, dim, dtype):
+    """Rows of 40 clusters stored cluster by cluster, each row twice (the copies side by side)."""
+    labels = np.sort(rng.integers(0, 40, n // 2))
+    if dtype == "uint8":
+        centres = rng.integers(16, 240, (40, dim))
+        half = np.clip(centres[labels] + rng.integers(-12, 13, (n // 2, dim)), 0, 255)
+    else:
+        half = rng.standard_normal((40, dim))[labels] * 3 + rng.standard_normal((n // 2, dim)) * 0.3
+    return np.repeat(half, 2, axis=0).astype(dtype)
+
+
+@pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("ip", "uint8"), ("cosine", "float32")])
+def test_large_k_on_rows_stored_by_cluster(metric, dtype, rng, screen):
+    """k = 100 and 128 on 140,000 rows: a sample of >= k tiles, so each keeps fewer bounds than k
+    (render_screen.threshold_keep); the interleaved tiles spread a cluster's rows, so T stays tight and no query
+    overflows the survivors' capacity (where the bound's band is narrow)."""
+    from tinyknn.gpu.screen import sample_step
+    from tinyknn.jit import render_screen
+
+    n, dim = 140_000, 40
+    db = stored_by_cluster(rng, n, dim, dtype)
+    queries = db[rng.choice(n, 100)].astype(np.float32)
+    if dtype != "uint8":
+        queries = queries + rng.standard_normal(queries.shape).astype(np.float32) * 0.1
+    index = searcher_index(db, metric, dtype)
+    check_screen_used(index, screen)
+    for k in (100, 128):
+        n_sample = -(-n // sample_step(n, k))
+        sample_tiles = -(-n_sample // render_screen.SCREEN_BN)
+        assert render_screen.threshold_keep(k, sample_tiles) < k
+        d, i = index._searcher.search(queries, k)
+        assert_exact(d, i, db, queries, k, metric, dtype)
+    screen_state = index._searcher._screen
+    print(f"{dtype} {metric}: {screen_state.fallbacks} of {screen_state.queries} queries handed back")
+    assert screen_state.queries == 2 * len(queries)
+    if metric != "cosine":      # a narrow band (uint8: none); cosine's 16-bit band is wide against clustered angles
+        assert screen_state.fallbacks == 0
+    index.close()
+
+
 def test_far_data_falls_back_and_stays_exact(rng, screen):
     """Rows far from the origin make the bound loose: survivors overflow, the other kernels answer."""
     db = (rng.standard_normal((20000, 72)) + 300.0).astype(np.float16)

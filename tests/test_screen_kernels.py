@@ -16,6 +16,8 @@ sys.path.insert(0, str(PROBES))   # bench/ is not a package
 
 import tc_screen as ts  # noqa: E402
 
+from tinyknn.jit.render_screen import THRESHOLD_KEEP  # noqa: E402  (KT, what a large sample's tiles keep)
+
 DEVICE = "cuda"                    # where the gpu tests put their tensors
 SHARED_LIMIT = 227 * 1024          # dynamic shared memory one block may have on sm_80 / sm_90
 
@@ -29,8 +31,9 @@ def _configs():
         for metric in ("l2", "ip"):
             configs.append(ts.ScreenConfig(elem=elem, metric=metric))
             configs.append(ts.ScreenConfig(elem=elem, metric=metric, threshold=True, k=10))
+            configs.append(ts.ScreenConfig(elem=elem, metric=metric, threshold=True, k=THRESHOLD_KEEP))
     configs += [replace(c, elem="bfloat16") for c in TILES] + TILES
-    configs.append(ts.ScreenConfig(threshold=True, k=100))
+    configs += [ts.ScreenConfig(threshold=True, k=100), ts.ScreenConfig(threshold=True, k=1)]
     return list(dict.fromkeys(configs))
 
 
@@ -210,7 +213,8 @@ def test_screen_keeps_every_row_within_the_threshold(gpu_screens, elem, metric):
     assert (counts == n).all()
     assert (torch.sort(survivors[:, :n], dim=1).values == torch.arange(n, device=DEVICE, dtype=torch.int32)).all()
 
-    # threshold mode: per row tile, the 4 smallest upper bounds are >= the 4 smallest exact keys
+    # threshold mode: per row tile (tile t: rows t, t + tiles, ...), the 4 smallest upper bounds are >= the 4
+    # smallest exact keys
     config = ts.ScreenConfig(elem=elem, metric=metric, threshold=True, k=4)
     tiles = -(-n // config.bn)
     upper = torch.empty((n_q, tiles, 4), dtype=torch.float32, device=DEVICE)
@@ -219,7 +223,8 @@ def test_screen_keeps_every_row_within_the_threshold(gpu_screens, elem, metric):
     _sync(torch)
     padded_key = torch.full((n_q, tiles * config.bn), float("inf"), dtype=torch.float64, device=DEVICE)
     padded_key[:, :n] = key
-    smallest = torch.sort(padded_key.view(n_q, tiles, config.bn), dim=2).values[:, :, :4]
+    by_tile = padded_key.view(n_q, config.bn, tiles).transpose(1, 2)     # [query, tile, position]
+    smallest = torch.sort(by_tile, dim=2).values[:, :, :4]
     assert (upper.double() >= smallest - 1e-9 * (1 + smallest.abs())).all()
     assert torch.equal(torch.sort(upper, dim=2).values, upper)              # written ascending
     # and within twice the bound of them (the computed key errs by at most the bound each way)
@@ -242,3 +247,78 @@ def test_the_threshold_sample_keeps_large_k_survivors_within_capacity():
             assert k * step * screen.SURVIVOR_HEADROOM <= render_screen.SURVIVOR_CAPACITY
             assert step == default or k * 2 * step * screen.SURVIVOR_HEADROOM > render_screen.SURVIVOR_CAPACITY
     assert screen.sample_step(2_000_000, 100) == 8 and screen.sample_step(2_000_000, 10) == 64
+
+
+# ---- fewer bounds per tile (render_screen.threshold_keep), on a NumPy model of the threshold step ------
+def test_threshold_keep_rule():
+    from tinyknn.jit import render_screen as rs
+
+    for k in range(1, 129):
+        assert rs.threshold_keep(k) == min(k, rs.THRESHOLD_KEEP)
+        for tiles in (1, k - 1, k, 10 * k):
+            kept = rs.threshold_keep(k, tiles)
+            assert kept == (min(k, rs.THRESHOLD_KEEP) if tiles >= k else k)
+            assert tiles < 1 or tiles * kept >= k            # always k values or more to take the k-th of
+    spec = rs.screen_spec("l2", "uint8", 100, "sm_90", threshold=True, sample_tiles=9766)
+    assert spec.k == spec.param("kl") == rs.THRESHOLD_KEEP
+    assert rs.screen_spec("l2", "uint8", 100, "sm_90", threshold=True, sample_tiles=20).param("kl") == 100
+    assert rs.screen_spec("l2", "uint8", 100, "sm_90", threshold=False).param("kl") == 1
+    with pytest.raises(ValueError, match="k must be at least 1; got 0"):
+        rs.threshold_keep(0)
+
+
+def _tile_threshold(upper: np.ndarray, k: int, kept: int, bn: int = 128) -> np.ndarray:
+    """Steps 2's T as the kernels compute it: row tile t of the sample holds sample rows t, t + tiles, ...
+    (+inf past them), keeps its `kept` smallest upper bounds; T is the k-th smallest of all kept."""
+    nq, n_sample = upper.shape
+    tiles = -(-n_sample // bn)
+    padded = np.full((nq, tiles * bn), np.inf)
+    padded[:, :n_sample] = upper
+    by_tile = padded.reshape(nq, bn, tiles).transpose(0, 2, 1)          # [query, tile, position]
+    smallest = np.sort(by_tile, axis=2)[:, :, :kept].reshape(nq, -1)
+    return np.partition(smallest, k - 1, axis=1)[:, k - 1]
+
+
+def _model_rows(rng, kind: str, n: int, dim: int) -> np.ndarray:
+    x = rng.standard_normal((n, dim))
+    if kind in ("clustered", "stored_by_cluster"):
+        labels = rng.integers(0, 20, n)
+        if kind == "stored_by_cluster":                 # a cluster's rows next to each other
+            labels = np.sort(labels)
+        x = rng.standard_normal((20, dim))[labels] * 3 + x * 0.3
+    if kind == "duplicates":                            # each row stored twice, the copies side by side
+        x = np.repeat(x[: n // 2], 2, axis=0)
+    return x
+
+
+@pytest.mark.parametrize("kind", ["normal", "clustered", "stored_by_cluster", "duplicates"])
+def test_fewer_bounds_per_tile_still_bound_the_kth_key(rng, kind):
+    from tinyknn.jit import render_screen as rs
+
+    n, dim, n_q, step = 140_000, 24, 40, 8             # sample_step at k = 100 and 128: 17,500 rows, 137 tiles
+    x = _model_rows(rng, kind, n, dim)
+    q = x[rng.choice(n, n_q)] + 0.1 * rng.standard_normal((n_q, dim))
+    key = (x * x).sum(1)[None, :] - 2 * q @ x.T
+    sample = key[:, ::step]
+    upper = sample + np.abs(sample) * rng.uniform(0, 1e-3, sample.shape)   # any upper bounds of the keys
+    tiles = -(-sample.shape[1] // 128)
+    for k in (10, 100, 128):
+        kth = np.partition(key, k - 1, axis=1)[:, k - 1]
+        full = _tile_threshold(upper, k, k)
+        kept = rs.threshold_keep(k, tiles)
+        assert kept == min(k, rs.THRESHOLD_KEEP)
+        best = np.argsort(upper, axis=1, kind="stable")[:, :k] % tiles          # tiles of the sample's k best
+        most_in_a_tile = np.array([np.bincount(b).max() for b in best])
+        for fewer in sorted({1, 2, kept}):
+            t = _tile_threshold(upper, k, fewer)
+            assert (t >= kth).all(), f"k {k}, {fewer} per tile: T below the true k-th key"   # the bound
+            assert (t >= full).all()                                      # a subset's k-th smallest
+            tight = most_in_a_tile <= fewer
+            assert np.array_equal(t[tight], full[tight])
+        # the survivors (rows within T, before the bound's band) stay near those of keeping k per tile (here
+        # the fewest tiles that keep fewer, 137 for k = 128: the loosest case), clustered or not
+        t = _tile_threshold(upper, k, kept)
+        survivors, before = (key <= t[:, None]).sum(1), (key <= full[:, None]).sum(1)
+        print(f"{kind} k {k}: survivors {before.mean():.0f} -> {survivors.mean():.0f}, most {survivors.max()}")
+        assert survivors.mean() <= 1.15 * before.mean(), (kind, k, survivors.mean(), before.mean())
+        assert (survivors <= 1.5 * before + 8 * step).all(), (kind, k)    # a missed one costs about step rows

@@ -4,8 +4,9 @@ For a batch of host queries on an l2 or ip index stored as float16, bfloat16, in
 through a float16 shadow of its rows), or a cosine index of any dtype (through a shadow of its rows divided by
 their norms, the query divided by its own):
 1. the queries are rounded to the screen's element type, with the error terms of its rigorous bound;
-2. the threshold mode runs over a strided sample of rows: the k-th smallest upper bound of each query's key
-   over the sample is an upper bound of its true k-th key, T;
+2. the threshold mode runs over a strided sample of rows, each row tile keeping its KT smallest upper bounds
+   of each query's key (render_screen.threshold_keep): the k-th smallest of them, bounds of k distinct rows,
+   is an upper bound of the query's true k-th key, T;
 3. the screen runs over every row on the tensor cores: a row survives a query when its lower bound is
    within T, so every row whose key is within T, the true k nearest among them, survives;
 4. the survivors get their float64 distances (exactness contract), sorted by (distance, id), k written.
@@ -31,7 +32,7 @@ from .plan import TensorMapArg
 from .tensor_map import as_bytes, encode, tensor_map_args
 
 SCREEN_MIN_QUERIES = 64         # smaller batches: the scan and tiled kernels (the screen's tiles hold 128)
-SCREEN_MAX_K = 128              # the threshold mode keeps k bounds per tile; survivors grow with k
+SCREEN_MAX_K = 128              # survivors grow with k (about k x sample_step)
 SCREEN_MIN_ROWS = 16384
 SCREEN_METRICS = ("l2", "ip", "cosine")
 WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
@@ -181,8 +182,9 @@ class Screen:
         step = sample_step(n, k)
         n_sample = -(-n // step)
         sample_tiles = -(-n_sample // rs.SCREEN_BN)
+        kept = rs.threshold_keep(k, sample_tiles)
         sizes = {"screen_q32": nq * s._stride * 4, "screen_q": nq * self.row_bytes, "screen_e": nq * 4,
-                 "screen_f": nq * 4, "screen_upper": nq * sample_tiles * k * 4, "screen_t": nq * 4,
+                 "screen_f": nq * 4, "screen_upper": nq * sample_tiles * kept * 4, "screen_t": nq * 4,
                  "screen_counts": nq * 4, "screen_survivors": nq * cap * 4, "screen_out": nq * k * 12 + nq * 4}
         for name, nbytes in sizes.items():
             s._device(name, nbytes)
@@ -204,10 +206,10 @@ class Screen:
                        ptr("screen_f")).launch(max(1, math.ceil(nq / 8)), 256, 0, stream)
         marks.record(stream)
         rows = ptr("screen_shadow") if self.shadow else ptr("data")
-        # 2. threshold mode over the sample, then each query's k-th upper bound
-        self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"))
+        # 2. threshold mode over the sample (KT bounds per tile), then each query's k-th upper bound of them
+        self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"), sample_tiles)
         s._kernel(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch)).prepare(
-            ptr("screen_upper"), sample_tiles * k, ptr("screen_t")).launch(nq, 256, 0, stream)
+            ptr("screen_upper"), sample_tiles * kept, ptr("screen_t")).launch(nq, 256, 0, stream)
         marks.record(stream)
         # 3. the screen over every row
         s._buffers["screen_counts"].fill_bytes(0, nq * 4, stream)
@@ -285,9 +287,10 @@ class Screen:
         launch.launch(max(1, min(tiles, s._sm_count)), loaded.threads, loaded.shared_bytes, s._stream)
 
     def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, nq: int,
-                counts: int, survivors: int, upper: int) -> None:
+                counts: int, survivors: int, upper: int, sample_tiles: int | None = None) -> None:
         s = self.searcher
-        loaded = s._kernel(rs.screen_spec(s.metric, s.dtype, k, s._arch, threshold=threshold))
+        loaded = s._kernel(rs.screen_spec(s.metric, s.dtype, k, s._arch, threshold=threshold,
+                                          sample_tiles=sample_tiles))
         ptr = s._pointer
         row_tiles = -(-n_rows // rs.SCREEN_BN)
         query_tiles = -(-nq // rs.SCREEN_BQ)

@@ -3,7 +3,7 @@ kernels/screen_steps.cuh); render.name_expression hands these variants here. Pur
 
 - "screen":         screen_kernel: rows against queries on the tensor cores (mma.sync), a row surviving a
                     query when its rigorous lower bound is within the query's threshold; with threshold=1, the
-                    K smallest upper bounds per row tile (over a strided sample) instead.
+                    KT smallest upper bounds per row tile (over a strided sample) instead (threshold_keep).
 - "screen_queries": the queries rounded to the screen's element type, with their error terms.
 - "screen_rows":    the rows' terms (and a float32 index's float16 shadow).
 - "threshold":      each query's threshold from the threshold mode's upper bounds.
@@ -37,6 +37,7 @@ def has_shadow(metric: str, dtype: str) -> bool:
 SCREEN_BQ, SCREEN_BN, SCREEN_BKB, SCREEN_WARPS_Q, SCREEN_WARPS_N, SCREEN_STAGES = 128, 128, 64, 2, 4, 4
 SURVIVOR_CAPACITY = 4096        # survivors kept per query (more: the query goes to the other kernels)
 SURVIVOR_WARPS = 8
+THRESHOLD_KEEP = 2              # upper bounds per (query, sample tile) at most: threshold_keep
 
 _STORAGE = {"float32": "float", "float16": "tinyknn::half_bits", "bfloat16": "tinyknn::bf16_bits",
             "int8": "signed char", "uint8": "unsigned char"}
@@ -49,12 +50,30 @@ def screen_smem(threshold: bool, bq: int = SCREEN_BQ, bn: int = SCREEN_BN, bkb: 
     return stages * (bq + bn) * (bkb + 16) + (bq * (bn + 1) * 4 if threshold else 0) + stages * 8 * bn + 12 * bq
 
 
-def screen_spec(metric: str, dtype: str, k: int, arch: str, *, threshold: bool) -> KernelSpec:
-    """The screen (or, threshold=True, its threshold mode keeping k upper bounds per tile) of a `dtype` index."""
-    params = {"threshold": int(threshold), "kl": k if threshold else 1, "bq": SCREEN_BQ, "bn": SCREEN_BN,
+def threshold_keep(k: int, sample_tiles: int | None = None) -> int:
+    """KT, the upper bounds the threshold mode keeps per (query, row tile of the sample). Any k upper bounds of
+    distinct rows bound the k-th key from above (bench/NOTES_SCREEN.md, "Fewer bounds per tile"), so a tile
+    may keep fewer than k: min(k, THRESHOLD_KEEP) once the sample has at least k tiles (then a query's k best
+    sampled rows average at most one per tile, and a tile holding more than KT of them, the only way T gets
+    looser, is rare), else k. Each kept bound costs a warp argmin per (query, tile) and 4 bytes of
+    screen_upper: at k = 100 nearly all of the threshold pass (10M x 128 uint8 on the H200: 410 ms).
+    sample_tiles None: a sample of at least k tiles (every search of 128 x k sampled rows or more)."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1; got {k}")
+    if sample_tiles is not None and sample_tiles < k:
+        return k
+    return min(k, THRESHOLD_KEEP)
+
+
+def screen_spec(metric: str, dtype: str, k: int, arch: str, *, threshold: bool,
+                sample_tiles: int | None = None) -> KernelSpec:
+    """The screen (or, threshold=True, its threshold mode keeping threshold_keep(k, sample_tiles) upper
+    bounds per tile: the spec's k and kl) of a `dtype` index."""
+    kept = threshold_keep(k, sample_tiles) if threshold else 0
+    params = {"threshold": int(threshold), "kl": kept if threshold else 1, "bq": SCREEN_BQ, "bn": SCREEN_BN,
               "bkb": SCREEN_BKB, "wq": SCREEN_WARPS_Q, "wn": SCREEN_WARPS_N, "stages": SCREEN_STAGES,
               "smem": screen_smem(threshold)}
-    return KernelSpec(metric, dtype, 1, k if threshold else 0, "screen", arch, tuple(params.items()))
+    return KernelSpec(metric, dtype, 1, kept, "screen", arch, tuple(params.items()))
 
 
 def step_spec(variant: str, metric: str, dtype: str, k: int, arch: str) -> KernelSpec:
