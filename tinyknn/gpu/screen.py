@@ -1,5 +1,8 @@
 """The tensor-core path of a GPU search (kernels/screen.cuh, screen_steps.cuh): exact answers from a screen.
 
+Length: one batch's four steps share the row terms, buffers and tensor maps kept here; split, they would pass
+them all back and forth.
+
 For a batch of host queries on an l2 or ip index stored as float16, bfloat16, int8 or uint8 (or float32,
 through a float16 shadow of its rows), or a cosine index of any dtype (through a shadow of its rows divided by
 their norms, the query divided by its own):
