@@ -56,17 +56,29 @@ def range_search(searcher, queries: np.ndarray, radius: float):
     n_queries = len(queries)
     counts, distances, ids = [], [], []
     chunk = max(1, min(n_queries, MAX_GRID_Y * _queries_per_block(searcher)))
-    capacity = min(POOL_MAX_BYTES // HIT_BYTES, max(POOL_FIRST, POOL_PER_QUERY * chunk))
+    limit = POOL_MAX_BYTES // HIT_BYTES           # the most hits one pool holds; halved when the device refuses
+    refused = False                               # (a device-memory cap, a full device)
+    capacity = min(limit, max(POOL_FIRST, POOL_PER_QUERY * chunk))
     start = 0
     while start < n_queries:
         chunk = min(chunk, n_queries - start)
-        found = _range_chunk(searcher, queries[start:start + chunk], radius_key, capacity, larger)
+        try:
+            found = _range_chunk(searcher, queries[start:start + chunk], radius_key, capacity, larger)
+        except MemoryError:
+            if capacity <= 1:
+                raise
+            limit = capacity = capacity // 2
+            refused = True
+            continue
         if isinstance(found, int):                    # more hits than the pool holds
-            if found * HIT_BYTES <= POOL_MAX_BYTES or chunk == 1:
+            if found <= limit or (chunk == 1 and not refused):
                 capacity = found
+            elif chunk > 1:
+                capacity = limit
+                chunk = max(1, chunk * limit // found)
             else:
-                capacity = POOL_MAX_BYTES // HIT_BYTES
-                chunk = max(1, chunk * capacity // found)
+                raise MemoryError(f"range search: one query has {found:,} hits within the radius; the device "
+                                  f"memory left holds {limit:,} at a time")
             continue
         for kept, value in zip((counts, distances, ids), found):
             kept.append(value)
