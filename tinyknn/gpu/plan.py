@@ -1,6 +1,9 @@
 """The search plan: which kernels a search of (n_queries, k) launches, on which grid, with parameters
 packed once.
 
+Length: the plan's grid rules and the launch arguments of every kernel it can run are kept together, since
+the slot order of one must follow the other.
+
 A search is two launches: a selection kernel (`scan` for small batches, `tiled` for large ones) that
 writes the k + margin best of every (query, database slice) by its float32 key (large l2 batches by
 a cheaper filter key), then `verify`, which settles each query's answer in float64 under the

@@ -1,5 +1,8 @@
 """The one place user inputs are checked and converted.
 
+Length: the conversion policy below is one set of rules, and every check that enforces it sits beside it so
+that a rule and its check change together (the index operations' own checks are in validate_ops.py).
+
 Conversion policy (also in docs/index-operations.md, "Input conversion", and the Index docstrings):
 - Host arrays (NumPy, anything `np.asarray` turns into a real floating array, torch CPU tensors):
   float16/float32/float64 are accepted. The database is stored in the index's dtype and queries are
