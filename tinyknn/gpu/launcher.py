@@ -240,8 +240,7 @@ def load_module(cubin) -> LoadedModule:
             if module is None:
                 module = registry.modules[key] = LoadedModule(cubin, ctx)
                 registry.loads += 1
-    if cubin.lowered_names.keys() - module._names.keys():
-        module.learn_names(cubin.lowered_names)
+    module.learn_names(cubin.lowered_names)
     return module
 
 

@@ -99,7 +99,6 @@ class Screen:
         self.element_bytes = render.ITEMSIZE[element]
         self.hopper = use_hopper(searcher._arch, get_config().screen)
         self.forced = self.hopper and get_config().screen == "wgmma"   # every batch, whatever its size (tests)
-        self.last_kernel = None       # "wgmma" | "mma": what the last batch's full screen ran
         self.hopper_spec = (rs.hopper_spec(searcher.metric, searcher.dtype, self.stride, searcher._arch)
                             if self.hopper else None)
         self.tile_rows = self.hopper_spec.param("bn") if self.hopper else 0
@@ -193,7 +192,6 @@ class Screen:
             s._device(name, nbytes)
         ptr = s._pointer
         hopper = self.hopper and n < (1 << 31) - 256 and (self.forced or hopper_pays(nq, n))
-        self.last_kernel = "wgmma" if hopper else "mma"
         marks = self._marks()
         self._upload(queries)
         marks.record(s._stream)
