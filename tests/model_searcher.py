@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference import LARGER_IS_BETTER, contract_distances, exact_search
+from reference import exact_range, exact_search
 from tinyknn.spec import numpy_dtype
 
 
@@ -54,18 +54,7 @@ class ModelSearcher:
         _check_rows(rows, len(self.ids))
         self.calls.append(("range_search", len(queries), radius, rows))
         db, ids = self._db(rows)
-        lims, distances, found = [0], [], []
-        dist = contract_distances(db, queries.astype(np.float64), self.metric) if len(ids) and len(queries) else \
-            np.zeros((len(queries), len(ids)))
-        larger = LARGER_IS_BETTER[self.metric]
-        for row in dist:
-            hits = np.flatnonzero(row > radius if larger else row < radius)
-            order = hits[np.lexsort((ids[hits], -row[hits] if larger else row[hits]))]
-            distances.append(row[order].astype(np.float32))
-            found.append(ids[order])
-            lims.append(lims[-1] + len(order))
-        return (np.array(lims, dtype=np.int64), np.concatenate(distances or [np.empty(0, np.float32)]),
-                np.concatenate(found or [np.empty(0, np.int64)]))
+        return exact_range(db, queries, radius, self.metric, "float64", id_map=ids)
 
     def remove_rows(self, positions):
         _check_rows(positions, len(self.ids))
