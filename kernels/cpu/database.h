@@ -63,6 +63,44 @@ struct LineOf {
   typedef unsigned char type __attribute__((vector_size(kBytes)));
 };
 
+// Row storage in blocks straight from mmap: zero pages that cost memory only once written (a block of a small
+// index stays mostly virtual), page aligned (so 64-byte aligned), each block unmapping its own pages. Panels
+// and RowCopy keep their rows in these.
+template <class Storage>
+struct MappedBlocks {
+  struct Free {
+    std::size_t bytes;
+    void operator()(Storage* p) const { munmap(p, bytes); }
+  };
+  typedef std::unique_ptr<Storage[], Free> Block;
+
+  // `bytes` rounded up to whole 64 KiB pages (each block of a mapping then starts on a page: munmap needs it).
+  static std::size_t rounded(std::size_t bytes) {
+    const std::size_t page = 1 << 16;
+    return (bytes + page - 1) / page * page;
+  }
+
+  // `more` blocks of `bytes` (rounded) appended to `out`, from one mapping, so that the kernel weighs the
+  // whole add against the memory it has (block by block, each would pass and the pages would fail later, when
+  // written). huge_pages: ask for 2 MiB pages (madvise; a refusal changes nothing). Throws std::bad_alloc.
+  static void map(std::size_t bytes, int64_t more, bool huge_pages, std::vector<Block>& out) {
+    const std::size_t total = bytes * (std::size_t)more;
+    void* region = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (region == MAP_FAILED) throw std::bad_alloc();
+    if (huge_pages) madvise(region, total, MADV_HUGEPAGE);
+    out.reserve(out.size() + more);  // (if this throws, the region leaks: only ever on a failing add)
+    for (int64_t b = 0; b < more; ++b) {
+      out.push_back(Block(reinterpret_cast<Storage*>(static_cast<char*>(region) + b * bytes), Free{bytes}));
+    }
+  }
+
+  // The blocks of `from` moved to the end of `into` (its capacity reserved beforehand: cannot throw).
+  static void adopt(std::vector<Block>& from, std::vector<Block>& into) noexcept {
+    for (auto& block : from) into.push_back(std::move(block));
+    from.clear();
+  }
+};
+
 template <class Storage>
 class Panels {
  public:
@@ -90,24 +128,15 @@ class Panels {
     const int64_t blocks_needed = (panels_needed + block_panels_ - 1) / block_panels_;
     const int64_t more = blocks_needed - (int64_t)blocks_.size();
     if (more <= 0) return growth;
-    // one mapping for all new blocks, so that the kernel weighs the whole add against the memory it has
-    // (block by block, each would pass and the pages would fail later, when written)
-    const std::size_t bytes = block_bytes(), total = bytes * (std::size_t)more;
-    void* region = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (region == MAP_FAILED) throw std::bad_alloc();
-    growth.blocks.reserve(more);  // (if this throws, the region leaks: only ever on a failing add)
+    Blocks::map(block_bytes(), more, false, growth.blocks);
     blocks_.reserve(blocks_.size() + more);  // so that append() cannot throw (capacity only: nothing changes)
-    for (int64_t b = 0; b < more; ++b) {
-      growth.blocks.push_back(Block(reinterpret_cast<Storage*>(static_cast<char*>(region) + b * bytes), BlockFree{bytes}));
-    }
     return growth;
   }
 
   // Appends n rows into the blocks of `growth` (from reserve(n)); row i's element d is element(i, d).
   template <class Element>
   void append(int64_t n, Element element, Growth& growth) noexcept {
-    for (auto& block : growth.blocks) blocks_.push_back(std::move(block));  // (capacity reserved: cannot throw)
-    growth.blocks.clear();
+    Blocks::adopt(growth.blocks, blocks_);
     for (int64_t i = 0; i < n; ++i, ++rows_) {
       Storage* slot = slot_of(rows_);
       for (int64_t d = 0; d < dim_; ++d) slot[d * kPanel] = element(i, d);
@@ -232,18 +261,12 @@ class Panels {
     return blocks_[p / block_panels_].get() + (p % block_panels_) * dim_ * kPanel + row % kPanel;
   }
 
-  // Blocks straight from mmap: zero pages that cost memory only once written (a block of a small index
-  // stays mostly virtual), page aligned (so 64-byte aligned). Each block unmaps its own pages.
-  struct BlockFree {
-    std::size_t bytes;
-    void operator()(Storage* p) const { munmap(p, bytes); }
-  };
-  typedef std::unique_ptr<Storage[], BlockFree> Block;
+  typedef MappedBlocks<Storage> Blocks;
+  typedef typename Blocks::Block Block;
 
-  // A block's panels, rounded up to whole pages (each block of a mapping then starts on a page: munmap needs it).
+  // A block's panels, in whole pages.
   std::size_t block_bytes() const {
-    const std::size_t bytes = (std::size_t)(block_panels_ * dim_ * kPanel) * sizeof(Storage), page = 1 << 16;
-    return (bytes + page - 1) / page * page;
+    return Blocks::rounded((std::size_t)(block_panels_ * dim_ * kPanel) * sizeof(Storage));
   }
 
   int64_t dim_, block_panels_, rows_ = 0;

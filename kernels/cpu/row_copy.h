@@ -18,8 +18,6 @@
 #include <new>
 #include <vector>
 
-#include <sys/mman.h>
-
 #include "database.h"
 
 namespace tinyknn {
@@ -45,18 +43,11 @@ class RowCopy {
     const int64_t blocks_needed = (rows_ + n + block_rows_ - 1) / block_rows_;
     const int64_t more = blocks_needed - (int64_t)blocks_.size();
     if (more <= 0) return growth;
-    const std::size_t bytes = block_bytes(), total = bytes * (std::size_t)more;
-    void* region = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (region == MAP_FAILED) throw std::bad_alloc();
     // Scattered rows are read a few lines each: with 4 KiB pages nearly every row is a TLB miss. Huge pages
     // (where the kernel grants them on madvise) cover 2 MiB each: 10,000 random rows of 1M x 128 float32, not
-    // in cache, 0.72-0.79 ms against 1.2-2.9 ms without (bench/NOTES_INDEX_OPS.md). A refusal changes nothing.
-    madvise(region, total, MADV_HUGEPAGE);
-    growth.blocks.reserve(more);
+    // in cache, 0.72-0.79 ms against 1.2-2.9 ms without (bench/NOTES_INDEX_OPS.md).
+    Blocks::map(block_bytes(), more, true, growth.blocks);
     blocks_.reserve(blocks_.size() + more);
-    for (int64_t b = 0; b < more; ++b) {
-      growth.blocks.push_back(Block(reinterpret_cast<Storage*>(static_cast<char*>(region) + b * bytes), BlockFree{bytes}));
-    }
     return growth;
   }
 
@@ -125,24 +116,14 @@ class RowCopy {
   }
 
  private:
-  // Each block unmaps its own pages (a block's bytes are a whole number of 64 KiB: munmap needs pages).
-  struct BlockFree {
-    std::size_t bytes;
-    void operator()(Storage* p) const { munmap(p, bytes); }
-  };
-  typedef std::unique_ptr<Storage[], BlockFree> Block;
+  typedef MappedBlocks<Storage> Blocks;
+  typedef typename Blocks::Block Block;
 
-  void adopt(Growth& growth) noexcept {
-    for (auto& block : growth.blocks) blocks_.push_back(std::move(block));
-    growth.blocks.clear();
-  }
+  void adopt(Growth& growth) noexcept { Blocks::adopt(growth.blocks, blocks_); }
 
   Storage* slot(int64_t i) const { return blocks_[i / block_rows_].get() + (i % block_rows_) * dim_; }
 
-  std::size_t block_bytes() const {
-    const std::size_t bytes = (std::size_t)(block_rows_ * row_bytes()), page = 1 << 16;
-    return (bytes + page - 1) / page * page;
-  }
+  std::size_t block_bytes() const { return Blocks::rounded((std::size_t)(block_rows_ * row_bytes())); }
 
   int64_t dim_, block_rows_, rows_ = 0;
   std::vector<Block> blocks_;
