@@ -87,7 +87,7 @@ def step_spec(variant: str, metric: str, dtype: str, k: int, arch: str) -> Kerne
                       k if keeps_k else 0, variant, arch, tuple(params.items()))
 
 
-# The Hopper screen (bench/probes/hopper/FINDINGS.md, H200): cooperative tiles of 2 warpgroups, 4 stages of
+# The Hopper screen (bench/NOTES_HOPPER.md, H200): cooperative tiles of 2 warpgroups, 4 stages of
 # 128-byte k-blocks. 16-bit: 256 queries x 128 rows (2 x m64n128 per warpgroup; 601 TFLOP/s on 1M x 768 x
 # 1,000, 350 on 10M x 128 x 2,048); 8-bit: 128 x 256 (m64n256; 302 TOPS on 10M x 128 x 2,048 uint8).
 HOPPER_ARCH = "sm_90a"
