@@ -36,18 +36,41 @@ def searched(q: np.ndarray) -> np.ndarray:
     return np.asarray(q).astype(np.float32).astype(np.float64)
 
 
+BLOCK_ELEMENTS = 1 << 16   # (queries x rows) the oracle sums at a time: two such float64 blocks stay in L2
+
+
+def _sequential_sums(q64: np.ndarray, db64: np.ndarray, squared_difference: bool) -> np.ndarray:
+    """(nq, n): sum over d, in order d = 0, 1, ..., of (q_d - x_d)^2 or q_d * x_d, each pair's sum rounded
+    after every term as kernels/exact.cuh does. Summed a block of queries x rows at a time (the same operations
+    in the same order as one whole-array pass, ~7x faster: the block stays in cache)."""
+    nq, n = q64.shape[0], db64.shape[0]
+    columns = np.ascontiguousarray(db64.T)
+    out = np.empty((nq, n))
+    block_queries = max(1, min(nq, 16))
+    block_rows = max(1, BLOCK_ELEMENTS // block_queries)
+    for first in range(0, nq, block_queries):
+        queries = q64[first:first + block_queries]
+        for start in range(0, n, block_rows):
+            rows = columns[:, start:start + block_rows]
+            total = np.zeros((len(queries), rows.shape[1]))
+            term = np.empty_like(total)
+            for d in range(rows.shape[0]):
+                if squared_difference:
+                    np.subtract(queries[:, d, None], rows[d][None, :], out=term)
+                    np.multiply(term, term, out=term)
+                else:
+                    np.multiply(queries[:, d, None], rows[d][None, :], out=term)
+                np.add(total, term, out=total)
+            out[first:first + block_queries, start:start + block_rows] = total
+    return out
+
+
 def contract_distances(db64: np.ndarray, q64: np.ndarray, metric: str) -> np.ndarray:
     """(nq, n) float64 distances exactly as kernels/exact.cuh defines them (same operations, same order)."""
     nq, n = q64.shape[0], db64.shape[0]
     if metric == "l2":
-        total = np.zeros((nq, n))
-        for d in range(db64.shape[1]):
-            diff = q64[:, d, None] - db64[None, :, d]
-            total = total + diff * diff
-        return total + 0.0
-    dot = np.zeros((nq, n))
-    for d in range(db64.shape[1]):
-        dot = dot + q64[:, d, None] * db64[None, :, d]
+        return _sequential_sums(q64, db64, True) + 0.0
+    dot = _sequential_sums(q64, db64, False)
     if metric == "ip":
         return dot + 0.0
     qq, xx = np.zeros(nq), np.zeros(n)
@@ -59,6 +82,17 @@ def contract_distances(db64: np.ndarray, q64: np.ndarray, metric: str) -> np.nda
         cosine = dot / denominator
     cosine[(qq == 0)[:, None] | (xx == 0)[None, :]] = 0.0
     return cosine + 0.0
+
+
+def smallest(key: np.ndarray, ids: np.ndarray, take: int) -> np.ndarray:
+    """Positions of the `take` smallest keys, by key then by the smaller id (NaN keys last). Every key equal
+    to the take-th smallest is a candidate before the (key, id) sort, so a partition loses no tie."""
+    if take < len(key):
+        kth = np.partition(key, take - 1)[take - 1]
+        if not np.isnan(kth):
+            candidates = np.flatnonzero(key <= kth)
+            return candidates[np.lexsort((ids[candidates], key[candidates]))][:take]
+    return np.lexsort((ids, key))[:take]
 
 
 def exact_search(db, q, k: int, metric: str, dtype: str = "float32", id_map=None) -> tuple[np.ndarray, np.ndarray]:
@@ -74,8 +108,7 @@ def exact_search(db, q, k: int, metric: str, dtype: str = "float32", id_map=None
     dist = contract_distances(db64, q64, metric)
     take = min(k, n)
     for row in range(nq):
-        key = -dist[row] if larger else dist[row]
-        order = np.lexsort((ids, key))[:take]          # by key, then by the smaller id
+        order = smallest(-dist[row] if larger else dist[row], ids, take)     # by key, then by the smaller id
         out_d[row, :take] = dist[row, order].astype(np.float32)
         out_i[row, :take] = ids[order]
     return out_d, out_i

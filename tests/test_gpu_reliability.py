@@ -286,21 +286,24 @@ def test_damaged_files_loaded_onto_the_gpu_are_value_errors_and_leak_nothing(rng
     assert device_allocations and _leaked(device_allocations) == 0, "failed loads left device memory behind"
 
 
-def test_range_search_beyond_the_cap_says_so_and_changes_nothing(device_cap, rng):
+def test_range_search_under_the_cap_halves_its_pool_and_beyond_it_says_so(device_cap, rng):
+    """Range search's hit pool halves when the device (here its memory cap) refuses one, so a search whose
+    hits would not fit at once still answers exactly; one query with more hits than the cap leaves room for
+    is a MemoryError that says so, and changes nothing."""
     db = rng.standard_normal((30_000, 32)).astype(np.float32)
-    q = rng.standard_normal((3000, 32)).astype(np.float32)
-    with tinyknn.Index(32, "l2", device="cuda") as index:
+    q = rng.standard_normal((60, 32)).astype(np.float32)
+    with tinyknn.Index(32, "l2", device="cuda") as index, tinyknn.Index(32, "l2") as cpu:
         index.add(db)
+        cpu.add(db)
         in_use = sum(b.nbytes for b in index._searcher._buffers.values() if hasattr(b, "fill_bytes"))
-        device_cap(str(in_use + (2 << 20)))       # the first chunk's hit regions (~12 MB) do not fit
-        with pytest.raises(MemoryError, match=r"for range search hits .*TINYKNN_DEVICE_MEMORY_LIMIT allows"):
-            index.range_search(q, 1e9)
+        device_cap(str(in_use + (2 << 20)))     # every row is a hit: 60 x 30,000 hits (~36 MB) in pieces
+        for got, want in zip(index.range_search(q, 1e9), cpu.range_search(q, 1e9)):
+            np.testing.assert_array_equal(got, want)
+        device_cap(str(in_use + (64 << 10)))    # one query's 30,000 hits (600 kB) do not fit
+        with pytest.raises(MemoryError, match=r"range search"):
+            index.range_search(q[:2], 1e9)
         assert index.ntotal == 30_000
-        lims, distances, ids = index.range_search(q[:2], 40.0)        # small enough to fit
-        with tinyknn.Index(32, "l2") as cpu:
-            cpu.add(db)
-            expected = cpu.range_search(q[:2], 40.0)
-        for got, want in zip((lims, distances, ids), expected):
+        for got, want in zip(index.range_search(q[:2], 40.0), cpu.range_search(q[:2], 40.0)):   # small enough
             np.testing.assert_array_equal(got, want)
 
 
