@@ -8,12 +8,15 @@ ties across parts in most queries, each resolved in float64). The float64 distan
 the float32 one (exact for such integers), read from a table; both merges must give the same bits.
 
     PYTHONPATH=$PWD python3 bench/merge_speed.py [--repeats 3] [--out bench/results]
+
+Each time is the median of --repeats calls; the load average before and after is recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,7 +69,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=_common.RESULTS_DIR)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
-    rows = []
+    rows, load_before = [], os.getloadavg()
     for n_queries, n_parts in SHAPES:
         for kind in ("float", "integer"):
             parts, resolve, asked = parts_of(rng, n_queries, n_parts, kind)
@@ -79,7 +82,9 @@ def main(argv=None) -> int:
                    "pairs_resolved_lexsort": old_pairs, "pairs_resolved": asked[0] // args.repeats}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    paths = _common.write_results("merge_speed", {"rows": rows, "repeats": args.repeats}, out_dir=args.out)
+    payload = {"rows": rows, "repeats": args.repeats, "load_average_before": load_before,
+               "load_average_after": os.getloadavg()}           # other work on the machine shows here
+    paths = _common.write_results("merge_speed", payload, out_dir=args.out)
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0 if all(r["same_bits"] for r in rows) else 1
 

@@ -305,16 +305,18 @@ def test_gpu_uint8_file_over_shards_equals_the_oracle(tmp_path, rng):
 def test_read_ahead_batches_are_the_files_rows(tmp_path, rng, extension):
     """The add batches read ahead by a second thread (one pread for a big-ann file, a copy for others), cut
     at the shards' boundaries."""
-    from tinyknn.groundtruth.compute import _batches, _spans
+    from tinyknn.groundtruth.batches import Batches, spans_of
     from tinyknn.groundtruth.inputs import Source
 
     x = rng.integers(0, 256, (1000, 12)).astype(np.uint8 if extension == ".u8bin" else np.float32)
     path = tmp_path / f"b{extension}"
     np.save(path, x) if extension == ".npy" else tio.write_vectors(path, x)
     source = Source(str(path), "the base")
-    spans = _spans(300, 1000, 300, 128)
+    spans = spans_of(300, 1000, 300, 128)
     assert spans == [[(300, 428), (428, 556), (556, 600)], [(600, 728), (728, 856), (856, 900)], [(900, 1000)]]
-    batches = list(_batches(source, [span for shard in spans for span in shard], read_ahead=2))
+    reader = Batches(source, [span for shard in spans for span in shard], read_ahead=2)
+    batches = list(reader)
+    reader.close()
     np.testing.assert_array_equal(np.concatenate([rows for _, _, rows in batches]), x[300:])
     assert not any(isinstance(rows, np.memmap) for _, _, rows in batches)    # read into memory of their own
     source.close()
@@ -386,3 +388,34 @@ def test_a_failed_read_stops_the_run_and_its_reader(tmp_path, rng, overlapped, m
     with pytest.raises(OSError, match="cannot read rows 300..364"):
         groundtruth(str(tmp_path / "b.u8bin"), x[:5], 4, "l2", batch_rows=64)
     assert not _readers()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_gpu_overlapped_shards_equal_the_oracle_and_resume_across_devices(tmp_path, rng, monkeypatch, metric):
+    """A SIFT-like uint8 file on the GPU, cut by default into 8 shards (of at least 500 rows here) read ahead
+    while each is searched: the oracle's bits; a run cut short on the GPU resumes on the CPU (keeping the
+    checkpoint's shards) and one cut short on the CPU resumes on the GPU, to the same bits."""
+    from tinyknn.groundtruth import compute
+
+    monkeypatch.setattr(compute, "MIN_OVERLAP_SHARD_ROWS", 500)
+    monkeypatch.setattr(compute, "READ_AHEAD_BYTES", 4 * 256 * 128)
+    x = np.minimum(rng.exponential(25.0, (6000, 128)), 255).astype(np.uint8)
+    x[1000:1100] = x[5]
+    x[5500:5550] = x[5]
+    q = x[rng.integers(0, len(x), 50)].copy()
+    tio.write_vectors(tmp_path / "b.u8bin", x)
+    tio.write_vectors(tmp_path / "q.u8bin", q)
+    base, queries = str(tmp_path / "b.u8bin"), str(tmp_path / "q.u8bin")
+    want = exact_search(x, q.astype(np.float32), 100, metric, dtype="uint8")
+    args = dict(metric=metric, batch_rows=256, query_batch=16)
+    _assert_bits(groundtruth(base, queries, 100, device="cuda", output=tmp_path / "gt.bin", **args), want)
+    assert json.loads((tmp_path / "gt.bin.json").read_text())["shards"] == 8
+    checkpoint = tmp_path / "run.ckpt"
+    for first, then in (("cuda", "cpu"), ("cpu", "cuda")):
+        shard_rows = None if first == "cuda" else 1500        # the CPU's default would be one (never cut short)
+        with pytest.raises(_Stop):
+            groundtruth(base, queries, 100, device=first, checkpoint=checkpoint, progress=_interrupt_after(9),
+                        shard_rows=shard_rows, **args)
+        _assert_bits(groundtruth(base, queries, 100, device=then, checkpoint=checkpoint, **args), want)
+        assert not checkpoint.exists() and not _readers()

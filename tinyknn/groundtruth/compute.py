@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import queue
-import threading
 import time
 
 import numpy as np
@@ -38,6 +36,7 @@ from ..spec import parse_metric
 from . import checkpoint as _checkpoint
 from . import conventions
 from ._internal import merge_knn, merge_ranges
+from .batches import Batches, spans_of
 from .exact import Exact, storage_dtype
 from .inputs import Source, open_pair
 from .output import write_output
@@ -91,57 +90,6 @@ def _default_shard_rows(n: int, row_bytes: int, device: str, client, overlapped:
     return budget
 
 
-def _spans(first: int, last: int, shard_rows: int, batch_rows: int) -> list[list[tuple[int, int]]]:
-    """The add batches (a, b) of each shard of rows first..last (first a shard boundary), none crossing one."""
-    shards = []
-    for start in range(first, last, shard_rows):
-        stop = min(last, start + shard_rows)
-        shards.append([(a, min(stop, a + batch_rows)) for a in range(start, stop, batch_rows)])
-    return shards
-
-
-def _batches(base: Source, spans: list[tuple[int, int]], read_ahead: int):
-    """(a, b, rows a..b) of every span in order. With `read_ahead` > 0 (a file on a GPU), a second thread
-    reads the spans (one pread each) up to `read_ahead` batches ahead of the caller, without waiting for
-    the caller's adds or searches; else each is read when asked for. Not on the CPU, whose add and search
-    keep the cores busy (on the 2-core VM a reader thread made the adds of 1M x 128 float32 from a file
-    slower: 1.7-3.2 s against 1.4-2.3 s, four runs each)."""
-    if read_ahead < 1 or base.path is None:
-        for a, b in spans:
-            yield a, b, base.rows(a, b)
-        return
-    ready, stop = queue.Queue(maxsize=read_ahead), threading.Event()
-
-    def hand_over(item) -> None:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.05)
-                return
-            except queue.Full:
-                continue
-
-    def reader() -> None:
-        try:
-            for a, b in spans:
-                if stop.is_set():
-                    return
-                hand_over((a, b, base.read(a, b)))
-        except BaseException as exc:   # noqa: BLE001 - raised again in the caller's thread
-            hand_over(exc)
-
-    thread = threading.Thread(target=reader, name="tinyknn-groundtruth-reader", daemon=True)
-    thread.start()
-    try:
-        for _ in spans:
-            item = ready.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join()
-
-
 def _concat_ranges(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
     """Consecutive query batches' (lims, distances, ids) as one."""
     if not pieces:
@@ -186,7 +134,9 @@ def groundtruth(base, queries, k: int | None = None, metric: str = "l2", device:
     Index's storage dtype (default: the base's own; a float64 base needs it said). device 'cpu' | 'cuda'
     (storage='host' streams a base larger than the GPU through it). batch_rows: rows added to an Index at a
     time (default: 64 MiB of them); query_batch: queries searched at a time (the checkpoint's step);
-    shard_rows: rows per Index (default: all of them when they fit half the memory, 32 GiB on a GPU).
+    shard_rows: rows per Index (default: a file on a GPU in about 8 shards of at least 2M rows, each
+    searched while the next is read; otherwise all rows that fit half the memory, 32 GiB on a GPU; a
+    resumed checkpoint's own).
     client: a distributed.Client: the shards are tinyknn.dask.DaskIndex objects on its workers (each
     worker's Index on `device`), for bases no single machine holds; default shard_rows: every row.
     progress(done_rows, total_rows, stage): called after every step; done_rows counts base rows searched
@@ -284,8 +234,9 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
     done_units = sum(min(shard_rows, n - s * shard_rows) for s in range(shard)) + \
         (min(shard_rows, n - shard * shard_rows) * min(nq, batch * query_batch) / nq if shard < n_shards else 0)
 
-    spans = _spans(shard * shard_rows, n, shard_rows, batch_rows)
-    batches = _batches(base, [span for shard_spans in spans for span in shard_spans], read_ahead)
+    spans = spans_of(shard * shard_rows, n, shard_rows, batch_rows)
+    reader = Batches(base, [span for shard_spans in spans for span in shard_spans], read_ahead)
+    batches = iter(reader)
     try:
         for s in range(shard, n_shards):
             first, last = spans[s - shard][0][0], spans[s - shard][-1][1]
@@ -321,7 +272,7 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
                     if progress is not None:
                         progress(done_units, total_units, stage)
     finally:
-        batches.close()            # the reader thread stops (a run cut short, or an error)
+        reader.close()
 
     if radius is None:
         result = (distances, ids)
