@@ -13,11 +13,13 @@ Rows (--run, comma-separated; default: file,fbin,device where there is a GPU, el
          (each 256 MiB chunk read into pinned memory, then copied by cuMemcpyHtoDAsync, CUDA events around
          the copies only), (c) `python3 -m tinyknn.cli groundtruth BASE QUERIES -k K --metric l2 -o gt.bin
          --device D` in a subprocess (wall time, after an untimed run of the same command on a twentieth of
-         the rows compiled its kernels), and (d) the same through the API. Before (c) and (d) the base is
-         dropped from the page cache again (--cache cold, the default, unless the cold read took longer than
-         --cold-limit-s: then both runs and the read they are compared with are warm). A sample of queries
+         the rows compiled its kernels; the record's shard count is kept: on a GPU a file is cut into about 8
+         shards, each searched while the next is read), and (d) the same through the API. Before (c) and (d)
+         the base is dropped from the page cache again (--cache cold, the default, unless the cold read took
+         longer than --cold-limit-s: then both runs and the read they are compared with are warm). A sample of queries
          (--check-queries) is checked against the float64 oracle (bench/oracle.py: ids and distance bits).
-         Reports (c) / (a + b) and (d) / (a + b).
+         Reports (c) / (a + b) and (d) / (a + b), and when (d)'s stages (each shard's adds, its searches)
+         began and ended.
 - fbin:  --fbin-rows x 128 float32 (.fbin, the same centres, noise not rounded), queries drawn the same way:
          as the file row (read, H2D, the command end to end, the API, the oracle check).
 - device: the first --device-rows rows of the uint8 file in device memory: tinyknn's search of the queries
@@ -203,6 +205,7 @@ def command(base: Path, queries: Path, out: Path, k: int, device: str, rows: int
         raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     record = json.loads(Path(f"{out}.json").read_text())
     return {"argv": argv[1:], "seconds": round(seconds, 3), "record_seconds": record["seconds"],
+            "shards": record.get("shards"), "shard_rows": record.get("shard_rows"),
             "stdout": done.stdout.strip()[-500:]}
 
 
@@ -255,9 +258,16 @@ def file_row(args, name: str, dtype: str, rows: int, device: str) -> dict:
     row["command"] = command(base, queries, out, args.k, device)
     if cold:
         drop_from_cache(base)
+    stages: dict[str, list[float]] = {}
+
+    def progress(_done, _total, stage):       # when each stage (a shard's adds, its search) began and ended
+        now = round(time.perf_counter() - started, 3)
+        stages.setdefault(stage, [now, now])[1] = now
+
     started = time.perf_counter()
-    api_d, api_i = tinyknn.groundtruth(str(base), str(queries), args.k, "l2", device=device)
+    api_d, api_i = tinyknn.groundtruth(str(base), str(queries), args.k, "l2", device=device, progress=progress)
     row["api_s"] = round(time.perf_counter() - started, 3)
+    row["api_stages_s"] = stages
     truth = tio.read_knn_groundtruth(out)
     row["api_equals_command"] = bool(np.array_equal(api_i, truth.ids)
                                      and np.array_equal(api_d.view(np.uint32), truth.distances.view(np.uint32)))
@@ -494,6 +504,7 @@ def summary(name: str, row: dict) -> dict:
     if "command" in row:
         out["command_s"] = row["command"]["seconds"]
         out["read_s"], out["h2d_s"] = row["read"]["seconds"], row.get("h2d", {}).get("seconds")
+        out["shards"] = row["command"]["shards"]
     out["exact"] = {key: row[key]["ids_equal"] for key in ("check", "tinyknn_check") if key in row}
     return out
 

@@ -302,16 +302,120 @@ def test_gpu_uint8_file_over_shards_equals_the_oracle(tmp_path, rng):
 
 
 @pytest.mark.parametrize("extension", [".u8bin", ".fvecs", ".npy"])
-def test_prefetched_batches_are_the_files_rows(tmp_path, rng, extension):
-    """The GPU's add batches, read ahead by a second thread (one pread for a big-ann file, a copy for others)."""
-    from tinyknn.groundtruth.compute import _batches
+def test_read_ahead_batches_are_the_files_rows(tmp_path, rng, extension):
+    """The add batches read ahead by a second thread (one pread for a big-ann file, a copy for others), cut
+    at the shards' boundaries."""
+    from tinyknn.groundtruth.batches import Batches, spans_of
     from tinyknn.groundtruth.inputs import Source
 
     x = rng.integers(0, 256, (1000, 12)).astype(np.uint8 if extension == ".u8bin" else np.float32)
     path = tmp_path / f"b{extension}"
     np.save(path, x) if extension == ".npy" else tio.write_vectors(path, x)
     source = Source(str(path), "the base")
-    batches = list(_batches(source, 5, 1000, 128, prefetch=True))
-    assert [(a, b) for a, b, _ in batches] == [(a, min(1000, a + 128)) for a in range(5, 1000, 128)]
-    np.testing.assert_array_equal(np.concatenate([rows for _, _, rows in batches]), x[5:])
+    spans = spans_of(300, 1000, 300, 128)
+    assert spans == [[(300, 428), (428, 556), (556, 600)], [(600, 728), (728, 856), (856, 900)], [(900, 1000)]]
+    reader = Batches(source, [span for shard in spans for span in shard], read_ahead=2)
+    batches = list(reader)
+    reader.close()
+    np.testing.assert_array_equal(np.concatenate([rows for _, _, rows in batches]), x[300:])
     assert not any(isinstance(rows, np.memmap) for _, _, rows in batches)    # read into memory of their own
+    source.close()
+
+
+def _readers() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "tinyknn-groundtruth-reader"]
+
+
+@pytest.fixture
+def overlapped(monkeypatch):
+    """The GPU's file path on the CPU: shards by default (of at least 100 rows here), a reader thread that
+    runs up to three batches ahead of the adds and searches."""
+    from tinyknn.groundtruth import compute
+
+    monkeypatch.setattr(compute, "_overlaps", lambda base, device, client: base.path is not None)
+    monkeypatch.setattr(compute, "MIN_OVERLAP_SHARD_ROWS", 100)
+    monkeypatch.setattr(compute, "READ_AHEAD_BYTES", 3 * 64 * 16)
+    return compute
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_overlapped_shards_equal_one_index_and_resume(tmp_path, rng, overlapped, monkeypatch, metric):
+    """A uint8 file (integer distances: float32 ties across shards everywhere) cut into 8 shards by default,
+    read ahead across their boundaries: the bits of one Index over every row, also when cut short in the
+    first and a later shard and resumed, and when resumed where the read does not overlap (another device:
+    the checkpoint's shards are kept)."""
+    x = np.minimum(rng.exponential(25.0, (1000, 16)), 255).astype(np.uint8)
+    x[500:560] = x[3]
+    q = np.concatenate([x[[3, 10, 700]], rng.integers(0, 256, (37, 16))]).astype(np.uint8)
+    tio.write_vectors(tmp_path / "b.u8bin", x)
+    tio.write_vectors(tmp_path / "q.u8bin", q)
+    base, queries = str(tmp_path / "b.u8bin"), str(tmp_path / "q.u8bin")
+    args = dict(metric=metric, batch_rows=64, query_batch=16)
+    want = groundtruth(x, q, 30, shard_rows=1000, **args)                   # one Index, no reader thread
+    _assert_bits(want, exact_search(x, q.astype(np.float32), 30, metric, dtype="uint8"))
+    _assert_bits(groundtruth(base, queries, 30, output=tmp_path / "gt.bin", **args), want)
+    assert json.loads((tmp_path / "gt.bin.json").read_text())["shards"] == 8          # ceil(1000 / 8) = 125 rows
+    checkpoint = tmp_path / "run.ckpt"
+    for stop_after in (2, 10):
+        with pytest.raises(_Stop):
+            groundtruth(base, queries, 30, checkpoint=checkpoint, progress=_interrupt_after(stop_after), **args)
+        assert checkpoint.exists() and not _readers()           # the reader stopped with the run
+    _assert_bits(groundtruth(base, queries, 30, checkpoint=checkpoint, **args), want)
+    with pytest.raises(_Stop):
+        groundtruth(base, queries, 30, checkpoint=checkpoint, progress=_interrupt_after(5), **args)
+    monkeypatch.setattr(overlapped, "_overlaps", lambda base, device, client: False)   # default: one shard
+    _assert_bits(groundtruth(base, queries, 30, checkpoint=checkpoint, **args), want)
+    assert not checkpoint.exists()
+
+
+def test_a_failed_read_stops_the_run_and_its_reader(tmp_path, rng, overlapped, monkeypatch):
+    """The reader's error is raised in the caller (the first batch of the fourth shard of 100 rows), and the
+    reader is gone."""
+    from tinyknn.groundtruth.inputs import Source
+
+    x = rng.integers(0, 256, (600, 8)).astype(np.uint8)
+    tio.write_vectors(tmp_path / "b.u8bin", x)
+    real = Source.read
+
+    def read(self, start, stop):
+        if start >= 300:
+            raise OSError(f"cannot read rows {start}..{stop}")
+        return real(self, start, stop)
+
+    monkeypatch.setattr(Source, "read", read)
+    with pytest.raises(OSError, match="cannot read rows 300..364"):
+        groundtruth(str(tmp_path / "b.u8bin"), x[:5], 4, "l2", batch_rows=64)
+    assert not _readers()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_gpu_overlapped_shards_equal_the_oracle_and_resume_across_devices(tmp_path, rng, monkeypatch, metric):
+    """A SIFT-like uint8 file on the GPU, cut by default into 8 shards (of at least 500 rows here) read ahead
+    while each is searched: the oracle's bits; a run cut short on the GPU resumes on the CPU (keeping the
+    checkpoint's shards) and one cut short on the CPU resumes on the GPU, to the same bits."""
+    from tinyknn.groundtruth import compute
+
+    monkeypatch.setattr(compute, "MIN_OVERLAP_SHARD_ROWS", 500)
+    monkeypatch.setattr(compute, "READ_AHEAD_BYTES", 4 * 256 * 128)
+    x = np.minimum(rng.exponential(25.0, (6000, 128)), 255).astype(np.uint8)
+    x[1000:1100] = x[5]
+    x[5500:5550] = x[5]
+    q = x[rng.integers(0, len(x), 50)].copy()
+    tio.write_vectors(tmp_path / "b.u8bin", x)
+    tio.write_vectors(tmp_path / "q.u8bin", q)
+    base, queries = str(tmp_path / "b.u8bin"), str(tmp_path / "q.u8bin")
+    want = exact_search(x, q.astype(np.float32), 100, metric, dtype="uint8")
+    args = dict(metric=metric, batch_rows=256, query_batch=16)
+    _assert_bits(groundtruth(base, queries, 100, device="cuda", output=tmp_path / "gt.bin", **args), want)
+    assert json.loads((tmp_path / "gt.bin.json").read_text())["shards"] == 8
+    checkpoint = tmp_path / "run.ckpt"
+    for first, then in (("cuda", "cpu"), ("cpu", "cuda")):
+        shard_rows = None if first == "cuda" else 1500        # the CPU's default would be one (never cut short)
+        with pytest.raises(_Stop):
+            groundtruth(base, queries, 100, device=first, checkpoint=checkpoint, progress=_interrupt_after(9),
+                        shard_rows=shard_rows, **args)
+        _assert_bits(groundtruth(base, queries, 100, device=then, checkpoint=checkpoint, **args), want)
+        assert not checkpoint.exists() and not _readers()

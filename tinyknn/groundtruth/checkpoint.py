@@ -4,7 +4,8 @@ parameter that shapes the answer), where the run stands (shard, next query batch
 
 A checkpoint is only resumed by a run with the same key: another base, other queries, another k, metric,
 dtype or shard/batch layout is refused with a ValueError saying what differs. The device is not part of the
-key: CPU and GPU answers are bit-identical, so a run begun on one may end on the other.
+key: CPU and GPU answers are bit-identical, so a run begun on one may end on the other (a run that leaves
+shard_rows to its default, which depends on the device, takes the checkpoint's: `shard_rows_of`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,22 @@ def save(path, key: dict, shard: int, batch: int, arrays: dict[str, np.ndarray])
     header = json.dumps({"format": FORMAT, "version": VERSION, "key": key, "shard": shard, "batch": batch})
     with atomic_write(path) as handle:
         np.savez(handle, header=np.frombuffer(header.encode(), dtype=np.uint8), **arrays)
+
+
+def shard_rows_of(path, key: dict) -> int | None:
+    """The shard_rows of the checkpoint at `path` when it is one of this run but for shard_rows (which the
+    run left to its default: a run begun on another device resumes with the shards it began with), else
+    None (no checkpoint, another run's, or not readable: `load` then says what is wrong)."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            theirs = json.loads(bytes(archive["header"]).decode()).get("key", {})
+    except Exception:   # noqa: BLE001 - no checkpoint or a damaged one: load() reports it
+        return None
+    ours = json.loads(json.dumps({**key, "shard_rows": None}))
+    rows = theirs.get("shard_rows") if isinstance(theirs, dict) else None
+    if isinstance(rows, int) and rows >= 1 and {**theirs, "shard_rows": None} == ours:
+        return rows
+    return None
 
 
 def load(path, key: dict) -> tuple[int, int, dict[str, np.ndarray]] | None:

@@ -63,8 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "formats bigann and npy")
     parser.add_argument("--checkpoint", help="save progress here after every query batch and resume from it")
     parser.add_argument("--keep-checkpoint", action="store_true", help="keep the checkpoint after success")
-    parser.add_argument("--shard-rows", type=int, help="rows per index (default: all that fit half the memory; "
-                                                       "32 GiB of them on a GPU)")
+    parser.add_argument("--shard-rows", type=int, help="rows per index (default: a file on a GPU in about 8 "
+                                                       "shards of at least 2M rows, each searched while the next "
+                                                       "is read; else all that fit half the memory, 32 GiB of "
+                                                       "them on a GPU)")
     parser.add_argument("--scheduler", metavar="ADDRESS",
                         help="a Dask scheduler (tcp://host:8786, or a scheduler file's path): the base's rows go "
                              "to its workers' shards (tinyknn.dask), for bases no single machine holds")

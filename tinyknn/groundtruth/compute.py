@@ -1,12 +1,17 @@
 """Exact ground truth at any scale: the base streamed from its (memory-mapped) file into tinyknn Indexes.
 
-How: the base's first `rows` rows are cut into shards of `shard_rows` (default: one shard when it fits the
-memory budget, which is most of the time). Each shard is added to one `tinyknn.Index`, `batch_rows` rows at a
-time, with the rows' numbers as ids; the queries are searched in batches of `query_batch`. With one shard
-the Index's answer is the answer. With several, each query batch's running answer is merged with the next
+How: the base's first `rows` rows are cut into shards of `shard_rows`. Each shard is added to one
+`tinyknn.Index`, `batch_rows` rows at a time, with the rows' numbers as ids, and searched as soon as it is
+whole (the queries in batches of `query_batch`); each query batch's running answer is merged with the
 shard's by tinyknn's exact merge (float32 ties between shards ordered by their float64 distances, then by
 the smaller id), so the result is bit for bit the answer one Index holding every row gives: the float64
 oracle's ids, ties by the smaller id, distances its float32 roundings.
+
+A file on a GPU is read by a second thread, up to READ_AHEAD_BYTES of batches ahead of the adds and across
+shard boundaries, and cut into about OVERLAP_SHARDS shards (none below MIN_OVERLAP_SHARD_ROWS rows): while
+one shard is searched and merged the next is read, so the search hides under the read and only the last
+shard's search follows it. Elsewhere (arrays, the CPU, a Dask cluster) one shard takes every row that fits
+the memory budget, and the batches are read in turn.
 
 Resumable: with `checkpoint=PATH` the answer so far is saved atomically after every query batch; a run
 with the same inputs and parameters resumes there and gives the same bits; a checkpoint of other inputs is
@@ -20,9 +25,9 @@ process streams the file through and keeps only the queries and the answer.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -31,6 +36,7 @@ from ..spec import parse_metric
 from . import checkpoint as _checkpoint
 from . import conventions
 from ._internal import merge_knn, merge_ranges
+from .batches import Batches, spans_of
 from .exact import Exact, storage_dtype
 from .inputs import Source, open_pair
 from .output import write_output
@@ -38,6 +44,9 @@ from .output import write_output
 DEFAULT_QUERY_BATCH = 4096
 ADD_CHUNK_BYTES = 64 << 20
 CUDA_INDEX_BYTES = 32 << 30          # default device-memory budget of one shard (override: shard_rows)
+READ_AHEAD_BYTES = 1 << 30           # batches a reader thread may hold ahead of the adds (never more than a shard)
+OVERLAP_SHARDS = 8                   # default shards of a file on a GPU: each searched while the next is read
+MIN_OVERLAP_SHARD_ROWS = 2_000_000   # ... but none smaller (a shard's search and merge have a fixed cost)
 
 
 def _memory_budget(device: str) -> int:
@@ -65,24 +74,20 @@ def _limit(value, available: int, what: str, source: Source) -> int:
     return value
 
 
-def _batches(base: Source, first: int, last: int, batch_rows: int, prefetch: bool):
-    """(a, b, rows a..b) of one shard's add batches. With `prefetch` (a file added to a GPU index), the next
-    batch is read by a second thread while this one is added, so the file's read overlaps the copy to the
-    device. Not on the CPU, whose add keeps the cores busy (on the 2-core VM a reader thread made the adds of
-    1M x 128 float32 from a file slower: 1.7-3.2 s against 1.4-2.3 s, four runs each)."""
-    starts = range(first, last, batch_rows)
-    if not prefetch or base.path is None or len(starts) < 2:
-        for a in starts:
-            yield a, min(last, a + batch_rows), base.rows(a, min(last, a + batch_rows))
-        return
-    with ThreadPoolExecutor(max_workers=1) as reader:
-        pending = reader.submit(base.read, first, min(last, first + batch_rows))
-        for a in starts:
-            b = min(last, a + batch_rows)
-            rows = pending.result()
-            if b < last:
-                pending = reader.submit(base.read, b, min(last, b + batch_rows))
-            yield a, b, rows
+def _overlaps(base: Source, device: str, client) -> bool:
+    """Whether the read of the base overlaps the searches: a file on a GPU of this process."""
+    return device == "cuda" and client is None and base.path is not None
+
+
+def _default_shard_rows(n: int, row_bytes: int, device: str, client, overlapped: bool) -> int:
+    """Rows per shard when none is given: a function of the inputs and the device alone, so a rerun of the
+    same inputs cuts the same shards (the checkpoint's key holds them)."""
+    if client is not None:
+        return n
+    budget = max(1, _memory_budget(device) // (2 * (row_bytes + 16)))
+    if overlapped:
+        return min(budget, max(MIN_OVERLAP_SHARD_ROWS, -(-n // OVERLAP_SHARDS)))
+    return budget
 
 
 def _concat_ranges(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
@@ -129,7 +134,9 @@ def groundtruth(base, queries, k: int | None = None, metric: str = "l2", device:
     Index's storage dtype (default: the base's own; a float64 base needs it said). device 'cpu' | 'cuda'
     (storage='host' streams a base larger than the GPU through it). batch_rows: rows added to an Index at a
     time (default: 64 MiB of them); query_batch: queries searched at a time (the checkpoint's step);
-    shard_rows: rows per Index (default: all of them when they fit half the memory, 32 GiB on a GPU).
+    shard_rows: rows per Index (default: a file on a GPU in about 8 shards of at least 2M rows, each
+    searched while the next is read; otherwise all rows that fit half the memory, 32 GiB on a GPU; a
+    resumed checkpoint's own).
     client: a distributed.Client: the shards are tinyknn.dask.DaskIndex objects on its workers (each
     worker's Index on `device`), for bases no single machine holds; default shard_rows: every row.
     progress(done_rows, total_rows, stage): called after every step; done_rows counts base rows searched
@@ -176,16 +183,22 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
     row_bytes = dim * run.storage.itemsize
     query_batch = _positive(query_batch, "query_batch")
     batch_rows = max(1, ADD_CHUNK_BYTES // row_bytes) if batch_rows is None else _positive(batch_rows, "batch_rows")
-    if shard_rows is None:
-        shard_rows = n if client is not None else max(1, _memory_budget(device) // (2 * (row_bytes + 16)))
-    shard_rows = min(n, _positive(shard_rows, "shard_rows"))
-    n_shards, n_batches = -(-n // shard_rows), -(-nq // query_batch)
+    overlapped = _overlaps(base, device, client)
     fingerprints = {"base": base.fingerprint(n), "queries": query_source.fingerprint(nq)}
     # the checkpoint's key: what the inputs hold, not where they are (a moved file still resumes)
     key = {**{name: {f: v for f, v in value.items() if f != "file"} for name, value in fingerprints.items()},
            "metric": metric, "dtype": dtype,
            "k": k, "radius": None if radius is None else float(radius), "shard_rows": shard_rows,
            "query_batch": query_batch}
+    if shard_rows is None:       # a run resumed on another device keeps the shards it began with
+        shard_rows = _checkpoint.shard_rows_of(checkpoint_path, key) if checkpoint_path is not None else None
+        if shard_rows is None:
+            shard_rows = _default_shard_rows(n, row_bytes, device, client, overlapped)
+    shard_rows = min(n, _positive(shard_rows, "shard_rows"))
+    key["shard_rows"] = shard_rows
+    n_shards, n_batches = -(-n // shard_rows), -(-nq // query_batch)
+    read_ahead = max(1, min(READ_AHEAD_BYTES // (batch_rows * row_bytes), -(-shard_rows // batch_rows))) \
+        if overlapped else 0
 
     larger = conventions.LARGER_IS_BETTER[metric]
     shard, batch, saved = 0, 0, None
@@ -221,38 +234,45 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
     done_units = sum(min(shard_rows, n - s * shard_rows) for s in range(shard)) + \
         (min(shard_rows, n - shard * shard_rows) * min(nq, batch * query_batch) / nq if shard < n_shards else 0)
 
-    for s in range(shard, n_shards):
-        first, last = s * shard_rows, min(n, (s + 1) * shard_rows)
-        start_batch = batch if s == shard else 0
-        stage = f"shard {s + 1}/{n_shards}" if n_shards > 1 else "searching"
-        with _new_index(dim, metric, dtype, device, storage, client) as index:
-            for a, b, rows in _batches(base, first, last, batch_rows, device == "cuda" and client is None):
-                index.add(rows, ids=np.arange(a, b, dtype=np.int64))
-                if progress is not None:
-                    progress(done_units, total_units, f"adding {stage}" if n_shards > 1 else "adding rows")
-            for t in range(start_batch, n_batches):
-                qa, qb = t * query_batch, min(nq, (t + 1) * query_batch)
-                q = queries[qa:qb]
-                if radius is None:
-                    shard_d, shard_i = index.search(q, k)
-                    if s == 0:
-                        distances[qa:qb], ids[qa:qb] = shard_d, shard_i
+    spans = spans_of(shard * shard_rows, n, shard_rows, batch_rows)
+    reader = Batches(base, [span for shard_spans in spans for span in shard_spans], read_ahead)
+    batches = iter(reader)
+    try:
+        for s in range(shard, n_shards):
+            first, last = spans[s - shard][0][0], spans[s - shard][-1][1]
+            start_batch = batch if s == shard else 0
+            stage = f"shard {s + 1}/{n_shards}" if n_shards > 1 else "searching"
+            with _new_index(dim, metric, dtype, device, storage, client) as index:
+                for a, b, rows in itertools.islice(batches, len(spans[s - shard])):
+                    index.add(rows, ids=np.arange(a, b, dtype=np.int64))
+                    if progress is not None:
+                        progress(done_units, total_units, f"adding {stage}" if n_shards > 1 else "adding rows")
+                for t in range(start_batch, n_batches):
+                    qa, qb = t * query_batch, min(nq, (t + 1) * query_batch)
+                    q = queries[qa:qb]
+                    if radius is None:
+                        shard_d, shard_i = index.search(q, k)
+                        if s == 0:
+                            distances[qa:qb], ids[qa:qb] = shard_d, shard_i
+                        else:
+                            so_far = (distances[qa:qb], ids[qa:qb])
+                            distances[qa:qb], ids[qa:qb] = merge_knn([so_far, (shard_d, shard_i)], k, metric,
+                                                                     run.resolver(q))
                     else:
-                        distances[qa:qb], ids[qa:qb] = merge_knn([(distances[qa:qb], ids[qa:qb]), (shard_d, shard_i)],
-                                                                 k, metric, run.resolver(q))
-                else:
-                    current.append(index.range_search(q, radius))
-                done_units += (last - first) * (qb - qa) / nq
-                if t + 1 < n_batches:
-                    save_state(s, t + 1)
-                elif radius is not None:
-                    parts.append(_concat_ranges(current))
-                    current = []
-                    save_state(s + 1, 0)
-                else:
-                    save_state(s + 1, 0)
-                if progress is not None:
-                    progress(done_units, total_units, stage)
+                        current.append(index.range_search(q, radius))
+                    done_units += (last - first) * (qb - qa) / nq
+                    if t + 1 < n_batches:
+                        save_state(s, t + 1)
+                    elif radius is not None:
+                        parts.append(_concat_ranges(current))
+                        current = []
+                        save_state(s + 1, 0)
+                    else:
+                        save_state(s + 1, 0)
+                    if progress is not None:
+                        progress(done_units, total_units, stage)
+    finally:
+        reader.close()
 
     if radius is None:
         result = (distances, ids)

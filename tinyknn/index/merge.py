@@ -7,7 +7,9 @@ monotone, so sorting the shards' candidates by their float32 distance is right e
 candidates whose float32 distances are equal: there two candidates of one shard keep that shard's order
 (its rank), and candidates of different shards are ordered by their exact float64 distance, asked of the
 shards that hold them (`resolve`), then by the smaller id. Only such mixed groups cost a round trip; for
-k-NN only those that start within a query's first k.
+k-NN only those that start within a query's first k. `knn` sorts each query's row of candidates and
+settles only the mixed groups; `exact_order` (ranges, and the reference the tests hold `knn` to) sorts
+every candidate of every query at once.
 
 `exact_distances` is the contract's float64 distance of query/row pairs (kernels/exact.cuh: the same
 operations in the same order, so the same bits as the CPU library, the GPU kernels and tests/reference.py).
@@ -75,34 +77,68 @@ def exact_order(query: np.ndarray, distance: np.ndarray, shard: np.ndarray, rank
     return first[np.lexsort((ids[first], second, key_sorted, q_sorted))]
 
 
-def _flat(parts: list[tuple[np.ndarray, np.ndarray]]):
-    """The valid candidates of per-shard (distances, ids) (n_queries, k) as flat arrays."""
-    distances = np.concatenate([d for d, _ in parts], axis=1)
-    ids = np.concatenate([i for _, i in parts], axis=1)
-    n_queries, width = ids.shape
-    k = parts[0][0].shape[1]
-    shard = np.broadcast_to(np.repeat(np.arange(len(parts)), k), ids.shape)
-    rank = np.broadcast_to(np.tile(np.arange(k), len(parts)), ids.shape)
-    query = np.broadcast_to(np.arange(n_queries)[:, None], ids.shape)
-    valid = ids >= 0
-    return query[valid], distances[valid], shard[valid], rank[valid], ids[valid]
-
-
 def knn(parts: list[tuple[np.ndarray, np.ndarray]], k: int, metric: str, resolve) -> tuple[np.ndarray, np.ndarray]:
-    """Merge the shards' (distances, ids) (n_queries, k each) into the k best of all: (distances, ids)."""
+    """Merge the shards' (distances, ids) (n_queries, width each) into the k best of all: (distances, ids).
+
+    Vectorised per query: the parts side by side, one stable sort by float32 distance along each row
+    (padding, id -1, sorted last), so equal float32 distances keep part order, then rank order: right
+    wherever one part holds the whole group. Only groups of equal float32 distances that mix parts and
+    start within the first k are resolved in float64 (then the smaller id), each within its own positions;
+    `exact_order` gives the same order (the tests hold them to it) at the cost of one lexsort of everything.
+    """
     larger = LARGER_IS_BETTER[metric]
-    n_queries = parts[0][0].shape[0]
-    out_d = np.full((n_queries, k), -np.inf if larger else np.inf, dtype=np.float32)
+    distances = np.concatenate([np.asarray(d) for d, _ in parts], axis=1)
+    ids = np.concatenate([np.asarray(i, dtype=np.int64) for _, i in parts], axis=1)
+    part = np.repeat(np.arange(len(parts)), [np.shape(i)[1] for _, i in parts])
+    n_queries, width = ids.shape
+    key = -distances if larger else distances.copy()
+    key[ids < 0] = np.nan                                   # NumPy sorts NaN last: padding after every candidate
+    order = np.argsort(key, axis=1, kind="stable")
+    key = np.take_along_axis(key, order, axis=1)
+    if k < width:          # what can matter: the first k, and the rest of any group of equal distances at k - 1
+        reach = k + int((key[:, k:] == key[:, k - 1:k]).sum(axis=1).max(initial=0))
+        order, key = order[:, :reach], key[:, :reach]
+    tied = key[:, 1:] == key[:, :-1]                        # NaN never equals: padding never ties
+    cross = tied & (part[order[:, 1:]] != part[order[:, :-1]])
+    rows = np.flatnonzero(cross.any(axis=1))
+    if len(rows):
+        order[rows] = _resolved(order[rows], tied[rows], cross[rows], ids[rows], part, rows, k, larger, resolve)
+    taken = min(k, order.shape[1])
     out_i = np.full((n_queries, k), -1, dtype=np.int64)
-    query, distance, shard, rank, ids = _flat(parts)
-    order = exact_order(query, distance, shard, rank, ids, larger, resolve, limit=k)
-    query = query[order]
-    counts = np.bincount(query, minlength=n_queries)
-    position = np.arange(len(order)) - np.repeat(np.cumsum(counts) - counts, counts)
-    keep = position < k
-    out_d[query[keep], position[keep]] = distance[order][keep]
-    out_i[query[keep], position[keep]] = ids[order][keep]
+    out_d = np.full((n_queries, k), -np.inf if larger else np.inf, dtype=np.float32)
+    out_i[:, :taken] = np.take_along_axis(ids, order[:, :taken], axis=1)
+    out_d[:, :taken] = np.take_along_axis(distances, order[:, :taken], axis=1)
+    padded = out_i < 0
+    out_i[padded] = -1
+    out_d[padded] = -np.inf if larger else np.inf
     return out_d, out_i
+
+
+def _resolved(order, tied, cross, ids, part, rows, k: int, larger: bool, resolve) -> np.ndarray:
+    """`order` (sorted by float32, stable) of the queries `rows` with each mixed group that starts within
+    the first k put in float64 order, then by the smaller id."""
+    order = np.ascontiguousarray(order)                     # its flat view below is the array itself
+    n, width = order.shape
+    starts = np.ones((n, width), dtype=bool)
+    starts[:, 1:] = ~tied
+    starts = np.flatnonzero(starts)                         # flat positions where a group begins
+    ends = np.append(starts[1:], n * width)
+    right = np.flatnonzero(cross)                           # (row, j) of cross is flat row * (width - 1) + j
+    mixed = np.searchsorted(starts, right + right // (width - 1) + 1, side="right") - 1
+    mixed = mixed[np.append(True, mixed[1:] != mixed[:-1])]     # ascending already: keep each group once
+    mixed = mixed[starts[mixed] % width < k]
+    if not len(mixed):
+        return order
+    sizes = ends[mixed] - starts[mixed]
+    flat = np.repeat(starts[mixed] - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
+    group = np.repeat(np.arange(len(mixed)), sizes)
+    row = flat // width
+    member = order.reshape(-1)[flat]
+    member_ids = ids[row, member]
+    exact = resolve(rows[row], member_ids, part[member])
+    within = np.lexsort((member_ids, -exact if larger else exact, group))
+    order.reshape(-1)[flat] = member[within]
+    return order
 
 
 def ranges(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], metric: str,
