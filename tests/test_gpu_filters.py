@@ -73,7 +73,8 @@ def test_allowed_rows_are_read_in_place_and_exact(metric, rng):
                     gathered = searcher.search(batch, k, rows=rows)
                 finally:
                     searcher.read_in_place = True
-                assert np.array_equal(i, gathered[1]) and np.array_equal(d.view(np.uint32), gathered[0].view(np.uint32)), name
+                assert np.array_equal(i, gathered[1]), name
+                assert np.array_equal(d.view(np.uint32), gathered[0].view(np.uint32)), name
     assert {"run", "list"} <= views_made(searcher)
     d, i = searcher.search(q, 10)                          # every row, after the filtered searches
     assert_exact(d, i, db, q, 10, metric, id_map=ids)

@@ -147,8 +147,9 @@ class HostQueries:
     def _streams_shadow(self) -> bool:
         """Whether one query reads the float16 shadow of a float32 l2 index (half the bytes, single.cuh's
         ShadowKeyBound): the index's own rows (every row, a run or a list of them; not a filter's gathered copy)
-        and a shadow the screen could make (no value beyond float16's range). Called when a plan is built; the screen makes the missing rows' shadow then, or,
-        where it does not fit in device memory, gives its buffers back and the rows are streamed."""
+        and a shadow the screen could make (no value beyond float16's range). Called when a plan is built; the
+        screen makes the missing rows' shadow then, or, where it does not fit in device memory, gives its buffers
+        back and the rows are streamed."""
         view = self._view
         if not (self.single_shadow and self.metric == "l2" and self.dtype == "float32" and view is not None
                 and view.prefix in ("", "run", "list") and view.n > 0):

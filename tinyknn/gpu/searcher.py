@@ -242,15 +242,14 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
         """(distances, ids) of the k nearest: NumPy for host queries, the caller's framework for CUDA ones.
         rows: None (every row) or the sorted unique positions the queries may return, read in place (one run
         of rows as a view, scattered rows through a position list), so a 1 % filter reads about 1 % of the
-        database and copies none of it; k beyond the kernels gathers them first. out: the caller's arrays, checked by the Index
-        (tinyknn.inputs.outputs): NumPy arrays for host queries, DeviceArray descriptions for CUDA ones;
-        the results are written there and they are returned. prepared: prepare_search's token."""
+        database and copies none of it; k beyond the kernels gathers them first. out: the caller's arrays,
+        checked by the Index (tinyknn.inputs.outputs): NumPy arrays for host queries, DeviceArray descriptions
+        for CUDA ones; the results are written there and they are returned. prepared: prepare_search's token."""
         if isinstance(queries, DeviceArray):
             if k > MAX_K:
                 raise ValueError(f"k = {k} is beyond the GPU kernels' {MAX_K} for CUDA-array queries; pass the "
                                  "queries as a NumPy array (k up to ntotal is served through the host)")
-            with self._lock, self._reading(rows, gather=False):
-                self._check_open()
+            with self._lock, self._reading(rows):
                 return self._search_device(queries, k, out)
         n_queries = queries.shape[0]
         with self._lock, self._reading(rows, gather=k > MAX_K):
@@ -288,7 +287,7 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
 
     read_in_place = True    # benchmarks and tests may switch it off: every filter gathers its rows first
 
-    def _reading(self, rows, gather: bool):
+    def _reading(self, rows, gather: bool = False):
         """For the call in progress (the lock held): read every row, or `rows` (sorted, unique) in place or,
         with `gather` (range search, k beyond the kernels), from a gathered copy."""
         if rows is None:        # the common case, without a generator per call (~1 us on the host)

@@ -90,6 +90,8 @@ class IdMap:
         serials = self._serials_of(ids)
         if self._row_of_serial is None:
             return serials
+        if not len(serials) or serials.min() >= 0:      # every id known (a filter's usually are): one gather
+            return self._row_of_serial[serials]
         known = serials >= 0
         serials[known] = self._row_of_serial[serials[known]]
         return serials

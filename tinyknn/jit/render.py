@@ -469,7 +469,8 @@ def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpe
 
 
 __all__ = [
-    "RANGE_QB", "RenderedSource", "band_spec", "hopper_specs", "listed_specs", "range_spec", "rows_spec", "selection_spec", "selection_specs",
+    "RANGE_QB", "RenderedSource", "band_spec", "hopper_specs", "listed_specs", "range_spec", "rows_spec",
+    "selection_spec", "selection_specs",
     "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
     "render_source", "row_layout", "scan_spec", "single_spec", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
     "verify_spec",
