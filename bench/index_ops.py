@@ -10,8 +10,8 @@ and out (so every call returns synchronised), host clock, medians after warm-up.
 measured, its target, whether the issue states that target for this device, and whether it is met; a
 few answers of every kind are checked against the float64 oracle (bench/oracle.py), ids and distance
 bits. The threads target is tests/test_index_concurrency.py (TINYKNN_STRESS_SECONDS=30). `--pytest "FILES"` runs
-those tests first (`pytest -x -q`, the log into --out-dir) and stops there if they fail: one device command
-checks and measures. On the GPU the filtered section also times the searcher alone over random allow-lists
+those tests first (`pytest -x -q`, the log into --out-dir; the run's exit status is theirs when they fail, after
+the measurements): one device command checks and measures. On the GPU the filtered section also times the searcher alone over random allow-lists
 of several sizes and a run, read in place and gathered (`filter_sweep` in the JSON's timings).
 
 Length: one section per row of the targets' table, each with its own checks, in the one script the docs cite.
@@ -55,8 +55,9 @@ def parse_args(argv=None):
     add("--removals", type=int, default=5, help="removals of 1 %% timed (each re-added afterwards)")
     add("--seed", type=int, default=0)
     add("--note", default="", help="free text stored in the results")
-    add("--pytest", default="", help="pytest arguments to run first (-x -q added; log in --out-dir); a failure "
-        "stops the run with pytest's exit status")
+    add("--pytest", default="", help="pytest arguments to run first (-x -q added; log in --out-dir); when they "
+        "fail the run still measures, then exits with pytest's status")
+    add("--pytest-timeout", type=float, default=420.0, help="seconds the tests may take (default 420; then status 124)")
     add("--sections", default=",".join(s.__name__ for s in SECTIONS),
         help="comma-separated sections to run (default: all of " + ",".join(s.__name__ for s in SECTIONS) + ")")
     args = parser.parse_args(argv)
@@ -396,21 +397,24 @@ def run_tests(args) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     log = args.out_dir / "index_ops_pytest.log"
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", *shlex.split(args.pytest)], cwd=HERE.parent,
-                          capture_output=True, text=True)
-    log.write_text(done.stdout + done.stderr)
-    print((done.stdout + done.stderr)[-3000:], flush=True)
-    print(f"pytest {args.pytest}: exit status {done.returncode} in {time.perf_counter() - started:.0f} s "
-          f"(log {log})", flush=True)
-    return done.returncode
+    command = [sys.executable, "-m", "pytest", "-x", "-q", *shlex.split(args.pytest)]
+    try:
+        done = subprocess.run(command, cwd=HERE.parent, capture_output=True, text=True, timeout=args.pytest_timeout)
+        output, status = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        output = "".join(part.decode(errors="replace") if isinstance(part, bytes) else (part or "")
+                         for part in (exc.stdout, exc.stderr))
+        output, status = output + f"\n--pytest-timeout {args.pytest_timeout:g} s passed\n", 124
+    log.write_text(output)
+    print(output[-3000:], flush=True)
+    print(f"pytest {args.pytest}: exit status {status} in {time.perf_counter() - started:.0f} s (log {log})",
+          flush=True)
+    return status
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.pytest:
-        status = run_tests(args)
-        if status:
-            return status
+    tests_status = run_tests(args) if args.pytest else 0
     env = _common.environment()
     if args.device == "cpu":       # name the file after the CPU even on a GPU host (the GPU is not used)
         env["gpu_on_host"], env["cuda_device"] = env.get("cuda_device"), {"available": False, "reason": "--device cpu"}
@@ -428,11 +432,14 @@ def main(argv=None) -> int:
             _common.write_results("index_ops", report.payload(bench), None, env, args.out_dir)
     except KeyboardInterrupt:
         interrupted = True
-    paths = _common.write_results("index_ops", {**report.payload(bench), "interrupted": interrupted},
+    paths = _common.write_results("index_ops", {**report.payload(bench), "interrupted": interrupted,
+                                                "pytest": {"args": args.pytest, "exit_status": tests_status}},
                                   report.plot(bench), env, args.out_dir)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     print(report.markdown(bench))
-    return 0
+    if tests_status:
+        print(f"FAILED: pytest {args.pytest} exited with status {tests_status} (log in {args.out_dir})", flush=True)
+    return tests_status
 
 
 def _interrupt(signum, frame):

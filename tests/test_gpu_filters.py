@@ -63,10 +63,12 @@ def test_allowed_rows_are_read_in_place_and_exact(metric, rng):
     index, db, ids = build(rng, metric)
     searcher = index._searcher
     q = rng.standard_normal((40, 24)).astype(np.float32)
+    seen = set()
     for name, rows in allowed_sets(rng, len(db)):
         for k in (1, 10, 129):
             for batch in (q[:1], q[:3], q):            # single, scan, tiled
                 d, i = searcher.search(batch, k, rows=rows)
+                seen |= views_made(searcher)           # (the plan cache keeps the latest 32 plans and batches)
                 assert_exact(d, i, db[rows], batch, k, metric, id_map=ids[rows])
                 searcher.read_in_place = False
                 try:
@@ -75,7 +77,7 @@ def test_allowed_rows_are_read_in_place_and_exact(metric, rng):
                     searcher.read_in_place = True
                 assert np.array_equal(i, gathered[1]), name
                 assert np.array_equal(d.view(np.uint32), gathered[0].view(np.uint32)), name
-    assert {"run", "list"} <= views_made(searcher)
+    assert {"run", "list"} <= seen
     d, i = searcher.search(q, 10)                          # every row, after the filtered searches
     assert_exact(d, i, db, q, 10, metric, id_map=ids)
     index.close()
@@ -90,7 +92,9 @@ def test_in_place_views_copy_nothing(rng):
     for rows in (run, scattered):
         for batch in (q[:1], q):
             assert_exact(*searcher.search(batch, 10, rows=rows), db[rows], batch, 10, "l2", id_map=ids[rows])
-    assert "sub_data" not in searcher._buffers and searcher._buffers["row_list"].nbytes >= 700 * 4
+    assert searcher._buffers["row_list"].nbytes >= 700 * 4
+    if not searcher.exact_reruns:                       # (a band search of a list gathers its rows: rare here)
+        assert "sub_data" not in searcher._buffers
     index.close()
 
 
@@ -231,7 +235,8 @@ def test_the_reorder_on_the_device_keeps_every_answer(metric, dtype, rng):
     want = np.array([held[int(i)][0] for i in ids_now]).astype(numpy_dtype(dtype))
     assert np.array_equal(vectors_now, want)                # every row moved with its id
     assert_index_exact(index, held, q, np.random.default_rng(1), metric, dtype)
-    assert "run" in views_made(index._searcher)
+    index.search(q[:1], 10, labels=[3])
+    assert "run" in views_made(index._searcher)         # a label's rows searched as a view of the index
     gone = rng.choice(sorted(held), 400, replace=False)    # removals and adds after the reorder
     index.remove(gone)
     for i in gone.tolist():
