@@ -106,7 +106,7 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
 
   float4 q_next[Q_LOADS];
   uint4 x_next[X_LOADS];
-  long long fetch_at[X_LOADS];    // LISTED: the stored rows of this thread's loads in the tile being fetched
+  int fetch_at[X_LOADS];          // LISTED: the stored rows of this thread's loads in the tile being fetched
   int fetch_tile = -1;
   auto fetch = [&](int tile, int step) {
     const long long row0 = begin + (long long)tile * BN;
@@ -133,7 +133,7 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
       const long long row = row0 + unit / X_PER_ROW;
       const int c = k0 / PER_CHUNK + unit % X_PER_ROW;
       const bool ok = unit < X_UNITS && row < end && c < chunks;
-      const long long at = LISTED ? fetch_at[i] : row;
+      const long long at = LISTED ? (long long)fetch_at[i] : row;
       x_next[i] = ok ? __ldg(data_chunks + at * chunks + c) : zero_chunk();
     }
   };
