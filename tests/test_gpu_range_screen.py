@@ -52,8 +52,8 @@ def queries_for(rng, db, dtype, n=QUERIES):
 
 def radius_for_hits(dist: np.ndarray, hits: float, larger: bool) -> float:
     """A radius at which a query has about `hits` rows inside on average."""
-    quantile = np.quantile(dist, min(1.0, hits / dist.shape[1]))
-    return float(-np.quantile(-dist, min(1.0, hits / dist.shape[1])) if larger else quantile)
+    share = min(1.0, hits / dist.shape[1])
+    return float(-np.quantile(-dist, share) if larger else np.quantile(dist, share))
 
 
 def assert_exact_range(got, db, q, radius, metric, dtype, ids):
@@ -165,3 +165,18 @@ def test_screened_range_search_under_a_device_cap(rng, monkeypatch):
     finally:
         monkeypatch.delenv("TINYKNN_DEVICE_MEMORY_LIMIT", raising=False)
         reset_config()
+
+
+def test_a_pool_too_small_grows_and_only_step_4_runs_again(rng, monkeypatch):
+    """The screened hits overflow a 16-entry pool: step 4 runs again with room for all of them, exact."""
+    from tinyknn.gpu import range_screen
+
+    monkeypatch.setattr(range_screen, "POOL_FIRST", 16)
+    monkeypatch.setattr(range_screen, "POOL_PER_QUERY", 0)
+    db = data(rng, "clustered", N, DIM, "float16")
+    q = queries_for(rng, db, "float16")
+    dist = contract_distances(stored(db, "float16"), searched(q), "ip")
+    radius = radius_for_hits(dist, 100, True)
+    with build(db, "ip", "float16", np.arange(N)) as index:
+        counts = assert_exact_range(index.range_search(q, radius), db, q, radius, "ip", "float16", np.arange(N))
+        assert counts.sum() > 16 and index._searcher._screen.range_queries == len(q)

@@ -13,6 +13,8 @@ import numpy as np
 
 from ..jit import render
 
+HIT_BYTES = 8 + 8 + 4           # a pool entry: key (float64), id (int64), query (int32)
+
 
 def segment_sizes(counts: np.ndarray) -> np.ndarray:
     """Each count rounded up to a power of two (0 stays 0): the bitonic sort's segment lengths."""
@@ -63,10 +65,11 @@ def sort_segments(searcher, n_segments: int, keys_ptr: int, ids_ptr: int, places
                    distances_ptr, out_ids_ptr).launch(n_segments, loaded.threads, 0, searcher._stream)
 
 
-def group_and_sort(searcher, pool_keys, pool_ids, pool_queries, n_hits: int, counts_host: np.ndarray, counts,
-                   larger: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(distances, ids) of the pool's n_hits hits, grouped by query (scatter_kernel), each query's sorted and
-    written at its CSR offset. counts_host: hits per query (counts: the same on the device, uint32)."""
+def group_and_sort(searcher, pool_keys: int, pool_ids: int, pool_queries: int, n_hits: int,
+                   counts_host: np.ndarray, counts: int, larger: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(distances, ids) of the pool's n_hits hits (device addresses of its keys, ids and queries), grouped by
+    query (scatter_kernel), each query's sorted and written at its CSR offset. counts_host: hits per query
+    (counts: the same on the device, uint32)."""
     stream, n_queries = searcher._stream, len(counts_host)
     distances, ids = np.empty(n_hits, np.float32), np.empty(n_hits, np.int64)
     if n_hits == 0:
@@ -81,9 +84,9 @@ def group_and_sort(searcher, pool_keys, pool_ids, pool_queries, n_hits: int, cou
         cursors.fill_bytes(0, n_queries * 4, stream)
         loaded = searcher._kernel(render.selection_spec("scatter", searcher._arch))
         blocks = max(1, min(math.ceil(n_hits / loaded.threads), searcher._sm_count * 8))
-        loaded.prepare(pool_keys.ptr, pool_ids.ptr, pool_queries.ptr, n_hits, device_places.ptr, cursors.ptr, keys.ptr,
+        loaded.prepare(pool_keys, pool_ids, pool_queries, n_hits, device_places.ptr, cursors.ptr, keys.ptr,
                        group_ids.ptr).launch(blocks, loaded.threads, 0, stream)
-        sort_segments(searcher, n_queries, keys.ptr, group_ids.ptr, device_places, counts.ptr, larger, out_d.ptr,
+        sort_segments(searcher, n_queries, keys.ptr, group_ids.ptr, device_places, counts, larger, out_d.ptr,
                       out_i.ptr)
         out_d.copy_to_host(distances, n_hits * 4, stream)
         out_i.copy_to_host(ids, n_hits * 8, stream)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import render_screen as rs
-from .hit_pool import group_and_sort
+from .hit_pool import HIT_BYTES, group_and_sort
 
 SCREEN_BATCH = 2048             # queries a screen pass takes: survivor lists of 32 MB, at most 8.4M hits
 POOL_FIRST = 1 << 16            # hits the pool holds at first, at the least, or this many a query (grown to
@@ -133,37 +133,34 @@ def screened(searcher, queries: np.ndarray, radius: float):
 
 
 def _screen_batch(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_key: float, larger: bool):
-    """Steps 1 and 3 (Screen.screen_within), then step 4 with a pool grown until it holds every hit."""
+    """Steps 1 and 3 (Screen.screen_within), then step 4 with a pool grown until it holds every hit. The hit
+    counts and the pool are the searcher's own buffers (kept, grown when short), as the screen's are."""
     if not searcher._screen.screen_within(queries, thresholds):
         return None
     s, stream, nq = searcher, searcher._stream, len(queries)
     survivors = np.empty(nq, np.int32)
     s._buffers["screen_counts"].copy_to_host(survivors, nq * 4, stream)
-    spec = rs.step_spec("range_survivors", s.metric, s.dtype, 0, s._arch)
-    step = s._kernel(spec)
-    capacity = max(POOL_FIRST, POOL_PER_QUERY * nq)
+    step = s._kernel(rs.step_spec("range_survivors", s.metric, s.dtype, 0, s._arch))
+    hits, total = s._device("range_hits", nq * 4), s._device("range_total", 8)
+    wanted = max(POOL_FIRST, POOL_PER_QUERY * nq)
     while True:
-        buffers = s._scratch("range search hits", nq * 4, 8, capacity * 8, capacity * 8, capacity * 4)
-        hits, total, pool_keys, pool_ids, pool_queries = buffers
-        try:
-            hits.fill_bytes(0, nq * 4, stream)
-            total.fill_bytes(0, 8, stream)
-            step.prepare(s._pointer("screen_survivors"), s._pointer("screen_counts"), s._pointer("ids"),
-                         s._pointer("data"), s._pointer("screen_q32"), s._stride, s.dim, radius_key, capacity,
-                         pool_keys.ptr, pool_ids.ptr, pool_queries.ptr, hits.ptr, total.ptr).launch(
-                nq, step.threads, 0, stream)
-            found, n_hits = np.empty(nq, np.uint32), np.empty(1, np.uint64)
-            hits.copy_to_host(found, nq * 4, stream)
-            total.copy_to_host(n_hits, 8, stream)
-            stream.synchronize()
-            if int(n_hits[0]) > capacity:      # at most nq x SURVIVOR_CAPACITY: the survivors are kept, so
-                capacity = int(n_hits[0])      # only step 4 runs again
-                continue
-            distances, ids = group_and_sort(s, pool_keys, pool_ids, pool_queries, int(n_hits[0]), found, hits, larger)
-            return found.astype(np.int64), distances, ids, np.flatnonzero(survivors > rs.SURVIVOR_CAPACITY)
-        finally:
-            for buffer in buffers:
-                buffer.close()
+        pool = s._device("range_pool", wanted * HIT_BYTES)
+        capacity = pool.nbytes // HIT_BYTES       # keys, then ids, then queries
+        keys, ids, owners = pool.ptr, pool.ptr + capacity * 8, pool.ptr + capacity * 16
+        hits.fill_bytes(0, nq * 4, stream)
+        total.fill_bytes(0, 8, stream)
+        step.prepare(s._pointer("screen_survivors"), s._pointer("screen_counts"), s._pointer("ids"), s._pointer("data"),
+                     s._pointer("screen_q32"), s._stride, s.dim, radius_key, capacity, keys, ids, owners, hits.ptr,
+                     total.ptr).launch(nq, step.threads, 0, stream)
+        found, n_hits = np.empty(nq, np.uint32), np.empty(1, np.uint64)
+        hits.copy_to_host(found, nq * 4, stream)
+        total.copy_to_host(n_hits, 8, stream)
+        stream.synchronize()
+        if int(n_hits[0]) <= capacity:
+            break
+        wanted = int(n_hits[0])           # at most nq x SURVIVOR_CAPACITY; the survivors are kept: step 4 again
+    distances, out_ids = group_and_sort(s, keys, ids, owners, int(n_hits[0]), found, hits.ptr, larger)
+    return found.astype(np.int64), distances, out_ids, np.flatnonzero(survivors > rs.SURVIVOR_CAPACITY)
 
 
 __all__ = ["applies", "radius_thresholds", "screened", "float32_up", "gamma"]

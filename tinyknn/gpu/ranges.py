@@ -23,12 +23,11 @@ import numpy as np
 from ..inputs.validate import check_values
 from ..jit import render
 from . import range_screen
-from .hit_pool import group_and_sort, merge_answers, offsets, segment_sizes, sort_segments
+from .hit_pool import HIT_BYTES, group_and_sort, merge_answers, offsets, segment_sizes, sort_segments
 
 POOL_FIRST = 1 << 16            # hits the pool holds at first, at the least (grown to the count when a chunk
 POOL_PER_QUERY = 1024           # overflows it), or this many a query (a second pass costs a whole search)
 POOL_MAX_BYTES = 256 << 20      # a chunk of queries with more hits than this is split
-HIT_BYTES = 8 + 8 + 4           # a pool entry: key, id, query
 KEY_CHUNK_BYTES = 512 << 20     # k beyond the lists: every row's key and the k best, per chunk of queries
 MAX_GRID_Y = 65535              # range_kernel's grid.y is queries / QB
 MAX_SEGMENT = 1 << 30           # segment_sort_kernel's sizes are int
@@ -175,7 +174,8 @@ def _range_chunk(searcher, queries: np.ndarray, radius_key: float, capacity: int
         n_hits = int(hits[0])
         if n_hits > capacity:
             return n_hits
-        distances, ids = group_and_sort(searcher, pool_keys, pool_ids, pool_queries, n_hits, found, counts, larger)
+        distances, ids = group_and_sort(searcher, pool_keys.ptr, pool_ids.ptr, pool_queries.ptr, n_hits, found,
+                                        counts.ptr, larger)
         return found.astype(np.int64), distances, ids
     finally:
         for buffer in buffers:
