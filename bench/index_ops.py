@@ -319,7 +319,7 @@ def ranges(b: Bench) -> None:
                      "oracle": exact.backend, "ids_agree": float(np.mean(agree)), "distances_bitwise": bool(bitwise)})
     if b.args.device == "cuda":
         screened["range_kernel_alone_ms"] = range_block_sweep(b, q, radius, (lims, distances, ids)) * 1e3
-    print(f"range search: {screened}", flush=True)
+        print(f"range search: {screened}", flush=True)
     b.row("range search ~100 hits, 1,000 queries: time vs search(k=100)", seconds / knn, "x", "<=", 1.5, "cuda",
           radius=radius, range_ms=seconds * 1e3, knn_ms=knn * 1e3, hits_mean=float(counts.mean()),
           hits_median=float(np.median(counts)), hits_max=int(counts.max()), **screened)
