@@ -204,7 +204,8 @@ def _select_chunk(searcher, queries: np.ndarray, take: int, segment: int, larger
         select = searcher._kernel(render.selection_spec("select", searcher._arch))
         select.prepare(keys.ptr, searcher._pointer(view.prefix + "ids"), n, take, segment, best_keys.ptr,
                        best_ids.ptr).launch(n_queries, select.threads, 0, stream)
-        sort_segments(searcher, n_queries, best_keys.ptr, best_ids.ptr, device_places, device_takes.ptr, larger, out_d.ptr, out_i.ptr)
+        sort_segments(searcher, n_queries, best_keys.ptr, best_ids.ptr, device_places, device_takes.ptr, larger,
+                      out_d.ptr, out_i.ptr)
         out_d.copy_to_host(distances, distances.nbytes, stream)
         out_i.copy_to_host(ids, ids.nbytes, stream)
         stream.synchronize()
