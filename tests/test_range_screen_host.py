@@ -152,3 +152,17 @@ def test_range_survivors_spec_names_its_kernel():
     assert [s.variant for s in specs] == ["screen_hopper", "screen_tiles", "screen", "screen_queries", "screen_rows",
                                           "range_survivors"]
     assert "screen_hopper" not in [s.variant for s in render_screen.specs_for_range_screen("l2", "uint8", "sm_80", 128)]
+
+
+@pytest.mark.nvrtc
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_range_survivors_kernel_needs_no_local_memory(arch):
+    """Every metric and stored dtype's step 4 compiles with a 0-byte stack and no spills (without the
+    launch bound's one block per SM, ptxas capped it at 32 registers and spilled)."""
+    from tinyknn.jit.cache import get_cubin
+
+    for metric in ("l2", "ip", "cosine"):
+        for dtype in ("float32", "float16", "bfloat16", "int8", "uint8"):
+            spec = render_screen.step_spec("range_survivors", metric, dtype, 0, arch)
+            report = get_cubin(spec).reports[render.name_expression(spec)]
+            assert (report.stack_bytes, report.spill_bytes) == (0, 0), (metric, dtype, report)
