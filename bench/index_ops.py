@@ -84,8 +84,12 @@ def warm_kernels(dim: int) -> float:
     from tinyknn.jit import render
     from tinyknn.jit.cache import get_cubin
 
+    from tinyknn.jit import render_screen
+
     start, arch = time.perf_counter(), current_device().arch
     specs = {spec for k in (1, 10, 100, 2048) for spec in render.specs_for_search("l2", "float32", dim, k, arch)}
+    specs |= set(render_screen.specs_for_range_screen("l2", "float32", arch,
+                                                      render.row_layout(dim, "float16")[1]))
     with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(get_cubin, sorted(specs)))
     return time.perf_counter() - start
@@ -335,11 +339,16 @@ def radius_for(b: Bench, hits: int) -> float:
 
 
 def ranges(b: Bench) -> None:
-    """range_search with ~100 hits per query against search(k=100), 1,000 queries."""
+    """range_search with ~100 hits per query against search(k=100), 1,000 queries (on the GPU through the
+    tensor-core screen, the radius as its threshold; the queries it hands back, and range_kernel alone)."""
     q, radius = b.queries, radius_for(b, 100)
     knn = b.time("search_k100_1000q", lambda: b.index.search(q, 100))
     seconds = b.time("range_1000q", lambda: b.index.range_search(q, radius))
+    screen = getattr(b.index._searcher, "_screen", None)
+    before = (screen.range_queries, screen.range_fallbacks) if screen is not None else None
     lims, distances, ids = b.index.range_search(q, radius)
+    screened = {} if before is None else {"screened_queries": screen.range_queries - before[0],
+                                          "handed_back_queries": screen.range_fallbacks - before[1]}
     counts = np.diff(lims)
     nq = min(b.args.check_queries, len(q))
     k = int(counts[:nq].max()) + 1
@@ -353,27 +362,32 @@ def ranges(b: Bench) -> None:
     b.checks.append({"what": "range search (every hit, nothing else within the radius)", "queries": nq, "k": k,
                      "oracle": exact.backend, "ids_agree": float(np.mean(agree)), "distances_bitwise": bool(bitwise)})
     if b.args.device == "cuda":
-        range_block_sweep(b, q, radius)
+        screened["range_kernel_alone_ms"] = range_block_sweep(b, q, radius, (lims, distances, ids)) * 1e3
+        print(f"range search: {screened}", flush=True)
     b.row("range search ~100 hits, 1,000 queries: time vs search(k=100)", seconds / knn, "x", "<=", 1.5, "cuda",
           radius=radius, range_ms=seconds * 1e3, knn_ms=knn * 1e3, hits_mean=float(counts.mean()),
-          hits_median=float(np.median(counts)), hits_max=int(counts.max()))
+          hits_median=float(np.median(counts)), hits_max=int(counts.max()), **screened)
 
 
-def range_block_sweep(b: Bench, q: np.ndarray, radius: float) -> None:
-    """range_search's time with range_kernel's queries per block forced to each of QB_SWEEP (each row is read
-    once per block's queries; more queries hold more registers): kept in the timings, the answers checked
-    equal to the default's."""
+def range_block_sweep(b: Bench, q: np.ndarray, radius: float, want) -> float:
+    """range_search by range_kernel alone (the screen switched off), its queries per block forced to each of
+    QB_SWEEP (each row is read once per block's queries; more queries hold more registers) and left to
+    render's choice: kept in the timings, the answers checked equal to the screened ones (`want`). Returns the
+    median seconds of render's choice."""
     from tinyknn.gpu import ranges as gpu_ranges
 
-    want = b.index.range_search(q, radius)
+    searcher = b.index._searcher
+    searcher.use_screen = False
     try:
-        for qb in QB_SWEEP:
+        for qb in QB_SWEEP + (None,):
             gpu_ranges.QUERIES_PER_BLOCK = qb
             got = b.index.range_search(q, radius)
-            assert all(np.array_equal(g, w) for g, w in zip(got, want)), f"range search with QB = {qb} differs"
-            b.time(f"range_1000q_qb{qb}", lambda: b.index.range_search(q, radius))
+            assert all(np.array_equal(g, w) for g, w in zip(got, want)), f"range_kernel with QB = {qb} differs"
+            alone = b.time(f"range_1000q_rows_qb{qb or 'default'}", lambda: b.index.range_search(q, radius))
     finally:
         gpu_ranges.QUERIES_PER_BLOCK = None
+        del searcher.use_screen                   # the class's default again
+    return alone
 
 
 QB_SWEEP = (4, 8, 16, 32)

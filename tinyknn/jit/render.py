@@ -54,8 +54,8 @@ from .._paths import kernels_dir
 from ..spec import KernelSpec, parse_arch, parse_dim, parse_dtype, parse_k, parse_metric
 from . import render_screen
 
-_SCREEN_VARIANTS = ("screen", "screen_queries", "screen_rows", "threshold", "survivors", "screen_hopper",
-                    "screen_tiles")
+_SCREEN_VARIANTS = ("screen", "screen_queries", "screen_rows", "threshold", "survivors", "range_survivors",
+                    "screen_hopper", "screen_tiles")
 
 ENTRY_HEADER = "search.cuh"
 OPTIONS = ("-std=c++17",)
