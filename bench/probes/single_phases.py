@@ -188,7 +188,9 @@ def phases(stamps: np.ndarray, slices: int, tail_kernel: bool) -> dict:
         d = (clk[:, blocks, P[b]] - clk[:, blocks, P[a]]) / ghz / 1e3
         return float(np.median(np.median(d, axis=1))), float(np.median(d.max(axis=1)))
 
-    out = {"clock_ghz": float(ghz)}
+    seen = np.unique(gt[:, blocks, :P["arrived"] + 1])
+    seen = np.diff(seen[seen > 0])
+    out = {"clock_ghz": float(ghz), "globaltimer_tick_ns": int(seen[seen > 0].min()) if (seen > 0).any() else None}
     for name, (a, b) in {"query": ("start", "query"), "stream": ("query", "streamed"),
                          "slice_select": ("streamed", "listed")}.items():
         out[f"{name}_us"], out[f"{name}_max_us"] = per_block(a, b)
@@ -237,7 +239,9 @@ def run_shape(label, n, dim, cubins, spec, variants, launches, n_check, rng) -> 
     result = {"n": n, "dim": dim, "k": K, "runs": []}
     with tinyknn.Index(dim, "l2", "float32", device="cuda") as index:
         index.add(db)
+        reruns = index._searcher.exact_reruns
         expected = [index.search(queries[i:i + 1], K) for i in range(n_check)]
+        lib_unproven = index._searcher.exact_reruns - reruns     # the library's band searches among them
         if n <= 100_000:     # the library itself against the float64 oracle
             ref_d, ref_i = reference.exact_search(db, queries, K, "l2")
             assert all(np.array_equal(expected[i][1][0], ref_i[i]) and np.array_equal(expected[i][0][0], ref_d[i])
@@ -252,6 +256,7 @@ def run_shape(label, n, dim, cubins, spec, variants, launches, n_check, rng) -> 
         stream = searcher._stream
         lib_values = batch.plan.main.values()
         result["library"] = {"slices": batch.plan.slices, "rows_per_slice": batch.plan.rows_per_slice,
+                             "unproven": lib_unproven,
                              "kernel_us": events_us(lambda: batch.plan.launch(stream), stream, launches)}
         stride = render.row_layout(dim, "float32")[1]
         kl = spec.param("kl")
@@ -349,11 +354,11 @@ def main() -> int:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "single_phases.json").write_text(json.dumps(payload, indent=1))
     wrong = [(label, run["variant"], run["slices"]) for label, shape in payload["shapes"].items()
-             for run in shape["runs"] if run["differ"]]
+             for run in shape["runs"] if run["differ"] or run["unproven"] > shape["library"]["unproven"]]
     if wrong:
-        print(f"FAILED: answers that differ from the library's (not exact): {wrong}")
+        print(f"FAILED: answers that differ from the library's, or more of them unproven: {wrong}")
         return 1
-    print("every proven answer of every variant is the library's, bit for bit")
+    print("every variant proved as many answers as the library, each the library's bit for bit")
     return 0
 
 
