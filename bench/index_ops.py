@@ -9,7 +9,10 @@ queries (`--sections` picks some of them: removal,ranges,large_k are the GPU sel
 and out (so every call returns synchronised), host clock, medians after warm-up. Every row says what it
 measured, its target, whether the issue states that target for this device, and whether it is met; a
 few answers of every kind are checked against the float64 oracle (bench/oracle.py), ids and distance
-bits. The threads target is tests/test_index_concurrency.py (TINYKNN_STRESS_SECONDS=30).
+bits. The threads target is tests/test_index_concurrency.py (TINYKNN_STRESS_SECONDS=30). `--pytest "FILES"` runs
+those tests first (`pytest -x -q`, the log into --out-dir; the run's exit status is theirs when they fail, after
+the measurements): one device command checks and measures. On the GPU the filtered section also times the searcher alone over random allow-lists
+of several sizes and a run, read in place and gathered (`filter_sweep` in the JSON's timings).
 
 Length: one section per row of the targets' table, each with its own checks, in the one script the docs cite.
 """
@@ -17,8 +20,10 @@ Length: one section per row of the targets' table, each with its own checks, in 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,6 +55,9 @@ def parse_args(argv=None):
     add("--removals", type=int, default=5, help="removals of 1 %% timed (each re-added afterwards)")
     add("--seed", type=int, default=0)
     add("--note", default="", help="free text stored in the results")
+    add("--pytest", default="", help="pytest arguments to run first (-x -q added; log in --out-dir); when they "
+        "fail the run still measures, then exits with pytest's status")
+    add("--pytest-timeout", type=float, default=420.0, help="seconds the tests may take (default 420; then status 124)")
     add("--sections", default=",".join(s.__name__ for s in SECTIONS),
         help="comma-separated sections to run (default: all of " + ",".join(s.__name__ for s in SECTIONS) + ")")
     args = parser.parse_args(argv)
@@ -76,8 +84,12 @@ def warm_kernels(dim: int) -> float:
     from tinyknn.jit import render
     from tinyknn.jit.cache import get_cubin
 
+    from tinyknn.jit import render_screen
+
     start, arch = time.perf_counter(), current_device().arch
     specs = {spec for k in (1, 10, 100, 2048) for spec in render.specs_for_search("l2", "float32", dim, k, arch)}
+    specs |= set(render_screen.specs_for_range_screen("l2", "float32", arch,
+                                                      render.row_layout(dim, "float16")[1]))
     with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(get_cubin, sorted(specs)))
     return time.perf_counter() - start
@@ -179,14 +191,50 @@ def filtered(b: Bench) -> None:
             given = kwargs(q)
             seconds = b.time(f"{kind}_{nq}q", lambda: b.index.search(q, 10, **given))
             b.row(f"filtered 1 % by {kind}, {nq:,} {'query' if nq == 1 else 'queries'}: speed-up", plain / seconds,
-                  "x", ">=", 5.0, "cpu+cuda", filtered_ms=seconds * 1e3, unfiltered_ms=plain * 1e3,
-                  allowed_rows=len(rows))
+                  "x", ">=", 5.0 if nq == 1 else 10.0, "cpu+cuda", filtered_ms=seconds * 1e3,
+                  unfiltered_ms=plain * 1e3, allowed_rows=len(rows))
+    b.time("allow_list_ids_to_rows", lambda: b.index._ids.rows_present(allow))     # the Index's share of it
+    if b.args.device == "cuda":
+        filter_sweep(b)
+
+
+SWEEP_ROWS = (100, 1_000, 10_000, 100_000)      # allow-list sizes of filter_sweep (random rows), and one run
+
+
+def filter_sweep(b: Bench) -> None:
+    """The GPU searcher alone, k = 10, 1 and 1,000 queries: random allow-lists of SWEEP_ROWS rows and a run of 1 %
+    of the rows, each read in place (a view or the position list) and gathered (read_in_place off: the copy the
+    filtered search made before); both answers must be equal. Says where the gather is faster, if anywhere."""
+    searcher, n = b.index._searcher, b.args.rows
+    sets = [(f"random {m:,}", np.sort(b.rng.choice(n, m, replace=False))) for m in SWEEP_ROWS if m < n]
+    sets.append((f"run of {n // 100:,}", np.arange(n // 3, n // 3 + n // 100)))
+    sweep = {}
+    for name, rows in sets:
+        for nq in (1, 1000):
+            q = b.queries[:nq]
+            in_place = searcher.search(q, 10, rows=rows)
+            searcher.read_in_place = False
+            try:
+                gathered = searcher.search(q, 10, rows=rows)
+                gathered_s = b.time(f"sweep {name} {nq}q gathered", lambda: searcher.search(q, 10, rows=rows))
+            finally:
+                searcher.read_in_place = True
+            in_place_s = b.time(f"sweep {name} {nq}q in place", lambda: searcher.search(q, 10, rows=rows))
+            sweep[f"{name}, {nq}q"] = {"in_place_ms": in_place_s * 1e3, "gathered_ms": gathered_s * 1e3,
+                                       "equal": bool(np.array_equal(in_place[1], gathered[1]) and np.array_equal(
+                                           in_place[0].view(np.uint32), gathered[0].view(np.uint32)))}
+            print(f"filter sweep {name}, {nq} q: in place {in_place_s * 1e3:.3f} ms, gathered {gathered_s * 1e3:.3f} "
+                  f"ms, equal {sweep[f'{name}, {nq}q']['equal']}", flush=True)
+    b.timings["filter_sweep"] = sweep
+    b.checks.append({"what": "filter sweep: in place equals gathered (ids and distance bits)", "queries": 1000,
+                     "k": 10, "ids_agree": float(np.mean([v["equal"] for v in sweep.values()])),
+                     "distances_bitwise": all(v["equal"] for v in sweep.values())})
 
 
 def label_layout(b: Bench, limit: int = 10_000) -> None:
     """One-query searches of label 0, 1, 2, ... until the index puts each label's rows together
     (tinyknn.index.layout: once the scattered rows read add up to the index's rows; searchers with permute_rows
-    only, the CPU's), each timed: how many it took, their median, and the one that paid for the reorder."""
+    only, the CPU's and the GPU's), each timed: how many it took, their median, and the one that paid for the reorder."""
     layout, q = b.index._layout, b.queries[:1]
     if not hasattr(b.index._searcher, "permute_rows"):
         b.timings["label_layout"] = {"reorders": layout.reorders, "note": "this device's searcher keeps its order"}
@@ -291,11 +339,16 @@ def radius_for(b: Bench, hits: int) -> float:
 
 
 def ranges(b: Bench) -> None:
-    """range_search with ~100 hits per query against search(k=100), 1,000 queries."""
+    """range_search with ~100 hits per query against search(k=100), 1,000 queries (on the GPU through the
+    tensor-core screen, the radius as its threshold; the queries it hands back, and range_kernel alone)."""
     q, radius = b.queries, radius_for(b, 100)
     knn = b.time("search_k100_1000q", lambda: b.index.search(q, 100))
     seconds = b.time("range_1000q", lambda: b.index.range_search(q, radius))
+    screen = getattr(b.index._searcher, "_screen", None)
+    before = (screen.range_queries, screen.range_fallbacks) if screen is not None else None
     lims, distances, ids = b.index.range_search(q, radius)
+    screened = {} if before is None else {"screened_queries": screen.range_queries - before[0],
+                                          "handed_back_queries": screen.range_fallbacks - before[1]}
     counts = np.diff(lims)
     nq = min(b.args.check_queries, len(q))
     k = int(counts[:nq].max()) + 1
@@ -309,27 +362,32 @@ def ranges(b: Bench) -> None:
     b.checks.append({"what": "range search (every hit, nothing else within the radius)", "queries": nq, "k": k,
                      "oracle": exact.backend, "ids_agree": float(np.mean(agree)), "distances_bitwise": bool(bitwise)})
     if b.args.device == "cuda":
-        range_block_sweep(b, q, radius)
+        screened["range_kernel_alone_ms"] = range_block_sweep(b, q, radius, (lims, distances, ids)) * 1e3
+        print(f"range search: {screened}", flush=True)
     b.row("range search ~100 hits, 1,000 queries: time vs search(k=100)", seconds / knn, "x", "<=", 1.5, "cuda",
           radius=radius, range_ms=seconds * 1e3, knn_ms=knn * 1e3, hits_mean=float(counts.mean()),
-          hits_median=float(np.median(counts)), hits_max=int(counts.max()))
+          hits_median=float(np.median(counts)), hits_max=int(counts.max()), **screened)
 
 
-def range_block_sweep(b: Bench, q: np.ndarray, radius: float) -> None:
-    """range_search's time with range_kernel's queries per block forced to each of QB_SWEEP (each row is read
-    once per block's queries; more queries hold more registers): kept in the timings, the answers checked
-    equal to the default's."""
+def range_block_sweep(b: Bench, q: np.ndarray, radius: float, want) -> float:
+    """range_search by range_kernel alone (the screen switched off), its queries per block forced to each of
+    QB_SWEEP (each row is read once per block's queries; more queries hold more registers) and left to
+    render's choice: kept in the timings, the answers checked equal to the screened ones (`want`). Returns the
+    median seconds of render's choice."""
     from tinyknn.gpu import ranges as gpu_ranges
 
-    want = b.index.range_search(q, radius)
+    searcher = b.index._searcher
+    searcher.use_screen = False
     try:
-        for qb in QB_SWEEP:
+        for qb in QB_SWEEP + (None,):
             gpu_ranges.QUERIES_PER_BLOCK = qb
             got = b.index.range_search(q, radius)
-            assert all(np.array_equal(g, w) for g, w in zip(got, want)), f"range search with QB = {qb} differs"
-            b.time(f"range_1000q_qb{qb}", lambda: b.index.range_search(q, radius))
+            assert all(np.array_equal(g, w) for g, w in zip(got, want)), f"range_kernel with QB = {qb} differs"
+            alone = b.time(f"range_1000q_rows_qb{qb or 'default'}", lambda: b.index.range_search(q, radius))
     finally:
         gpu_ranges.QUERIES_PER_BLOCK = None
+        del searcher.use_screen                   # the class's default again
+    return alone
 
 
 QB_SWEEP = (4, 8, 16, 32)
@@ -348,8 +406,29 @@ def large_k(b: Bench) -> None:
 SECTIONS = (add_one, filtered, removal, ranges, large_k)
 
 
+def run_tests(args) -> int:
+    """`pytest -x -q` over args.pytest, its output into --out-dir/index_ops_pytest.log and the terminal's tail."""
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    log = args.out_dir / "index_ops_pytest.log"
+    started = time.perf_counter()
+    command = [sys.executable, "-m", "pytest", "-x", "-q", *shlex.split(args.pytest)]
+    try:
+        done = subprocess.run(command, cwd=HERE.parent, capture_output=True, text=True, timeout=args.pytest_timeout)
+        output, status = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        output = "".join(part.decode(errors="replace") if isinstance(part, bytes) else (part or "")
+                         for part in (exc.stdout, exc.stderr))
+        output, status = output + f"\n--pytest-timeout {args.pytest_timeout:g} s passed\n", 124
+    log.write_text(output)
+    print(output[-3000:], flush=True)
+    print(f"pytest {args.pytest}: exit status {status} in {time.perf_counter() - started:.0f} s (log {log})",
+          flush=True)
+    return status
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    tests_status = run_tests(args) if args.pytest else 0
     env = _common.environment()
     if args.device == "cpu":       # name the file after the CPU even on a GPU host (the GPU is not used)
         env["gpu_on_host"], env["cuda_device"] = env.get("cuda_device"), {"available": False, "reason": "--device cpu"}
@@ -367,11 +446,14 @@ def main(argv=None) -> int:
             _common.write_results("index_ops", report.payload(bench), None, env, args.out_dir)
     except KeyboardInterrupt:
         interrupted = True
-    paths = _common.write_results("index_ops", {**report.payload(bench), "interrupted": interrupted},
+    paths = _common.write_results("index_ops", {**report.payload(bench), "interrupted": interrupted,
+                                                "pytest": {"args": args.pytest, "exit_status": tests_status}},
                                   report.plot(bench), env, args.out_dir)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     print(report.markdown(bench))
-    return 0
+    if tests_status:
+        print(f"FAILED: pytest {args.pytest} exited with status {tests_status} (log in {args.out_dir})", flush=True)
+    return tests_status
 
 
 def _interrupt(signum, frame):

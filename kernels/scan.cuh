@@ -9,11 +9,14 @@ namespace tinyknn {
 // Each block reads its slice of the database once for QB queries. G lanes share a row (CPL 16-byte
 // loads each), so a warp covers 32 / G rows per step; each warp keeps a list per query (WarpLists), and the
 // block's warps merge their lists (warp q % WARPS merges query q) before writing them.
-template <class Metric, class T, int DIM, int K, int QB, int G, int WARPS, int SMEM>
+// LISTED: only the rows named by `listed_rows` (sorted int32 positions, n_data of them) are read, as in
+// single_kernel: the slices split the list and the lists hold the stored rows' positions.
+template <class Metric, class T, int DIM, int K, int QB, int G, int WARPS, int SMEM, bool LISTED = false>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 scan_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms, long long n_data,
             long long rows_per_slice, const float* __restrict__ queries, int n_queries, int /*row_stride: STRIDE*/,
-            float* __restrict__ out_keys, int* __restrict__ out_positions, unsigned* __restrict__ bounds) {
+            float* __restrict__ out_keys, int* __restrict__ out_positions, unsigned* __restrict__ bounds,
+            const int* __restrict__ listed_rows) {
   using Layout = RowLayout<T, DIM>;
   static_assert(is_pow2(G) && G <= 32, "G (lanes per row) must be a power of two <= 32");
   constexpr int CPL = (Layout::CHUNKS + G - 1) / G;            // chunks per lane
@@ -56,10 +59,12 @@ scan_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms
   for (int base = (int)begin + warp * ROWS_PER_STEP; base < (int)end; base += WARPS * ROWS_PER_STEP) {
     const int row = base + lane / G;   // positions are int32: the searcher keeps n_data < 2^31
     const bool valid = row < end;
+    int at = row;       // the stored row: the slice's row itself, or where the list names it
+    if constexpr (LISTED) at = valid ? __ldg(listed_rows + row) : 0;
     uint4 raw[CPL];
-    load_row_chunks<T, DIM, G, CPL>(data, row, valid, part, raw);
+    load_row_chunks<T, DIM, G, CPL>(data, at, valid, part, raw);
     float data_inv = 1.0f;
-    if constexpr (Metric::needs_norms) data_inv = valid ? __ldg(data_inv_norms + row) : 0.0f;
+    if constexpr (Metric::needs_norms) data_inv = valid ? __ldg(data_inv_norms + at) : 0.0f;
     float bound[QB];   // what the other slices already guarantee for each query (see read_bound)
 #pragma unroll
     for (int q = 0; q < QB; ++q) bound[q] = q < queries_here ? read_bound(bounds + q0 + q) : 0.0f;
@@ -78,7 +83,7 @@ scan_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms
       const float key = to_key<Metric>(Metric::finish(sum, query_inv_q, data_inv));
       keys[q][0] = (valid && part == 0 && key < bound[q]) ? key : positive_infinity();
     }
-    const unsigned changed = lists.offer(keys, row);
+    const unsigned changed = lists.offer(keys, at);
     if (changed) {
 #pragma unroll
       for (int q = 0; q < QB; ++q) {

@@ -1,7 +1,8 @@
 // tinyknn: the steps around the tensor-core screen (screen.cuh) that make a search of it: the queries
 // rounded to the screen's element type with their error terms, the rows' terms (and a float32 index's
 // 16-bit shadow), the threshold from the threshold mode's upper bounds, and the exact verification of
-// the survivors. Part of the GPU kernel templates; see tinyknn/gpu/screen.py for the order.
+// the survivors (a search's k best, or a range search's hits). Part of the GPU kernel templates; see
+// tinyknn/gpu/screen.py for the order (range search: tinyknn/gpu/range_screen.py).
 #pragma once
 #include "screen.cuh"
 #include "verify.cuh"
@@ -204,6 +205,46 @@ verify_survivors_kernel(const int* __restrict__ survivors, const int* __restrict
     out_ids[q * K + j] = real ? row_ids[j] : -1;
   }
   if (threadIdx.x == 0) status[q] = 0;
+}
+
+
+// Range search's step 4 (tinyknn/gpu/range_screen.py), one block per query: the screen ran with the query's
+// radius as its threshold (in key units, rounded so that every row strictly inside the radius survives), so
+// the rows strictly inside are among its survivors. Each survivor's contract distance (exact.cuh, as
+// range_kernel computes it) is a hit when its key is strictly inside: key < radius_key (l2: distance <
+// radius; ip, cosine: similarity > radius, key = -similarity). Hits go to range_kernel's pool (select.cuh
+// groups and sorts it): a hit takes the next of `capacity` entries (key, id, query) through *total, which
+// keeps counting past the capacity so the host can tell and run this step again with more room; hits[q]
+// counts the query's. A query whose survivors overflowed CAP (counts[q] > CAP) is skipped, hits[q] = 0: the
+// host searches it with range_kernel.
+template <class Metric, class T, int CAP>
+__global__ void __launch_bounds__(256, 1)
+range_survivors_kernel(const int* __restrict__ survivors, const int* __restrict__ counts,
+                       const long long* __restrict__ ids, const T* __restrict__ data, const float* __restrict__ queries,
+                       int row_stride, int dim, double radius_key, long long capacity, double* __restrict__ out_keys,
+                       long long* __restrict__ out_ids, int* __restrict__ pool_queries, unsigned* __restrict__ hits,
+                       unsigned long long* __restrict__ total) {
+  __shared__ double query_qq;
+  const int q = blockIdx.x;
+  const int count = counts[q];
+  if (count > CAP) return;
+  const float* query = queries + (long long)q * row_stride;
+  if (threadIdx.x == 0) query_qq = Metric::needs_norms ? exact_squares(query, dim) : 0.0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+    const int position = survivors[(long long)q * CAP + i];
+    const double key = exact_key<Metric>(
+        exact_distance_by_chunks<Metric>(query, data + (long long)position * row_stride, dim, query_qq));
+    if (key < radius_key) {
+      const unsigned long long slot = atomicAdd(total, 1ull);
+      atomicAdd(hits + q, 1u);
+      if (slot < (unsigned long long)capacity) {
+        out_keys[slot] = key;
+        out_ids[slot] = __ldg(ids + position);
+        pool_queries[slot] = q;
+      }
+    }
+  }
 }
 
 }  // namespace tinyknn

@@ -41,15 +41,19 @@ struct ShadowKeyBound {
 // they fit in CMAX entries): one launch instead of two.
 // S: the element type streamed from `scan_rows` (T itself, or float16 for a float32 index's shadow with
 // Bound = ShadowKeyBound); the verify step reads the stored rows `data` (T) at the lists' positions.
+// LISTED: the search reads only the rows named by `listed_rows` (sorted int32 positions of a filter's allowed
+// rows, n_data of them): the slices split the list, each row is loaded where the list names it, and the lists
+// hold those positions, so the verify step reads the stored rows as it does unfiltered. A row the list does
+// not name is never loaded. Without LISTED, `listed_rows` is unused and the kernel is the unfiltered one.
 template <class Metric, class Bound, class T, class S, int DIM, int K, int KL, int G, int WARPS, int RMAX, int UNROLL,
-          int CMAX, int SMEM>
+          int CMAX, int SMEM, bool LISTED = false>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const float* __restrict__ data_inv_norms,
               long long n_data, long long rows_per_slice, const float* __restrict__ queries,
               const long long* __restrict__ ids, float* out_keys, int* out_positions,
               float* __restrict__ out_distances, long long* __restrict__ out_ids, unsigned* arrivals,
               const unsigned* __restrict__ row_stats, int* __restrict__ status, double* __restrict__ threshold,
-              int dim) {
+              int dim, const int* __restrict__ listed_rows) {
   using Layout = RowLayout<S, DIM>;                             // the streamed rows
   constexpr int STORED_STRIDE = RowLayout<T, DIM>::STRIDE;    // the stored rows (verify)
   static_assert(is_pow2(G) && G <= 32, "G (lanes per row) must be a power of two <= 32");
@@ -94,12 +98,15 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   for (int base = (int)begin + warp * ROWS_PER_STEP; base < (int)end; base += UNROLL * WARPS * ROWS_PER_STEP) {
     uint4 raw[UNROLL][CPL];
     float data_inv[UNROLL];
+    int at[UNROLL];     // the stored row: the slice's row itself, or where the list names it
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int row = base + u * WARPS * ROWS_PER_STEP + lane / G;
-      load_row_chunks<S, DIM, G, CPL>(scan_rows, row, row < end, part, raw[u]);
+      at[u] = row;
+      if constexpr (LISTED) at[u] = row < end ? __ldg(listed_rows + row) : 0;
+      load_row_chunks<S, DIM, G, CPL>(scan_rows, at[u], row < end, part, raw[u]);
       data_inv[u] = 1.0f;
-      if constexpr (Metric::needs_norms) data_inv[u] = row < end ? __ldg(data_inv_norms + row) : 0.0f;
+      if constexpr (Metric::needs_norms) data_inv[u] = row < end ? __ldg(data_inv_norms + at[u]) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -112,7 +119,7 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
       const float sum = sum_over_lanes<G>(even + odd);
       if (row < end && part == 0) {
         row_keys[row - begin] = to_key<Metric>(Metric::finish(sum, query_inv_q, data_inv[u]));
-        row_positions[row - begin] = row;
+        row_positions[row - begin] = at[u];
       }
     }
   }

@@ -11,6 +11,9 @@ namespace tinyknn {
 // queries [w * TQ, (w + 1) * TQ) against all BN rows, lane l rows [l * TN, (l + 1) * TN): a TQ x TN
 // register tile, like a GEMM. So a warp ends a tile holding every candidate of its own queries and
 // offers them straight to its per-query lists: no distance tile, no extra barrier.
+// LISTED: only the rows named by `listed_rows` (sorted int32 positions, n_data of them) are read: the slices
+// and tiles split the list, each thread looks up its rows' positions once a tile, and the lists (which hold
+// list entries while the tiles go by) are written as the stored rows' positions.
 template <int N>
 TINYKNN_D void load_shared(const float* from, float (&to)[N]) {
   if constexpr (N % 4 == 0) {
@@ -35,11 +38,13 @@ TINYKNN_D void load_shared(const float* from, float (&to)[N]) {
 // run-time value here: row_stride (elements per padded row, a multiple of 16 bytes) serves every dim.
 // REGISTER_LISTS: the warp's TQ lists in registers (when TQ * padded k <= 256) or in shared memory;
 // shared lists leave the registers to the tile, which keeps two blocks resident per SM.
-template <class Metric, class T, int K, int BQ, int BN, int WARPS, int DEPTH, bool REGISTER_LISTS, int SMEM>
+template <class Metric, class T, int K, int BQ, int BN, int WARPS, int DEPTH, bool REGISTER_LISTS, int SMEM,
+          bool LISTED = false>
 __global__ void __launch_bounds__(WARPS * 32, 2)
 tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norms, long long n_data,
              long long rows_per_slice, const float* __restrict__ queries, int n_queries, int row_stride,
-             float* __restrict__ out_keys, int* __restrict__ out_positions, unsigned* __restrict__ bounds) {
+             float* __restrict__ out_keys, int* __restrict__ out_positions, unsigned* __restrict__ bounds,
+             const int* __restrict__ listed_rows) {
   constexpr int PER_CHUNK = Chunk<T>::N;
   constexpr int THREADS = WARPS * 32;
   constexpr int TN = BN / 32, TQ = BQ / WARPS;
@@ -101,9 +106,21 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
 
   float4 q_next[Q_LOADS];
   uint4 x_next[X_LOADS];
+  int fetch_at[X_LOADS];          // LISTED: the stored rows of this thread's loads in the tile being fetched
+  int fetch_tile = -1;
   auto fetch = [&](int tile, int step) {
     const long long row0 = begin + (long long)tile * BN;
     const int k0 = step * DEPTH;
+    if constexpr (LISTED) {
+      if (tile != fetch_tile) {
+        fetch_tile = tile;
+#pragma unroll
+        for (int i = 0; i < X_LOADS; ++i) {
+          const long long row = row0 + (threadIdx.x + i * THREADS) / X_PER_ROW;
+          fetch_at[i] = row < end ? __ldg(listed_rows + row) : 0;
+        }
+      }
+    }
 #pragma unroll
     for (int i = 0; i < Q_LOADS; ++i) {
       const int e = k0 + ((threadIdx.x + i * THREADS) % (DEPTH / 4)) * 4;
@@ -116,7 +133,8 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
       const long long row = row0 + unit / X_PER_ROW;
       const int c = k0 / PER_CHUNK + unit % X_PER_ROW;
       const bool ok = unit < X_UNITS && row < end && c < chunks;
-      x_next[i] = ok ? __ldg(data_chunks + row * chunks + c) : zero_chunk();
+      const long long at = LISTED ? (long long)fetch_at[i] : row;
+      x_next[i] = ok ? __ldg(data_chunks + at * chunks + c) : zero_chunk();
     }
   };
   auto stage = [&]() {
@@ -191,7 +209,8 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
       for (int j = 0; j < TN; ++j) {
         data_inv[j] = 1.0f;
         if constexpr (Metric::needs_norms || Metric::squared_row_norms) {
-          data_inv[j] = row0 + j < end ? __ldg(data_inv_norms + row0 + j) : 0.0f;
+          const long long at = LISTED && row0 + j < end ? __ldg(listed_rows + row0 + j) : row0 + j;
+          data_inv[j] = row0 + j < end ? __ldg(data_inv_norms + at) : 0.0f;
         }
       }
 #pragma unroll
@@ -224,6 +243,12 @@ tiled_kernel(const T* __restrict__ data, const float* __restrict__ data_inv_norm
     if (q < n_queries) {
       const long long out = ((long long)q * gridDim.x + blockIdx.x) * K;
       lists.store(t, out_keys + out, out_positions + out);
+      if constexpr (LISTED) {     // list entries -> stored rows: each lane its own entries, as store wrote them
+        for (int j = lane; j < K; j += 32) {
+          const int entry = out_positions[out + j];
+          if (entry >= 0) out_positions[out + j] = __ldg(listed_rows + entry);
+        }
+      }
     }
   }
 }

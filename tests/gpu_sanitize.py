@@ -10,7 +10,8 @@ l2 filter key, the verify step after every selection (small and large k, padding
 of unproven queries (far data, 40 tied copies), the single-query kernel (its last block verifies) and
 tiled blocks of 16, graph
 replay, float16 storage and every metric; then the tensor-core screen (float16, bfloat16, int8, uint8
-and a float32 index's float16 shadow), a filter (gathered rows), remove, get, range search and
+and a float32 index's float16 shadow), filters read in place (a position list read by the LISTED single, scan and
+tiled kernels; a run of rows as a view), the rows permuted on the device, remove, get, range search and
 k > 2,048 (SCREEN_AND_OPS). Each result is checked against the float64 oracle
 (assert_exact), so a broken run also fails without the tool. Exit status 0
 means every search was correct.
@@ -75,9 +76,16 @@ def screen_and_ops(rng) -> None:
             distances, ids = index.search(q, k)
             assert_exact(distances, ids, db, q, k, metric, dtype)
             assert index._searcher._screen.queries > 0, "the screen did not run"
-            allowed = np.arange(0, n, 3)
-            distances, ids = index.search(q[:5], k, filter=allowed)
-            assert np.isin(ids, allowed).all()
+            for allowed in (np.arange(0, n, 3), np.arange(100, 900)):      # a position list; a run
+                for batch in (q[:1], q[:5], q):
+                    distances, ids = index.search(batch, k, filter=allowed)
+                    assert_exact(distances, ids, db[allowed], batch, k, metric, dtype, id_map=allowed)
+            order = rng.permutation(n)
+            with index._add_lock, index._view:                 # as LabelLayout.reorder does, ids in step
+                index._searcher.permute_rows(order)
+                index._ids.apply_permutation(order)
+                index._labels.apply_permutation(order)
+            assert_exact(*index.search(q, k), db, q, k, metric, dtype)
             index.remove(np.arange(0, n, 7))
             assert not np.isin(index.search(q[:3], k)[1], np.arange(0, n, 7)).any()
             assert np.array_equal(index.get([1, 2]), db[[1, 2]].astype(index._storage))

@@ -37,6 +37,8 @@ def test_a_removal_rebuilds_only_whole_index_host_batches():
     assert _whole_index_batch((1, 10, "host", False, Rows("", 1000)))
     assert _whole_index_batch((64, 2048, "host", True, Rows("", 5)))
     assert not _whole_index_batch((1, 10, "host", False, Rows("sub_", 10)))      # a filter's gathered rows
+    assert not _whole_index_batch((1, 10, "host", False, Rows("run", 10, 5)))    # a run of rows read in place
+    assert not _whole_index_batch((1, 10, "host", False, Rows("list", 10)))      # listed rows read in place
     assert not _whole_index_batch((1, 10, "host", False, Rows("", 1000), "plan"))  # a plan, not a batch
     assert not _whole_index_batch((1, 10, "device", False, Rows("", 1000)))
 

@@ -2,9 +2,11 @@
 (ptxas report), for sm_90 (the H100/H200 we ship for) and sm_80, plus the large-k kernels outside the
 manifest. Per arch: every kernel that does not depend on the dim, and a third of the (metric, dtype, dim, k)
 combinations for those that do (every value and every pair of values still appears), a different third for
-each arch, so the two together compile two thirds of the dim-dependent kernels. The Hopper screen (sm_90a
-only) compiles in a handful of variants: each element type, both tiles, both 8-bit conversions, both metrics'
-epilogues, and its per-tile bound.
+each arch, so the two together compile two thirds of the dim-dependent kernels. The filtered (LISTED)
+variants of the selection kernels, which differ from the others only in how a row is found, compile in
+each arch's third, on sm_80 the tiled kernel's only (with all of them the check took ~600 kernels an
+arch). The Hopper screen (sm_90a only) compiles in a handful of variants: each element type, both tiles,
+both 8-bit conversions, both metrics' epilogues, and its per-tile bound.
 
 The kernels go through tinyknn's own cubin cache (the user's cache folder, as at run time), whose entries
 keep each kernel's ptxas report under a key of its rendered source, options, arch and NVRTC version: a
@@ -33,6 +35,7 @@ EXTRA = [(m, t, d, k) for m in ("l2", "ip", "cosine") for t in ("float32", "floa
 
 
 THIRDS = {"sm_90": 0, "sm_80": 1}   # which third of the dim-dependent combinations each arch compiles
+LISTED_ARCH = "sm_90"                # the filtered (LISTED) selection kernels: their third on this arch only
 
 
 def _cover(combinations: list[tuple], third: int = 0) -> list[tuple]:
@@ -57,7 +60,9 @@ def _specs(arch: str) -> list:
             these = {name: spec for name, spec in these.items() if name in other}
         found.update(these)
     for combination in EXTRA:
-        found.update(specs(*combination))
+        found.update({name: spec for name, spec in specs(*combination).items() if not spec.param("listed", 0)})
+    if arch != LISTED_ARCH:      # elsewhere only the tiled kernel's (the one whose registers ran out on sm_80)
+        found = {name: spec for name, spec in found.items() if not spec.param("listed", 0) or spec.variant == "tiled"}
     return [found[name] for name in sorted(found)]
 
 

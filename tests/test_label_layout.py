@@ -2,7 +2,7 @@
 index put each label's rows together once they have read as many scattered rows as that costs; the reorder
 changes no answer, no id, no label and nothing saved, and one that cannot allocate changes nothing at all.
 
-Runs on the CPU searcher (the one with permute_rows) and on the model searcher (the Index's own logic)."""
+Runs on the CPU and GPU searchers (both have permute_rows) and on the model searcher (the Index's own logic)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,18 @@ from tinyknn.index import layout as _layout
 METRICS = ("l2", "ip", "cosine")
 
 
-@pytest.fixture(params=["model", "cpu"])
+@pytest.fixture(params=["model", "cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def backend(request, monkeypatch):
     if request.param == "model":
         use_model(monkeypatch)
     return request.param
 
 
-def scattered_index(rng, n=3000, dim=8, metric="l2", dtype="float32", labels=5):
+def device(backend: str) -> str:
+    return "cuda" if backend == "cuda" else "cpu"
+
+
+def scattered_index(rng, n=3000, dim=8, metric="l2", dtype="float32", labels=5, device="cpu"):
     """Random rows with random ids and labels (each label's rows scattered), some removed, some added again
     without a label: (index, {id: vector as stored}, {id: label})."""
     ids = rng.choice(10**9, n, replace=False).astype(np.int64)
@@ -34,7 +38,7 @@ def scattered_index(rng, n=3000, dim=8, metric="l2", dtype="float32", labels=5):
     if dtype in ("int8", "uint8"):
         x = np.clip(np.round(x * 30), -127, 127).astype(np.float32)
     row_labels = rng.integers(0, labels, n)
-    index = tinyknn.Index(dim, metric=metric, dtype=dtype)
+    index = tinyknn.Index(dim, metric=metric, dtype=dtype, device=device)
     index.add(x[:2500], ids=ids[:2500], labels=row_labels[:2500])
     index.add(x[2500:], ids=ids[2500:])
     gone = rng.choice(ids, 300, replace=False)
@@ -65,7 +69,7 @@ def label_rows_are_contiguous(index) -> bool:
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 @pytest.mark.parametrize("metric", METRICS)
 def test_a_reorder_changes_no_answer_id_label_or_file(backend, rng, metric, dtype):
-    index = scattered_index(rng, metric=metric, dtype=dtype)
+    index = scattered_index(rng, metric=metric, dtype=dtype, device=device(backend))
     seed = int(rng.integers(2**32))
     before, saved = answers(index, np.random.default_rng(seed)), io.BytesIO()
     assert not label_rows_are_contiguous(index)
@@ -90,7 +94,7 @@ def test_labelled_searches_reorder_once_the_scattered_reads_reach_the_rows(backe
     times the index's rows, the next labelled search reorders first; unfiltered and filter-only searches
     count nothing."""
     monkeypatch.setattr(_layout, "MIN_RUNS", 0)
-    index = scattered_index(rng)
+    index = scattered_index(rng, device=device(backend))
     q = rng.standard_normal((1, 8)).astype(np.float32)
     index.search(q, 5)
     index.search(q, 5, filter=index._ids.ids_of_rows()[::3])
@@ -102,7 +106,7 @@ def test_labelled_searches_reorder_once_the_scattered_reads_reach_the_rows(backe
         got = index.search(q, 5, labels=[label])
         want = index._labels.rows_of(label)              # (after the search: it may have reordered first)
         assert_exact(*got, index._searcher.get_rows(want).astype(np.float32)
-                     if backend == "cpu" else index._searcher.rows[want], q, 5, "l2",
+                     if backend != "model" else index._searcher.rows[want], q, 5, "l2",
                      id_map=index._ids.ids_of_rows()[want])
     due = _layout.REORDER_FACTOR * index.ntotal
     assert runs[-1] >= due and all(r < due for r in runs[:-1])
@@ -116,7 +120,7 @@ def test_labelled_searches_reorder_once_the_scattered_reads_reach_the_rows(backe
 def test_labels_added_together_never_reorder(backend, rng, monkeypatch):
     """Each label added in one batch: its rows are one run, nothing is scattered, nothing is reordered."""
     monkeypatch.setattr(_layout, "MIN_RUNS", 0)
-    index = tinyknn.Index(4)
+    index = tinyknn.Index(4, device=device(backend))
     for label in range(4):
         index.add(rng.standard_normal((50, 4)).astype(np.float32), labels=np.full(50, label))
     q = rng.standard_normal((3, 4)).astype(np.float32)
@@ -131,7 +135,7 @@ def test_a_reorder_that_cannot_allocate_changes_nothing(backend, rng, monkeypatc
     The warning is a RuntimeWarning pointing at the caller's search (it used to go to the "tinyknn" logger
     only, which has a NullHandler: nobody saw the warning the README promises)."""
     monkeypatch.setattr(_layout, "MIN_RUNS", 0)
-    index = scattered_index(rng)
+    index = scattered_index(rng, device=device(backend))
     seed = int(rng.integers(2**32))
     before, rows_before = answers(index, np.random.default_rng(seed)), index._labels.rows_of(2).copy()
 

@@ -95,6 +95,28 @@ def test_small_batches_get_small_tiled_blocks():
     assert wide.param("bq") % wide.param("warps") == 0
 
 
+def test_listed_kernels_are_their_own_specs_and_cache_warm_lists_them():
+    """A filtered search that reads a position list in place launches the LISTED instantiations (one more
+    template argument, `true`); the unfiltered specs and their name expressions are what they were; the verify
+    step after them is the unfiltered one; specs_for_search lists every listed kernel a search may pick."""
+    plain = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True)
+    listed = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, listed=True)
+    assert "listed" not in dict(plain.params) and listed.param("listed") == 1
+    assert render.name_expression(listed) == render.name_expression(plain)[:-1] + ", true>"
+    for make in (lambda **kw: render.scan_spec("ip", "float16", 96, 10, "sm_90", n_queries=3, **kw),
+                 lambda **kw: render.tiled_spec("l2", "int8", 96, 10, "sm_90", n_queries=1000, **kw)):
+        assert render.name_expression(make(listed=True)) == render.name_expression(make())[:-1] + ", true>"
+        assert render.verify_spec(make(listed=True)) == render.verify_spec(make())
+    every = set(render.specs_for_search("cosine", "float16", 96, 10, "sm_90"))
+    assert set(render.listed_specs("cosine", "float16", 96, 10, "sm_90")) <= every
+    for n in range(1, 70):
+        assert render.tiled_spec("cosine", "float16", 96, 10, "sm_90", n_queries=n, listed=True) in every
+        if n > 1:
+            assert render.scan_spec("cosine", "float16", 96, 10, "sm_90", n_queries=n, listed=True) in every
+    beyond = set(render.specs_for_search("l2", "float32", 96, 200, "sm_90"))
+    assert render.scan_spec("l2", "float32", 96, 200, "sm_90", n_queries=1, listed=True) in beyond
+
+
 def test_one_query_gets_a_scan_block_of_one():
     def block(n):
         return render.scan_spec("l2", "float32", 128, 10, "sm_90", n_queries=n).param("qb")
@@ -102,7 +124,7 @@ def test_one_query_gets_a_scan_block_of_one():
     assert [block(1), block(2), block(8), block(None)] == [1, 8, 8, 8]
     listed = render.specs_for_search("ip", "float16", 128, 10, "sm_90")
     assert {s.param("qb") for s in listed if s.variant == "scan"} == {8}       # one query: single_kernel
-    assert [s.k for s in listed if s.variant == "single"] == [10]
+    assert [s.k for s in listed if s.variant == "single" and not s.param("listed", 0)] == [10]
     beyond = render.specs_for_search("ip", "float16", 128, render.SINGLE_MAX_K + 1, "sm_90")
     assert 1 in {s.param("qb") for s in beyond if s.variant == "scan"}
     assert not [s for s in beyond if s.variant == "single"]
@@ -170,9 +192,10 @@ def test_one_query_on_a_float32_l2_index_may_stream_its_float16_shadow():
     assert shadow.param("kl") == 10 + render.SINGLE_SHADOW_MARGIN > plain.param("kl") and shadow.param("shadow") == 1
     assert shadow.param("lanes") <= plain.param("lanes")       # 16-byte chunks of half the bytes
     listed = render.specs_for_search("l2", "float32", 100, 10, "sm_90")
-    assert [s.param("shadow", 0) for s in listed if s.variant == "single"] == [0, 1]
+    assert [s.param("shadow", 0) for s in listed if s.variant == "single" and not s.param("listed", 0)] == [0, 1]
     for metric, dtype in (("ip", "float32"), ("cosine", "float32"), ("l2", "float16")):
-        assert len([s for s in render.specs_for_search(metric, dtype, 100, 10, "sm_90") if s.variant == "single"]) == 1
+        assert len([s for s in render.specs_for_search(metric, dtype, 100, 10, "sm_90")
+                    if s.variant == "single" and not s.param("listed", 0)]) == 1
     with pytest.raises(ValueError, match="float32 index streams a float16 shadow; got dtype 'float16'"):
         render.single_spec("l2", "float16", 100, 10, "sm_90", shadow=True)
     with pytest.raises(ValueError, match="for l2 only; got metric 'ip'"):

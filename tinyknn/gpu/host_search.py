@@ -70,10 +70,17 @@ class HostQueries:
         is within the query's threshold (its k-th candidate's key, an upper bound of the true k-th), found
         by band_kernel over the queries still in the 'queries' buffer, then sorted here by (key, id).
         Rare (near-ties beyond the margin), so its buffers are allocated per call."""
+        view = self._view
+        if view.prefix == "list":     # the listed rows gathered into the "sub_" buffers, searched there
+            self._copy_rows(self._listed, None, "sub_")
+            self._view = type(view)("sub_", view.n)     # searcher.Rows
+            try:
+                return self._band(which, k)
+            finally:
+                self._view = view
         self.exact_reruns += len(which)
         loaded = self._kernel(render.band_spec(self.metric, self.dtype, self._arch))
         f = len(which)
-        view = self._view
         blocks = max(1, min(math.ceil(view.n / plans.ROW_KERNEL_THREADS), self._sm_count * 8))
         capacity = max(BAND_MIN_CAPACITY, 4 * k)
         which_buffer, counts = self._scratch("the exact band of unproven queries", f * 4, f * 4)
@@ -83,7 +90,7 @@ class HostQueries:
                 keys, band_ids = self._scratch("the exact band of unproven queries", f * capacity * 8,
                                                f * capacity * 8)
                 counts.fill_bytes(0, f * 4, self._stream)
-                launch = loaded.prepare(self._pointer(view.prefix + "data"), self._pointer(view.prefix + "ids"), view.n,
+                launch = loaded.prepare(view.pointer(self, "data"), view.pointer(self, "ids"), view.n,
                                         self._stride, self.dim,
                                         self._pointer("queries"), which_buffer.ptr, self._pointer("thresholds"),
                                         capacity, keys.ptr, band_ids.ptr, counts.ptr)
@@ -130,20 +137,22 @@ class HostQueries:
     def _main_spec(self, n_queries: int, k: int, exact: bool):
         args = (self.metric, self.dtype, self.dim, k, self._arch)
         variant = plans.choose_variant(n_queries, k)
+        listed = {"listed": True} if self._view.prefix == "list" else {}   # the kernels read the row list
         if variant == "single":
-            return render.single_spec(*args, shadow=self._streams_shadow(), **dict(self.single_overrides))
+            return render.single_spec(*args, shadow=self._streams_shadow(), **listed, **dict(self.single_overrides))
         if variant == "scan":
-            return render.scan_spec(*args, n_queries=n_queries)
-        return render.tiled_spec(*args, exact=exact, n_queries=n_queries)
+            return render.scan_spec(*args, n_queries=n_queries, **listed)
+        return render.tiled_spec(*args, exact=exact, n_queries=n_queries, **listed)
 
     def _streams_shadow(self) -> bool:
         """Whether one query reads the float16 shadow of a float32 l2 index (half the bytes, single.cuh's
-        ShadowKeyBound): every row (no filter's gathered copy) and a shadow the screen could make (no value
-        beyond float16's range). Called when a plan is built; the screen makes the missing rows' shadow then, or,
-        where it does not fit in device memory, gives its buffers back and the rows are streamed."""
+        ShadowKeyBound): the index's own rows (every row, a run or a list of them; not a filter's gathered copy)
+        and a shadow the screen could make (no value beyond float16's range). Called when a plan is built; the
+        screen makes the missing rows' shadow then, or, where it does not fit in device memory, gives its buffers
+        back and the rows are streamed."""
         view = self._view
         if not (self.single_shadow and self.metric == "l2" and self.dtype == "float32" and view is not None
-                and view.prefix == "" and view.n > 0):
+                and view.prefix in ("", "run", "list") and view.n > 0):
             return False
         try:
             self._screen._rows()
@@ -173,6 +182,9 @@ class HostQueries:
         per_list = plans.list_k(main.spec)
         groups = math.ceil(n_queries / plans.queries_per_block(main.spec))
         slices, rows = plans.split_rows(view.n, groups, main, self._sm_count, per_list, self.slices_override)
+        shadow = self._pointer("screen_shadow") if main.spec.param("shadow", 0) else 0
+        if shadow and view.prefix == "run":     # the shadow's rows from the run's first
+            shadow += view.start * self._screen.row_bytes
         self._device("queries", n_queries * self._stride * 4)
         self._device("candidates", plans.candidate_bytes(n_queries, slices, per_list))
         bounds = self._device("bounds", n_queries * 4)
@@ -182,10 +194,10 @@ class HostQueries:
         candidates = self._pointer("candidates")
         search_plan = plans.build_plan(
             main, verify, n_queries=n_queries, k=k, n_data=view.n, dim=self.dim, slices=slices, rows_per_slice=rows,
-            row_stride=self._stride, data_ptr=self._pointer(view.prefix + "data"),
-            scan_rows_ptr=self._pointer("screen_shadow") if main.spec.param("shadow", 0) else 0,
-            norms_ptr=self._pointer(view.prefix + "norms"), queries_ptr=self._pointer("queries"), keys_ptr=candidates,
-            positions_ptr=candidates + n_queries * slices * per_list * 4, ids_ptr=self._pointer(view.prefix + "ids"),
+            row_stride=self._stride, data_ptr=view.pointer(self, "data"), scan_rows_ptr=shadow,
+            listed_rows_ptr=self._pointer("row_list") if view.prefix == "list" else 0,
+            norms_ptr=view.pointer(self, "norms"), queries_ptr=self._pointer("queries"), keys_ptr=candidates,
+            positions_ptr=candidates + n_queries * slices * per_list * 4, ids_ptr=view.pointer(self, "ids"),
             distances_out=results, ids_out=results + ids_offset, bounds=bounds,
             row_stats_ptr=self._pointer("row_stats"), status_ptr=results + status_offset,
             threshold_ptr=self._pointer("thresholds"))

@@ -50,12 +50,12 @@ ARGUMENTS = {
     #               status)
     "norms": (_P, _I, _L, _L, _I, _P, _I, _P, _I, _P, _P),
     # scan/tiled(data, inv_norms, n_data, rows_per_slice, queries, n_queries, row_stride, out_keys, out_positions,
-    #            bounds)
-    "scan": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
-    "tiled": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P),
+    #            bounds, listed_rows)
+    "scan": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P, _P),
+    "tiled": (_P, _P, _L, _L, _P, _I, _I, _P, _P, _P, _P),
     # single_kernel(data, scan_rows, inv_norms, n_data, rows_per_slice, queries, ids, out_keys, out_positions,
-    #               out_distances, out_ids, arrivals, row_stats, status, threshold, dim)
-    "single": (_P, _P, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I),
+    #               out_distances, out_ids, arrivals, row_stats, status, threshold, dim, listed_rows)
+    "single": (_P, _P, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P),
     # verify_kernel(keys, positions, n_lists, ids, out_distances, out_ids, bounds, data, queries, row_stride, dim,
     #               row_stats, status, threshold)
     "verify": (_P, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
@@ -91,6 +91,9 @@ ARGUMENTS = {
     "threshold": (_P, _I, _P),
     # verify_survivors_kernel(survivors, counts, ids, data, queries, row_stride, dim, out_distances, out_ids, status)
     "survivors": (_P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
+    # range_survivors_kernel(survivors, counts, ids, data, queries, row_stride, dim, radius_key, capacity, out_keys,
+    #                        out_ids, pool_queries, hits, total)
+    "range_survivors": (_P, _P, _P, _P, _P, _I, _I, _D, _L, _P, _P, _P, _P, _P),
 }
 # Where the outputs (distances, ids, status, threshold) sit among a plan's last launch's arguments.
 OUTPUT_SLOTS = {"verify": (4, 5, 12, 13), "single": (9, 10, 13, 14)}
@@ -276,21 +279,22 @@ def candidate_bytes(n_queries: int, slices: int, per_list: int) -> int:
 
 def build_plan(main: LoadedKernel, verify: LoadedKernel | None, *, n_queries: int, k: int, n_data: int, dim: int,
                slices: int, rows_per_slice: int, row_stride: int, data_ptr: int, norms_ptr: int, queries_ptr: int,
-               scan_rows_ptr: int = 0,
+               scan_rows_ptr: int = 0, listed_rows_ptr: int = 0,
                keys_ptr: int, positions_ptr: int, ids_ptr: int, distances_out: int, ids_out: int,
                bounds, row_stats_ptr: int, status_ptr: int, threshold_ptr: int) -> SearchPlan:
     """The selection kernel `main` and the verify step after it, parameters packed (the single-query
     kernel: one launch, its last block verifies; `bounds` holds its arrival counter; it streams
-    `scan_rows_ptr`, a float32 index's float16 shadow, when given, else the rows themselves)."""
+    `scan_rows_ptr`, a float32 index's float16 shadow, when given, else the rows themselves). listed_rows_ptr: the
+    int32 positions a listed kernel reads (n_data of them; 0 for the others)."""
     groups = math.ceil(n_queries / queries_per_block(main.spec))
     if main.spec.variant == "single":
         single = main.prepare(data_ptr, scan_rows_ptr or data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr,
                               ids_ptr, keys_ptr, positions_ptr, distances_out, ids_out, bounds.ptr, row_stats_ptr,
-                              status_ptr, threshold_ptr, dim)
+                              status_ptr, threshold_ptr, dim, listed_rows_ptr)
         return SearchPlan("single", n_queries, k, slices, rows_per_slice, single, (slices, 1, 1), main.threads,
                           main.shared_bytes, None, 0, 0, bounds, list_k(main.spec))
     main_launch = main.prepare(data_ptr, norms_ptr, n_data, rows_per_slice, queries_ptr, n_queries, row_stride,
-                               keys_ptr, positions_ptr, bounds.ptr)
+                               keys_ptr, positions_ptr, bounds.ptr, listed_rows_ptr)
     verify_launch = verify.prepare(keys_ptr, positions_ptr, slices, ids_ptr, distances_out, ids_out, bounds.ptr,
                                    data_ptr, queries_ptr, row_stride, dim, row_stats_ptr, status_ptr, threshold_ptr)
     return SearchPlan(main.spec.variant, n_queries, k, slices, rows_per_slice, main_launch,

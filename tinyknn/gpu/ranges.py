@@ -4,8 +4,11 @@ Both start from range_kernel (kernels/range.cuh), which screens each row's float
 rounding bound and decides what it cannot rule out by the contract's float64 distance; select.cuh does the rest:
 - range search: the hits go to one pool (key, id, query) and are counted per query; the host turns the counts
   into the CSR offsets, then scatter_kernel groups the hits by query and segment_sort_kernel sorts each query's
-  hits by (distance, id) and writes them at the query's offset. A chunk of queries whose hits overflow the pool
-  is searched again with room for all of them (or split, past POOL_MAX_BYTES).
+  hits by (distance, id) and writes them at the query's offset (gpu/hit_pool.py). A chunk of queries whose hits
+  overflow the pool is searched again with room for all of them (or split, past POOL_MAX_BYTES). Where a batch
+  search would be screened, range search is too (gpu/range_screen.py: the tensor-core screen with the radius
+  as its threshold, the survivors decided in float64, the hits into the same pool); range_kernel then
+  answers only the queries the screen handed back.
 - k beyond spec.MAX_K: every row's float64 key (range_kernel with no radius), select_kernel's radix select of
   each query's k best by (key, id), segment_sort_kernel's sort. No host selection: the host sees the k results.
 Memory is bounded by chunks of queries, not by a cap on hits or on k.
@@ -19,31 +22,16 @@ import numpy as np
 
 from ..inputs.validate import check_values
 from ..jit import render
+from . import range_screen
+from .hit_pool import HIT_BYTES, group_and_sort, merge_answers, offsets, segment_sizes, sort_segments
 
 POOL_FIRST = 1 << 16            # hits the pool holds at first, at the least (grown to the count when a chunk
 POOL_PER_QUERY = 1024           # overflows it), or this many a query (a second pass costs a whole search)
 POOL_MAX_BYTES = 256 << 20      # a chunk of queries with more hits than this is split
-HIT_BYTES = 8 + 8 + 4           # a pool entry: key, id, query
 KEY_CHUNK_BYTES = 512 << 20     # k beyond the lists: every row's key and the k best, per chunk of queries
 MAX_GRID_Y = 65535              # range_kernel's grid.y is queries / QB
 MAX_SEGMENT = 1 << 30           # segment_sort_kernel's sizes are int
 QUERIES_PER_BLOCK: int | None = None   # range_kernel's QB; None: render.range_spec's choice (benchmarks sweep it)
-
-
-def segment_sizes(counts: np.ndarray) -> np.ndarray:
-    """Each count rounded up to a power of two (0 stays 0): the bitonic sort's segment lengths."""
-    counts = np.asarray(counts, dtype=np.int64)
-    sizes = np.zeros(len(counts), dtype=np.int64)
-    some = counts > 0
-    sizes[some] = np.left_shift(1, np.ceil(np.log2(counts[some])).astype(np.int64))
-    return sizes
-
-
-def offsets(sizes: np.ndarray) -> np.ndarray:
-    """[0, sizes[0], sizes[0] + sizes[1], ...]: CSR offsets of consecutive sizes."""
-    out = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=out[1:])
-    return out
 
 
 def range_search(searcher, queries: np.ndarray, radius: float):
@@ -51,6 +39,20 @@ def range_search(searcher, queries: np.ndarray, radius: float):
     check_values(queries, "queries", "float32")
     if not math.isfinite(radius):
         raise ValueError(f"radius must be a finite number; got {radius!r}")
+    screened = range_screen.screened(searcher, queries, radius) if range_screen.applies(searcher, len(queries)) \
+        else None
+    if screened is None:
+        counts, distances, ids = _range_rows(searcher, queries, radius)
+        return offsets(counts), distances, ids
+    counts, distances, ids, handed_back = screened
+    if len(handed_back):
+        counts, distances, ids = merge_answers(counts, distances, ids, handed_back,
+                                               *_range_rows(searcher, queries[handed_back], radius))
+    return offsets(counts), distances, ids
+
+
+def _range_rows(searcher, queries: np.ndarray, radius: float):
+    """(counts, distances, ids) of range_kernel over every row, chunk by chunk of queries."""
     larger = searcher.metric != "l2"
     radius_key = -radius if larger else radius
     n_queries = len(queries)
@@ -83,8 +85,8 @@ def range_search(searcher, queries: np.ndarray, radius: float):
         for kept, value in zip((counts, distances, ids), found):
             kept.append(value)
         start += chunk
-    lims = offsets(np.concatenate(counts) if counts else np.zeros(0, np.int64))
-    return (lims, np.concatenate(distances) if distances else np.empty(0, np.float32),
+    return (np.concatenate(counts) if counts else np.zeros(0, np.int64),
+            np.concatenate(distances) if distances else np.empty(0, np.float32),
             np.concatenate(ids) if ids else np.empty(0, np.int64))
 
 
@@ -148,15 +150,6 @@ def _launch_range(searcher, queries_ptr: int, n_queries: int, radius_key: float,
     launch.launch((blocks, math.ceil(n_queries / spec.param("qb")), 1), 256, spec.param("smem"), searcher._stream)
 
 
-def _sort(searcher, n_segments: int, keys_ptr: int, ids_ptr: int, places, counts_ptr: int, larger: bool,
-          distances_ptr: int, out_ids_ptr: int) -> None:
-    """segment_sort_kernel: places is the device buffer of [segment offsets (n_segments + 1), output offsets
-    (n_segments + 1)], int64."""
-    loaded = searcher._kernel(render.selection_spec("segment_sort", searcher._arch))
-    loaded.prepare(keys_ptr, ids_ptr, places.ptr, counts_ptr, places.ptr + (n_segments + 1) * 8, int(larger),
-                   distances_ptr, out_ids_ptr).launch(n_segments, loaded.threads, 0, searcher._stream)
-
-
 def _range_chunk(searcher, queries: np.ndarray, radius_key: float, capacity: int, larger: bool):
     """One chunk of queries: (counts, distances, ids) on the host, or the number of hits when they are more
     than `capacity` (nothing else done)."""
@@ -181,36 +174,9 @@ def _range_chunk(searcher, queries: np.ndarray, radius_key: float, capacity: int
         n_hits = int(hits[0])
         if n_hits > capacity:
             return n_hits
-        distances, ids = np.empty(n_hits, np.float32), np.empty(n_hits, np.int64)
-        if n_hits:
-            segments = offsets(segment_sizes(found))
-            places = np.concatenate([segments, offsets(found)])
-            _group_and_sort(searcher, pool_keys, pool_ids, pool_queries, n_hits, places, counts, larger, distances, ids)
+        distances, ids = group_and_sort(searcher, pool_keys.ptr, pool_ids.ptr, pool_queries.ptr, n_hits, found,
+                                        counts.ptr, larger)
         return found.astype(np.int64), distances, ids
-    finally:
-        for buffer in buffers:
-            buffer.close()
-
-
-def _group_and_sort(searcher, pool_keys, pool_ids, pool_queries, n_hits: int, places: np.ndarray, counts, larger,
-                    distances: np.ndarray, ids: np.ndarray) -> None:
-    """The pool's hits grouped by query (scatter_kernel), each query's sorted and written at its CSR offset."""
-    stream, n_queries = searcher._stream, len(places) // 2 - 1
-    room = int(places[n_queries])
-    buffers = searcher._scratch("range search hits, grouped", places.nbytes, n_queries * 4, room * 8, room * 8,
-                                n_hits * 4, n_hits * 8)
-    device_places, cursors, keys, group_ids, out_d, out_i = buffers
-    try:
-        device_places.copy_from_host(places, places.nbytes, stream)
-        cursors.fill_bytes(0, n_queries * 4, stream)
-        loaded = searcher._kernel(render.selection_spec("scatter", searcher._arch))
-        blocks = max(1, min(math.ceil(n_hits / loaded.threads), searcher._sm_count * 8))
-        loaded.prepare(pool_keys.ptr, pool_ids.ptr, pool_queries.ptr, n_hits, device_places.ptr, cursors.ptr, keys.ptr,
-                       group_ids.ptr).launch(blocks, loaded.threads, 0, stream)
-        _sort(searcher, n_queries, keys.ptr, group_ids.ptr, device_places, counts.ptr, larger, out_d.ptr, out_i.ptr)
-        out_d.copy_to_host(distances, n_hits * 4, stream)
-        out_i.copy_to_host(ids, n_hits * 8, stream)
-        stream.synchronize()
     finally:
         for buffer in buffers:
             buffer.close()
@@ -238,7 +204,8 @@ def _select_chunk(searcher, queries: np.ndarray, take: int, segment: int, larger
         select = searcher._kernel(render.selection_spec("select", searcher._arch))
         select.prepare(keys.ptr, searcher._pointer(view.prefix + "ids"), n, take, segment, best_keys.ptr,
                        best_ids.ptr).launch(n_queries, select.threads, 0, stream)
-        _sort(searcher, n_queries, best_keys.ptr, best_ids.ptr, device_places, device_takes.ptr, larger, out_d.ptr, out_i.ptr)
+        sort_segments(searcher, n_queries, best_keys.ptr, best_ids.ptr, device_places, device_takes.ptr, larger,
+                      out_d.ptr, out_i.ptr)
         out_d.copy_to_host(distances, distances.nbytes, stream)
         out_i.copy_to_host(ids, ids.nbytes, stream)
         stream.synchronize()

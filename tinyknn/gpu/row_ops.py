@@ -1,5 +1,5 @@
 """The GPU searcher's row operations: rows copied by the rows kernel (a filter's allowed rows gathered, a
-removal's movers into its holes, rows read back by get).
+removal's movers into its holes, every row in a new order, rows read back by get).
 
 A removal leaves the index as a fresh index of the remaining rows would be when it is warm: the holes are
 filled at once, the screen's row terms move with their rows (Screen.move_rows where the screen has it, else
@@ -113,6 +113,42 @@ class RowOperations:
         finally:
             self._view = view
 
+    def permute_rows(self, order) -> None:
+        """Reorder the rows: new row i is old row order[i] (every row once; the Index's label-partitioned order,
+        tinyknn.index.layout). Every row is copied in the new order into new buffers on the device, which are
+        swapped in under the change lock, so a concurrent search sees one order or the other; a bad order
+        (ValueError) or an allocation that fails (MemoryError) changes nothing. The screen recomputes its row
+        terms at its next use (a permutation moves every row), and the cached whole-index host batches are
+        built again, as after a removal."""
+        order = _permutation(order, self._n)
+        with self._lock.change:
+            self._check_open()
+            if len(order) != self._n:
+                raise ValueError(f"permute_rows: order must name every row once; got {len(order)} positions for "
+                                 f"{self._n} rows")
+            if not self._n:
+                return
+            sizes = {"data": self._row_bytes, "ids": 8, "norms": 4 if self.metric in ("cosine", "l2") else 0}
+            new = self._allocate_rows(sizes, self._capacity)
+            try:
+                (sources,) = self._scratch("reordering the rows", self._n * 8)
+            except MemoryError:
+                for buffer in new.values():
+                    buffer.close()
+                raise
+            with sources:
+                sources.copy_from_host(order, self._n * 8, self._stream)
+                norms = (self._pointer("norms"), new["norms"].ptr) if "norms" in new else (0, 0)
+                self._launch_row_copy(sources.ptr, 0, self._n, (self._pointer("data"), new["data"].ptr,
+                                                                self._row_bytes // 16),
+                                      (self._pointer("ids"), new["ids"].ptr), norms)
+                self._stream.synchronize()      # the copy is done before the old buffers go
+            for name, buffer in new.items():
+                self._buffers.pop(name).close()
+                self._buffers[name] = buffer
+            self._screen.forget_rows()
+            self._rebuild_host_batches()
+
     def get_rows(self, positions) -> np.ndarray:
         """Copies of the stored rows at `positions`, (len, dim) in the storage dtype."""
         positions = np.ascontiguousarray(positions, dtype=np.int64)
@@ -126,6 +162,22 @@ class RowOperations:
                 self._buffers["get_data"].copy_to_host(out, out.nbytes, self._stream)
                 self._stream.synchronize()
         return np.ascontiguousarray(out[:, :self.dim])
+
+
+def _permutation(order, n: int) -> np.ndarray:
+    """`order` as C-contiguous int64 if it names each of rows 0 .. n - 1 once, else a ValueError (the CPU
+    library's check, made before anything is copied)."""
+    array = np.asarray(order)
+    if array.ndim != 1 or not (array.dtype.kind in "iu" or array.size == 0):
+        raise TypeError(f"order must be a 1-D array of integer row positions; got dtype {array.dtype}, "
+                        f"shape {array.shape}")
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    if len(array) != n:
+        raise ValueError(f"permute_rows: order must name every row once; got {len(array)} positions for {n} rows")
+    if n and (array.min() < 0 or array.max() >= n or np.count_nonzero(np.bincount(array, minlength=n)) != n):
+        raise ValueError(f"permute_rows: order must name every row position once (0 .. {n - 1}); it repeats or "
+                         "misses some")
+    return array
 
 
 def _whole_index_batch(key) -> bool:

@@ -15,6 +15,8 @@ their norms, the query divided by its own):
 4. the survivors get their float64 distances (exactness contract), sorted by (distance, id), k written.
 A query with more survivors than SURVIVOR_CAPACITY is answered by the other kernels and counted
 (`screen_fallbacks`). The row terms (and shadow) are computed once per added row.
+Range search runs steps 1 and 3 with each query's radius as its threshold (screen_within; the rest is
+gpu/range_screen.py's).
 On compute capability 9.0, step 3 is the Hopper screen (kernels/screen_hopper.cuh: wgmma fed by TMA, a
 persistent grid of one CTA per SM, the bound of each tile's largest r_x, `tile_rmax`, kept beside the row
 terms); TINYKNN_SCREEN=mma keeps the mma.sync screen there (A/B comparisons). The row tensor map is encoded
@@ -91,6 +93,8 @@ class Screen:
         self.usable = True          # False once a float32 row does not fit float16 (then never screened)
         self.fallbacks = 0          # queries with more survivors than the capacity (answered by the other kernels)
         self.queries = 0            # queries the screen answered or handed back
+        self.range_fallbacks = 0    # range search: queries with more survivors than the capacity (range_kernel's)
+        self.range_queries = 0      # range search: queries screened (answered or handed back)
         element = rs.element_of(searcher.metric, searcher.dtype)
         self.shadow = rs.has_shadow(searcher.metric, searcher.dtype)
         self.normalize = searcher.metric == "cosine"
@@ -180,45 +184,25 @@ class Screen:
         if not self.usable:
             return None
         nq, n, stream = len(queries), s._n, s._stream
-        cap = rs.SURVIVOR_CAPACITY
         step = sample_step(n, k)
         n_sample = -(-n // step)
         sample_tiles = -(-n_sample // rs.SCREEN_BN)
         kept = rs.threshold_keep(k, sample_tiles)
-        sizes = {"screen_q32": nq * s._stride * 4, "screen_q": nq * self.row_bytes, "screen_e": nq * 4,
-                 "screen_f": nq * 4, "screen_upper": nq * sample_tiles * kept * 4, "screen_t": nq * 4,
-                 "screen_counts": nq * 4, "screen_survivors": nq * cap * 4, "screen_out": nq * k * 12 + nq * 4}
-        for name, nbytes in sizes.items():
-            s._device(name, nbytes)
+        self._allocate(nq, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4)
         ptr = s._pointer
-        hopper = self.hopper and n < (1 << 31) - 256 and (self.forced or hopper_pays(nq, n))
+        hopper = self._hopper_for(nq)
         marks = self._marks()
         self._upload(queries)
         marks.record(s._stream)
-        # 1. queries rounded, error terms (gamma's n: instructions per dot product, zero-filled ones included;
-        #    the Hopper screen's count is the larger, and its bound holds for the threshold mode's too)
-        loaded = s._kernel(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch))
-        if hopper:
-            n_mma = 4 * rs.hopper_k_blocks(self.row_bytes)
-        else:
-            n_mma = -(-self.row_bytes // rs.SCREEN_BKB) * (rs.SCREEN_BKB // 32)
-        loaded.prepare(ptr("screen_q32"), nq, s._stride, s.dim, ptr("screen_q"), self.stride, n_mma,
-                       int(self.shadow), int(self.normalize), 2.0 if s.metric == "l2" else 1.0, ptr("screen_e"),
-                       ptr("screen_f")).launch(max(1, math.ceil(nq / 8)), 256, 0, stream)
+        self._round_queries(nq, hopper)
         marks.record(stream)
-        rows = ptr("screen_shadow") if self.shadow else ptr("data")
+        rows = self._screened_rows()
         # 2. threshold mode over the sample (KT bounds per tile), then each query's k-th upper bound of them
         self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"), sample_tiles)
         s._kernel(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch)).prepare(
             ptr("screen_upper"), sample_tiles * kept, ptr("screen_t")).launch(nq, 256, 0, stream)
         marks.record(stream)
-        # 3. the screen over every row
-        s._buffers["screen_counts"].fill_bytes(0, nq * 4, stream)
-        if hopper:
-            self._screen_hopper(rows, n, nq)
-        else:
-            self._screen(False, k, rows, n, 1, ptr("screen_sq_lo"), nq, ptr("screen_counts"), ptr("screen_survivors"),
-                         0)
+        self._screen_every_row(nq, hopper)
         marks.record(stream)
         # 4. the survivors in float64
         verify = s._kernel(rs.step_spec("survivors", s.metric, s.dtype, k, s._arch))
@@ -241,6 +225,68 @@ class Screen:
         self.fallbacks += len(unproven)
         self.queries += nq
         return distances, ids, unproven
+
+    def screen_within(self, queries: np.ndarray, thresholds: np.ndarray) -> bool:
+        """Steps 1 and 3 of a batch with the caller's thresholds (float32, key units, one per query) in place
+        of step 2's: every row whose lower bound is within its query's threshold goes to screen_survivors
+        (counts in screen_counts, past SURVIVOR_CAPACITY still counted), the queries stay in screen_q32. Range
+        search's first half (gpu/range_screen.py). False when the screen cannot run (a row beyond float16)."""
+        s = self.searcher
+        self._rows()
+        if not self.usable:
+            return False
+        nq = len(queries)
+        self._allocate(nq)
+        hopper = self._hopper_for(nq)
+        self._upload(queries)
+        self._round_queries(nq, hopper)
+        thresholds = np.ascontiguousarray(thresholds, dtype=np.float32)
+        s._buffers["screen_t"].copy_from_host(thresholds, nq * 4, s._stream)
+        self._screen_every_row(nq, hopper)
+        return True
+
+    def _allocate(self, nq: int, **more: int) -> None:
+        """The per-batch device buffers of steps 1 and 3 (and `more`, name=bytes, of the others)."""
+        s = self.searcher
+        sizes = {"screen_q32": nq * s._stride * 4, "screen_q": nq * self.row_bytes, "screen_e": nq * 4,
+                 "screen_f": nq * 4, "screen_t": nq * 4, "screen_counts": nq * 4,
+                 "screen_survivors": nq * rs.SURVIVOR_CAPACITY * 4, **more}
+        for name, nbytes in sizes.items():
+            s._device(name, nbytes)
+
+    def _hopper_for(self, nq: int) -> bool:
+        """Whether step 3 of a batch of nq queries runs the Hopper screen."""
+        n = self.searcher._n
+        return self.hopper and n < (1 << 31) - 256 and (self.forced or hopper_pays(nq, n))
+
+    def _screened_rows(self) -> int:
+        s = self.searcher
+        return s._pointer("screen_shadow") if self.shadow else s._pointer("data")
+
+    def _round_queries(self, nq: int, hopper: bool) -> None:
+        """1. queries rounded, error terms (gamma's n: instructions per dot product, zero-filled ones included;
+        the Hopper screen's count is the larger, and its bound holds for the threshold mode's too)."""
+        s = self.searcher
+        ptr = s._pointer
+        loaded = s._kernel(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch))
+        if hopper:
+            n_mma = 4 * rs.hopper_k_blocks(self.row_bytes)
+        else:
+            n_mma = -(-self.row_bytes // rs.SCREEN_BKB) * (rs.SCREEN_BKB // 32)
+        loaded.prepare(ptr("screen_q32"), nq, s._stride, s.dim, ptr("screen_q"), self.stride, n_mma,
+                       int(self.shadow), int(self.normalize), 2.0 if s.metric == "l2" else 1.0, ptr("screen_e"),
+                       ptr("screen_f")).launch(max(1, math.ceil(nq / 8)), 256, 0, s._stream)
+
+    def _screen_every_row(self, nq: int, hopper: bool) -> None:
+        """3. the screen over every row against screen_t: survivors and their counts."""
+        s = self.searcher
+        ptr = s._pointer
+        s._buffers["screen_counts"].fill_bytes(0, nq * 4, s._stream)
+        if hopper:
+            self._screen_hopper(self._screened_rows(), s._n, nq)
+        else:
+            self._screen(False, 1, self._screened_rows(), s._n, 1, ptr("screen_sq_lo"), nq, ptr("screen_counts"),
+                         ptr("screen_survivors"), 0)
 
     def _upload(self, queries: np.ndarray) -> None:
         """The float32 queries, padded, into screen_q32. A searcher that keeps_queries (the host tier's chunk

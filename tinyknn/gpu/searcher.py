@@ -83,11 +83,26 @@ def _copy_into(out, found):
 
 @dataclass(frozen=True)
 class Rows:
-    """The rows a search reads: the index's own buffers (prefix ""), or the copy of a filter's allowed rows
-    gathered into the "sub_" buffers (ids and norms beside them)."""
+    """The rows a search reads, and the key of its plans: every row of the index (prefix ""); a run of the
+    index's own rows read in place from row `start` (prefix "run": a label's rows once the index keeps each
+    label together, tinyknn.index.layout); the rows the "row_list" buffer names, read in place by the listed
+    kernels (prefix "list": a filter's scattered rows; plans of one list length serve every list of it); or
+    the copy of the allowed rows gathered into the "sub_" buffers (range search, k beyond the kernels, and
+    the band search of a listed one). Only prefix "" is every row: the screen and the prepared searches
+    serve that one alone."""
 
     prefix: str
     n: int
+    start: int = 0
+
+    def pointer(self, searcher, column: str) -> int:
+        """The device address of the view's first row in `column` (data, norms or ids)."""
+        if self.prefix == "sub_":
+            return searcher._pointer("sub_" + column)
+        base = searcher._pointer(column)
+        if self.prefix == "run" and base:
+            base += self.start * {"data": searcher._row_bytes, "norms": 4, "ids": 8}[column]
+        return base
 
 
 class _EveryRow:
@@ -225,18 +240,19 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
 
     def search(self, queries, k: int, rows=None, *, out=None, prepared: "PreparedBatch | None" = None):
         """(distances, ids) of the k nearest: NumPy for host queries, the caller's framework for CUDA ones.
-        rows: None (every row) or the sorted positions the queries may return, gathered first (so a 1 %
-        filter reads about 1 % of the database). out: the caller's arrays, checked by the Index
-        (tinyknn.inputs.outputs): NumPy arrays for host queries, DeviceArray descriptions for CUDA ones;
-        the results are written there and they are returned. prepared: prepare_search's token."""
+        rows: None (every row) or the sorted unique positions the queries may return, read in place (one run
+        of rows as a view, scattered rows through a position list), so a 1 % filter reads about 1 % of the
+        database and copies none of it; k beyond the kernels gathers them first. out: the caller's arrays,
+        checked by the Index (tinyknn.inputs.outputs): NumPy arrays for host queries, DeviceArray descriptions
+        for CUDA ones; the results are written there and they are returned. prepared: prepare_search's token."""
         if isinstance(queries, DeviceArray):
+            if k > MAX_K:
+                raise ValueError(f"k = {k} is beyond the GPU kernels' {MAX_K} for CUDA-array queries; pass the "
+                                 "queries as a NumPy array (k up to ntotal is served through the host)")
             with self._lock, self._reading(rows):
-                if k > MAX_K:
-                    raise ValueError(f"k = {k} is beyond the GPU kernels' {MAX_K} for CUDA-array queries; pass the "
-                                     "queries as a NumPy array (k up to ntotal is served through the host)")
                 return self._search_device(queries, k, out)
         n_queries = queries.shape[0]
-        with self._lock, self._reading(rows):
+        with self._lock, self._reading(rows, gather=k > MAX_K):
             if k > MAX_K:
                 found = self._large_k(queries, k)
                 return found if out is None else _copy_into(out, found)
@@ -269,23 +285,48 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
 
         return ranges.large_k_search(self, np.ascontiguousarray(queries, dtype=np.float32), k)
 
-    def _reading(self, rows):
-        """For the call in progress (the lock held): read every row, or the gathered copy of `rows`."""
+    read_in_place = True    # benchmarks and tests may switch it off: every filter gathers its rows first
+
+    def _reading(self, rows, gather: bool = False):
+        """For the call in progress (the lock held): read every row, or `rows` (sorted, unique) in place or,
+        with `gather` (range search, k beyond the kernels), from a gathered copy."""
         if rows is None:        # the common case, without a generator per call (~1 us on the host)
             return self._every_row
-        return self._reading_rows(rows)
+        return self._reading_rows(rows, gather or not self.read_in_place)
 
     @contextlib.contextmanager
-    def _reading_rows(self, rows):
+    def _reading_rows(self, rows, gather: bool):
         self._check_open()
-        positions = np.ascontiguousarray(rows, dtype=np.int64)
-        self._view = Rows("sub_", len(positions))
-        if len(positions):
-            self._copy_rows(positions, None, "sub_")
+        positions = np.asarray(rows)
+        m = len(positions)
+        if gather or not m:
+            positions = np.ascontiguousarray(positions, dtype=np.int64)
+            self._view = Rows("sub_", m)
+            if m:
+                self._copy_rows(positions, None, "sub_")
+        elif int(positions[-1]) - int(positions[0]) == m - 1:     # one run (sorted and unique): a view, no copy
+            self._view = Rows("run", m, int(positions[0]))
+        else:
+            self._list_rows(positions)
+            self._view = Rows("list", m)
         try:
             yield
         finally:
             self._view = None
+            self._listed = None
+
+    _listed = None      # the positions of the "list" view in use (its band search gathers them)
+
+    def _list_rows(self, positions: np.ndarray) -> None:
+        """The positions as int32 into the "row_list" buffer, through pinned staging, on the stream: the listed
+        kernels that follow read them there (no synchronisation; the staging is free again once the search
+        that follows has synchronised)."""
+        m = len(positions)
+        stage = self._pinned("row_list_stage", m * 4)
+        listed = self._device("row_list", m * 4)      # grown before any plan is looked up
+        np.copyto(stage.array(np.int32, m), positions, casting="unsafe")
+        listed.copy_from_host(stage, m * 4, self._stream)
+        self._listed = positions
 
     slices_override: int | None = None   # benchmarks only: force the number of database slices
     single_overrides: tuple = ()         # benchmarks only: (name, value) pairs for render.single_params
@@ -297,7 +338,7 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
         from . import ranges
 
         queries = np.ascontiguousarray(queries, dtype=np.float32)
-        with self._lock, self._reading(rows):
+        with self._lock, self._reading(rows, gather=True):
             return ranges.range_search(self, queries, float(radius))
 
     # -- the rest of the protocol ---------------------------------------------------------------------

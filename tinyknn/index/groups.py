@@ -25,6 +25,8 @@ def groups(n_queries: int, allowed: np.ndarray | None, query_labels: np.ndarray 
     `query_labels` one label per query or None, rows_of_label(label) a label's sorted rows."""
     if query_labels is None:
         return [Group(None, allowed)]
+    if len(query_labels) and bool((query_labels == query_labels[0]).all()):     # one label: no np.unique
+        return [Group(None, _allowed(rows_of_label(int(query_labels[0])), allowed))]
     distinct, which = np.unique(query_labels, return_inverse=True)
     if len(distinct) == 1:
         return [Group(None, _allowed(rows_of_label(int(distinct[0])), allowed))]

@@ -73,12 +73,15 @@ class IdMap:
 
     def rows_present(self, ids: np.ndarray) -> np.ndarray:
         """The sorted, unique rows of those ids that are in the index (a filter's or a removal's rows):
-        one sort of the ids, sorted probes, and a second sort only where rows do not follow id order."""
-        ordered = np.sort(np.asarray(ids, dtype=np.int64))
-        if len(ordered) > 1:
+        one sort of the ids (none where they are already increasing, as a filter's often are), sorted
+        probes, and a second sort only where rows do not follow id order."""
+        ordered = np.asarray(ids, dtype=np.int64)
+        if len(ordered) > 1 and not bool(np.all(ordered[1:] > ordered[:-1])):
+            ordered = np.sort(ordered)
             ordered = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
         rows = self._rows_of(ordered)
-        rows = rows[rows >= 0]
+        if len(rows) and rows.min() < 0:
+            rows = rows[rows >= 0]
         if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
             rows.sort()
         return rows
@@ -87,6 +90,8 @@ class IdMap:
         serials = self._serials_of(ids)
         if self._row_of_serial is None:
             return serials
+        if not len(serials) or serials.min() >= 0:      # every id known (a filter's usually are): one gather
+            return self._row_of_serial[serials]
         known = serials >= 0
         serials[known] = self._row_of_serial[serials[known]]
         return serials
@@ -96,6 +101,10 @@ class IdMap:
         rows = np.full(ids.shape, -1, dtype=np.int64)
         if not ids.size:
             return rows
+        if len(self._run_start) == 1 and not self._segments and not self._recent:   # one run only: arithmetic
+            offset = ids - self._run_start[0]
+            inside = offset.view(np.uint64) < self._run_len[0]      # 0 <= offset < length
+            return np.where(inside, offset + self._run_row[0], -1)
         if self._run_start:
             starts, first_rows, lengths = self._runs()
             which = np.maximum(np.searchsorted(starts, ids, side="right") - 1, 0)

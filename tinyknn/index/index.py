@@ -269,8 +269,8 @@ class Index:
 
     def _reorder_if_due(self, searcher: Searcher, labels) -> None:
         """Before a labelled search: put each label's rows together once the labelled searches have read
-        as many scattered rows as that costs (tinyknn.index.layout), on searchers that can reorder (the CPU's).
-        A reorder the memory cannot hold is skipped with a warning; it changes nothing, and no answer."""
+        as many scattered rows as that costs (tinyknn.index.layout), on searchers that can reorder (the CPU's and
+        the GPU's). A reorder the memory cannot hold is skipped with a warning; it changes nothing, and no answer."""
         if labels is None or not hasattr(searcher, "permute_rows") or not self._layout.due(self._ids.count):
             return
         with self._add_lock, self._view:

@@ -3,15 +3,17 @@
 A labelled search reads the label's rows from the searcher's panels (kernels/cpu/database.h: a panel
 holds kPanel rows dimension by dimension). Rows that lie together are copied a panel line at a time; a row
 on its own costs a cache line per dimension, so a 1 % label spread over the index touches ~15 % of its
-lines (bench/NOTES_INDEX_OPS.md). Reordering every row so that each label's rows are contiguous is a copy
-of every row in the new order.
+lines (bench/NOTES_INDEX_OPS.md). On the GPU a label that is one run of rows is searched in place as a view
+of the index (no list of positions to send, no copy, its plans and graphs kept). Reordering every row so
+that each label's rows are contiguous is a copy of every row in the new order.
 
 The policy is the ski-rental one: the runs of scattered rows that labelled searches read since the last
 reorder are counted (a run is a stretch of consecutive rows: its first row is the scattered read), and once
 they reach REORDER_FACTOR times the rows held, what the searches lost is about what a reorder costs, and the
 index reorders (then at most about twice the cost of the better choice made in hindsight). Adds
 append at the end and removals fill holes with the last rows, so the order decays and is restored the same
-way. Only searchers that can reorder their rows (`permute_rows`: the CPU one) take part.
+way. Only searchers that can reorder their rows (`permute_rows`: the CPU's and the GPU's) take part; the GPU
+uses the CPU's factor (its own costs are not measured yet).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class LabelLayout:
 
     def record(self, rows: np.ndarray) -> None:
         """A labelled searcher call read `rows` (sorted, unique): count its runs beyond the first."""
-        if len(rows) > 1:
+        if len(rows) > 1 and int(rows[-1]) - int(rows[0]) != len(rows) - 1:     # not one run (checked in O(1))
             self.scattered_runs += int(np.count_nonzero(np.diff(rows) != 1))
 
     def due(self, n_rows: int) -> bool:

@@ -17,6 +17,8 @@ Variants (spec.variant):
 - "single": single_kernel: one query. Like scan (one block a slice), but each block keeps its slice's
             keys in shared memory and selects its list once, and the last block to finish runs the
             verify step: one launch.
+            scan, single and tiled take `listed=True` (param "listed"): a filtered search that reads only
+            the rows a sorted position list names, in place (the template's LISTED flag).
 - "tiled":  tiled_kernel: large batches. Tiles of BQ queries x BN rows are computed from shared
             memory (register tiles, like a GEMM) and selected per tile into per-query lists.
 - "verify": verify_kernel: after either selection kernel (which keeps k + margin candidates per
@@ -52,8 +54,8 @@ from .._paths import kernels_dir
 from ..spec import KernelSpec, parse_arch, parse_dim, parse_dtype, parse_k, parse_metric
 from . import render_screen
 
-_SCREEN_VARIANTS = ("screen", "screen_queries", "screen_rows", "threshold", "survivors", "screen_hopper",
-                    "screen_tiles")
+_SCREEN_VARIANTS = ("screen", "screen_queries", "screen_rows", "threshold", "survivors", "range_survivors",
+                    "screen_hopper", "screen_tiles")
 
 ENTRY_HEADER = "search.cuh"
 OPTIONS = ("-std=c++17",)
@@ -156,17 +158,20 @@ def name_expression(spec: KernelSpec) -> str:
         args = [storage]
     elif spec.variant == "scan":
         args = [metric, storage, spec.dim, p("kl", spec.k), p("qb"), p("lanes"), p("warps"), p("smem")]
+        args += ["true"] if p("listed", 0) else []
     elif spec.variant == "single":
         shadow = p("shadow", 0)
         bound = "tinyknn::ShadowKeyBound" if shadow else _BOUND_TYPES[spec.metric]
         streamed = _STORAGE_TYPES["float16"] if shadow else storage
         args = [metric, bound, storage, streamed, spec.dim, spec.k, p("kl"), p("lanes"), p("warps"),
                 p("rmax"), p("unroll"), p("cmax"), p("smem")]
+        args += ["true"] if p("listed", 0) else []
     elif spec.variant == "tiled":
         if p("filter", 0):
             metric = "tinyknn::L2Expanded"
         args = [metric, storage, p("kl", spec.k), p("bq"), p("bn"), p("warps"), p("depth"),
                 "true" if p("reglists") else "false", p("smem")]
+        args += ["true"] if p("listed", 0) else []
     elif spec.variant == "verify":
         bound = "tinyknn::FilterKeyBound" if p("filter", 0) else _BOUND_TYPES[spec.metric]
         args = [metric, bound, storage, spec.k, p("kl"), p("warps"), p("smem")]
@@ -211,9 +216,9 @@ def list_length(k: int) -> int:
 
 
 def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: int | None = None,
-                warps: int = SCAN_WARPS) -> dict[str, int]:
+                warps: int = SCAN_WARPS, listed: bool = False) -> dict[str, int]:
     """Parameters of the scan kernel (keyword overrides are for benchmarks); its lists hold
-    list_length(k) candidates."""
+    list_length(k) candidates. listed: it reads the rows a position list names (a filter's, in place)."""
     kl = list_length(k)
     chunks, stride = row_layout(dim, dtype)
     if lanes is None:
@@ -225,7 +230,13 @@ def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: i
     if qb is None:
         qb = max(1, min(8, REGISTER_LIST_SLOTS // kp, _pow2_floor(SCAN_QUERY_SMEM // (4 * query_floats))))
     smem = _align16(qb * query_floats * 4) + _align16(qb * 4) + warps * qb * kp * 8
-    return {"qb": qb, "lanes": lanes, "warps": warps, "smem": smem, "kl": kl}
+    return _listed({"qb": qb, "lanes": lanes, "warps": warps, "smem": smem, "kl": kl}, listed)
+
+
+def _listed(params: dict[str, int], listed: bool) -> dict[str, int]:
+    """A selection kernel's parameters, with "listed" only where it reads a position list (so the unfiltered
+    specs, their name expressions and cache keys stay what they were)."""
+    return {**params, "listed": 1} if listed else params
 
 
 def _query_floats(chunks: int, stride: int, lanes: int) -> int:
@@ -243,10 +254,11 @@ _RADIX_BYTES = (256 + 4) * 4    # the radix histogram and gather counters (MERGE
 
 def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, warps: int = SINGLE_WARPS,
                   rmax: int = SINGLE_MAX_ROWS, unroll: int | None = None,
-                  cmax: int = SINGLE_COPY_MAX, shadow: bool = False) -> dict[str, int]:
+                  cmax: int = SINGLE_COPY_MAX, shadow: bool = False, listed: bool = False) -> dict[str, int]:
     """Parameters of the single-query kernel: the scan kernel's lanes per row, a slice of at most
     `rmax` rows whose keys and positions sit in shared memory, and room for the verify step after.
-    shadow: a float32 l2 index streams its float16 shadow (single.cuh's ShadowKeyBound), with a wider margin."""
+    shadow: a float32 l2 index streams its float16 shadow (single.cuh's ShadowKeyBound), with a wider margin.
+    listed: it reads the rows a position list names (a filter's, in place)."""
     if shadow and dtype != "float32":
         raise ValueError(f"only a float32 index streams a float16 shadow; got dtype {dtype!r}")
     streamed = "float16" if shadow else dtype
@@ -261,7 +273,7 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
     verify_bytes = _align16(verify_params(kl, False)["smem"]) + cmax * 8     # + the lists, copied
     params = {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "unroll": unroll, "cmax": cmax,
               "smem": max(slice_bytes, verify_bytes)}
-    return {**params, "shadow": 1} if shadow else params
+    return _listed({**params, "shadow": 1} if shadow else params, listed)
 
 
 def single_spec(metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
@@ -278,10 +290,11 @@ def uses_filter_key(metric: str, k: int) -> bool:
 
 def tiled_params(dtype: str, dim: int, k: int, *, filter_key: bool = False, bq: int | None = None,
                  bn: int = TILED_BN, warps: int = TILED_WARPS, depth: int = TILED_DEPTH,
-                 reglists: bool = False) -> dict[str, int]:
+                 reglists: bool = False, listed: bool = False) -> dict[str, int]:
     """Parameters of the tiled kernel (k <= TILED_MAX_K); its lists hold list_length(k) candidates.
     Lists in shared memory by default: in registers they push the k <= 32 kernels past 128
-    registers, to one block per SM. filter_key: rank by l2's filter key (uses_filter_key)."""
+    registers, to one block per SM. filter_key: rank by l2's filter key (uses_filter_key). listed: it reads
+    the rows a position list names (a filter's, in place)."""
     kl = list_length(k)
     kp = padded_k(kl)
     if bq is None:
@@ -293,7 +306,7 @@ def tiled_params(dtype: str, dim: int, k: int, *, filter_key: bool = False, bq: 
     params = {"bq": bq, "bn": bn, "warps": warps, "depth": depth, "reglists": int(reglists), "smem": smem, "kl": kl}
     if filter_key:
         params["filter"] = 1
-    return params
+    return _listed(params, listed)
 
 
 def verify_params(kl: int, filter_key: bool, warps: int = VERIFY_WARPS) -> dict[str, int]:
@@ -337,9 +350,11 @@ def tiled_spec(metric: str, dtype: str, dim: int, k: int, arch: str, *, exact: b
     return KernelSpec(metric, dtype, dim, k, "tiled", arch, tuple(params.items()))
 
 
-def tiled_specs(metric: str, dtype: str, dim: int, k: int, arch: str, *, exact: bool = False) -> list[KernelSpec]:
+def tiled_specs(metric: str, dtype: str, dim: int, k: int, arch: str, *, exact: bool = False,
+                listed: bool = False) -> list[KernelSpec]:
     """Every block size tiled_spec may choose for (metric, dtype, dim, k), the default first."""
-    return list(dict.fromkeys(tiled_spec(metric, dtype, dim, k, arch, exact=exact, n_queries=n)
+    extra = {"listed": True} if listed else {}
+    return list(dict.fromkeys(tiled_spec(metric, dtype, dim, k, arch, exact=exact, n_queries=n, **extra)
                               for n in (None, *TILED_SMALL_BQ)))
 
 
@@ -402,7 +417,8 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
     kernel (k <= SINGLE_MAX_K), the scan (small batches, one query alone beyond that k, and large ones
     when k > TILED_MAX_K), the tiled kernel (large batches, in each
     block size TILED_SMALL_BQ adds; for l2 also with the filter key), the verify step after each, and the
-    band search; for sm_90a also the Hopper screen's kernels.
+    band search; for sm_90a also the Hopper screen's kernels; and the filtered searches' kernels that read a
+    position list in place (listed_specs).
     """
     metric, dtype, dim, k, arch = parse_metric(metric), parse_dtype(dtype), parse_dim(dim), parse_k(k), parse_arch(arch)
     specs = [norms_spec(dtype, dim, arch)]
@@ -420,10 +436,26 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
         if metric == "l2" and dtype == "float32":      # through the float16 shadow
             specs.append(single_spec(metric, dtype, dim, k, arch, shadow=True))
     specs += [band_spec(metric, dtype, arch), rows_spec(arch), range_spec(metric, dtype, dim, arch)]
-    specs += selection_specs(arch)
+    specs += selection_specs(arch) + listed_specs(metric, dtype, dim, k, arch)
     if arch == render_screen.HOPPER_ARCH:   # sm_90a: the Hopper screen of batches (gpu/screen.py)
         specs += hopper_specs(metric, dtype, dim, arch)
     return list(dict.fromkeys(specs))
+
+
+def listed_specs(metric: str, dtype: str, dim: int, k: int, arch: str) -> list[KernelSpec]:
+    """The selection kernels of a filtered search that reads the rows a position list names (searcher.py's
+    "list" view): single (and its float16 shadow for float32 l2), scan and tiled with listed=True; the verify
+    step after scan and tiled is the unfiltered one."""
+    mains = [scan_spec(metric, dtype, dim, k, arch, listed=True)]
+    if k > SINGLE_MAX_K:
+        mains.append(scan_spec(metric, dtype, dim, k, arch, n_queries=1, listed=True))
+    else:
+        mains.append(single_spec(metric, dtype, dim, k, arch, listed=True))
+        if metric == "l2" and dtype == "float32":
+            mains.append(single_spec(metric, dtype, dim, k, arch, shadow=True, listed=True))
+    if k <= TILED_MAX_K:
+        mains += tiled_specs(metric, dtype, dim, k, arch, listed=True)
+    return list(dict.fromkeys(mains))
 
 
 def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpec]:
@@ -437,7 +469,8 @@ def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpe
 
 
 __all__ = [
-    "RANGE_QB", "RenderedSource", "band_spec", "hopper_specs", "range_spec", "rows_spec", "selection_spec", "selection_specs",
+    "RANGE_QB", "RenderedSource", "band_spec", "hopper_specs", "listed_specs", "range_spec", "rows_spec",
+    "selection_spec", "selection_specs",
     "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
     "render_source", "row_layout", "scan_spec", "single_spec", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
     "verify_spec",

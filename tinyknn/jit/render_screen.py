@@ -8,6 +8,7 @@ kernels/screen_steps.cuh); render.name_expression hands these variants here. Pur
 - "screen_rows":    the rows' terms (and a float32 index's float16 shadow).
 - "threshold":      each query's threshold from the threshold mode's upper bounds.
 - "survivors":      the survivors verified in float64 (the exactness contract), the k best written.
+- "range_survivors": a range search's survivors verified in float64, the hits into range search's pool.
 - "screen_hopper":  screen_hopper_kernel (kernels/screen_hopper.cuh): the screen mode on sm_90a (wgmma fed by
                     TMA), compiled only for sm_90a; "screen_tiles": its per-tile bound of r_x (tile_rmax).
 """
@@ -77,12 +78,15 @@ def screen_spec(metric: str, dtype: str, k: int, arch: str, *, threshold: bool,
 
 
 def step_spec(variant: str, metric: str, dtype: str, k: int, arch: str) -> KernelSpec:
-    """screen_queries / screen_rows (per dtype), threshold (per k), survivors (per metric, dtype, k)."""
+    """screen_queries / screen_rows (per dtype), threshold (per k), survivors (per metric, dtype, k),
+    range_survivors (per metric, dtype)."""
     params = {}
     if variant == "survivors":
         params = {"cap": SURVIVOR_CAPACITY, "warps": SURVIVOR_WARPS, "smem": SURVIVOR_CAPACITY * 20}
+    elif variant == "range_survivors":
+        params = {"cap": SURVIVOR_CAPACITY}
     keeps_k = variant in ("threshold", "survivors")
-    keeps_metric = variant == "survivors" or (metric == "cosine" and variant != "threshold")
+    keeps_metric = variant in ("survivors", "range_survivors") or (metric == "cosine" and variant != "threshold")
     return KernelSpec(metric if keeps_metric else "l2", dtype if variant != "threshold" else "float32", 1,
                       k if keeps_k else 0, variant, arch, tuple(params.items()))
 
@@ -179,6 +183,8 @@ def name_expression(spec: KernelSpec) -> str:
         return f"tinyknn::screen_rows_kernel<{_STORAGE[spec.dtype]}, {element}>"
     if spec.variant == "threshold":
         return f"tinyknn::threshold_kernel<{spec.k}>"
+    if spec.variant == "range_survivors":
+        return f"tinyknn::range_survivors_kernel<{_METRICS[spec.metric]}, {_STORAGE[spec.dtype]}, {p('cap')}>"
     args = [_METRICS[spec.metric], _STORAGE[spec.dtype], spec.k, p("cap"), p("warps")]
     return f"tinyknn::verify_survivors_kernel<{', '.join(str(a) for a in args)}>"
 
@@ -193,3 +199,16 @@ def specs_for_screen(metric: str, dtype: str, k: int, arch: str, stride: int | N
     return hopper + [screen_spec(metric, dtype, k, arch, threshold=True), screen_spec(metric, dtype, k, arch, threshold=False),
             step_spec("screen_queries", metric, dtype, k, arch), step_spec("screen_rows", metric, dtype, k, arch),
             step_spec("threshold", metric, dtype, k, arch), step_spec("survivors", metric, dtype, k, arch)]
+
+
+def specs_for_range_screen(metric: str, dtype: str, arch: str, stride: int | None = None) -> list[KernelSpec]:
+    """Every kernel a screened range search of (metric, dtype) launches: the screen's steps 1 and 3 (on sm_90 /
+    sm_90a, given the screened rows' stride, also the Hopper screen's two) and range_survivors."""
+    hopper = []
+    if hopper_arch(arch) and stride is not None:
+        spec = hopper_spec(metric, dtype, stride, arch)
+        hopper = [spec, tiles_spec(spec.param("bn"), arch)]
+    return hopper + [screen_spec(metric, dtype, 1, arch, threshold=False),
+                     step_spec("screen_queries", metric, dtype, 0, arch),
+                     step_spec("screen_rows", metric, dtype, 0, arch),
+                     step_spec("range_survivors", metric, dtype, 0, arch)]

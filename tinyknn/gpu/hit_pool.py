@@ -1,0 +1,97 @@
+"""A pool of range-search hits (float64 key, id, query) turned into CSR on the device (kernels/select.cuh):
+scatter_kernel groups the hits by query, segment_sort_kernel sorts each query's by (distance, id) and writes
+them at the query's offset. range_kernel (gpu/ranges.py) and the screen's range step (gpu/range_screen.py)
+fill the pool; both answer through here. Also the host's CSR arithmetic (segment sizes, offsets, the merge
+of two answers to disjoint sets of queries).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..jit import render
+
+HIT_BYTES = 8 + 8 + 4           # a pool entry: key (float64), id (int64), query (int32)
+
+
+def segment_sizes(counts: np.ndarray) -> np.ndarray:
+    """Each count rounded up to a power of two (0 stays 0): the bitonic sort's segment lengths."""
+    counts = np.asarray(counts, dtype=np.int64)
+    sizes = np.zeros(len(counts), dtype=np.int64)
+    some = counts > 0
+    sizes[some] = np.left_shift(1, np.ceil(np.log2(counts[some])).astype(np.int64))
+    return sizes
+
+
+def offsets(sizes: np.ndarray) -> np.ndarray:
+    """[0, sizes[0], sizes[0] + sizes[1], ...]: CSR offsets of consecutive sizes."""
+    out = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out[1:])
+    return out
+
+
+def merge_answers(counts: np.ndarray, distances: np.ndarray, ids: np.ndarray, which: np.ndarray,
+                  other_counts: np.ndarray, other_distances: np.ndarray, other_ids: np.ndarray):
+    """(counts, distances, ids) in CSR order of every query: queries `which` (ascending, distinct) answered by
+    the other answer, the rest by the first (whose counts for `which` are 0)."""
+    counts = np.asarray(counts, dtype=np.int64).copy()
+    which = np.asarray(which, dtype=np.int64)
+    if len(which) == 0:
+        return counts, distances, ids
+    counts[which] = other_counts
+    starts = offsets(counts)
+    out_d = np.empty(int(starts[-1]), np.float32)
+    out_i = np.empty(int(starts[-1]), np.int64)
+    mine = np.ones(len(counts), dtype=bool)
+    mine[which] = False
+    for queries, part_counts, part_d, part_i in ((np.flatnonzero(mine), counts[mine], distances, ids),
+                                                 (which, np.asarray(other_counts, np.int64), other_distances,
+                                                  other_ids)):
+        owner = np.repeat(queries, part_counts)                # each entry's query
+        rank = np.arange(len(owner)) - np.repeat(offsets(part_counts)[:-1], part_counts)
+        out_d[starts[owner] + rank] = part_d
+        out_i[starts[owner] + rank] = part_i
+    return counts, out_d, out_i
+
+
+def sort_segments(searcher, n_segments: int, keys_ptr: int, ids_ptr: int, places, counts_ptr: int, larger: bool,
+                  distances_ptr: int, out_ids_ptr: int) -> None:
+    """segment_sort_kernel: places is the device buffer of [segment offsets (n_segments + 1), output offsets
+    (n_segments + 1)], int64."""
+    loaded = searcher._kernel(render.selection_spec("segment_sort", searcher._arch))
+    loaded.prepare(keys_ptr, ids_ptr, places.ptr, counts_ptr, places.ptr + (n_segments + 1) * 8, int(larger),
+                   distances_ptr, out_ids_ptr).launch(n_segments, loaded.threads, 0, searcher._stream)
+
+
+def group_and_sort(searcher, pool_keys: int, pool_ids: int, pool_queries: int, n_hits: int,
+                   counts_host: np.ndarray, counts: int, larger: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(distances, ids) of the pool's n_hits hits (device addresses of its keys, ids and queries), grouped by
+    query (scatter_kernel), each query's sorted and written at its CSR offset. counts_host: hits per query
+    (counts: the same on the device, uint32)."""
+    stream, n_queries = searcher._stream, len(counts_host)
+    distances, ids = np.empty(n_hits, np.float32), np.empty(n_hits, np.int64)
+    if n_hits == 0:
+        return distances, ids
+    places = np.concatenate([offsets(segment_sizes(counts_host)), offsets(counts_host)])
+    room = int(places[n_queries])
+    buffers = searcher._scratch("range search hits, grouped", places.nbytes, n_queries * 4, room * 8, room * 8,
+                                n_hits * 4, n_hits * 8)
+    device_places, cursors, keys, group_ids, out_d, out_i = buffers
+    try:
+        device_places.copy_from_host(places, places.nbytes, stream)
+        cursors.fill_bytes(0, n_queries * 4, stream)
+        loaded = searcher._kernel(render.selection_spec("scatter", searcher._arch))
+        blocks = max(1, min(math.ceil(n_hits / loaded.threads), searcher._sm_count * 8))
+        loaded.prepare(pool_keys, pool_ids, pool_queries, n_hits, device_places.ptr, cursors.ptr, keys.ptr,
+                       group_ids.ptr).launch(blocks, loaded.threads, 0, stream)
+        sort_segments(searcher, n_queries, keys.ptr, group_ids.ptr, device_places, counts, larger, out_d.ptr,
+                      out_i.ptr)
+        out_d.copy_to_host(distances, n_hits * 4, stream)
+        out_i.copy_to_host(ids, n_hits * 8, stream)
+        stream.synchronize()
+    finally:
+        for buffer in buffers:
+            buffer.close()
+    return distances, ids
