@@ -273,6 +273,9 @@ class CapturedGraph(_Owned):
         finally:
             driver.cuGraphDestroy(graph)        # the executable graph does not need it
         self._own("cuGraphExecDestroy", self.handle, ctx)
+        # Its device-side setup now, on the stream, rather than in its first launch: a search right after a
+        # removal (whose graphs are captured again) would pay it.
+        check(driver.cuGraphUpload(self.handle, stream.handle), "cuGraphUpload")
 
     def launch(self, stream) -> None:
         err, = _cuGraphLaunch(self.handle, stream.handle)
