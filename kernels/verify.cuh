@@ -175,36 +175,43 @@ TINYKNN_D double exact_distance_by_chunks(const float* query, const T* row, int 
   return Exact<Metric>::finish(a, b, qq);
 }
 
-// The same distance by a whole warp: each lane loads one 16-byte chunk of a 32-chunk segment of the row
-// (one coalesced load per segment), then every lane runs the sequential chain over the segment's elements,
-// taken from their lanes by shuffles in order. For few candidates (one query's answer): one load latency
-// per 32 chunks instead of one per chunk.
-template <class Metric, class T>
+// The same distance by a group of 32 / GROUPS lanes of a warp (GROUPS rows at once, one a group): each lane
+// loads one 16-byte chunk of the group's segment of the row (the next segment's load issued before this one's
+// chain), then every lane of the group runs the sequential chain over the segment's elements, taken from the
+// group's lanes by shuffles in order. `lane`: the lane's place in its group; `row` null: a group with no row
+// (it runs on zeros, so that the warp's shuffles stay converged). All of the warp's lanes must call it.
+// Why groups: every lane of a group computes the same chain, and a warp instruction costs its 32 lanes
+// whatever they compute, so a whole warp on one row spent 32x the float64 work (the conversions to double,
+// 16 a clock per SM, bound it: ~50 us of a one-query search on 1M x 768 for 18 candidates).
+// Why unrolled: UNROLL chunks' shuffles are independent of the running sums, so they are issued ahead and only
+// the chain of additions stays on the critical path. A step past the row's end adds (q, x) = (0, 0): its
+// product is +0, and adding +0 leaves every sum the chain can reach unchanged (they start at +0 and so are
+// never -0), so the bits are the sequential chain's.
+template <class Metric, int GROUPS = 1, class T>
 TINYKNN_D double exact_distance_by_warp(const float* query, const T* row, int dim, double qq, int lane) {
-  constexpr int N = Chunk<T>::N;
+  static_assert(GROUPS == 1 || GROUPS == 2 || GROUPS == 4 || GROUPS == 8, "exact_distance_by_warp: 1, 2, 4 or 8 groups");
+  constexpr int N = Chunk<T>::N, WIDTH = 32 / GROUPS;
+  constexpr int UNROLL = N > 8 ? 2 : (WIDTH < 8 ? WIDTH : 8);
   const uint4* chunks = reinterpret_cast<const uint4*>(row);
   const int n_chunks = (dim + N - 1) / N;
   double a = 0.0, b = 0.0;
-  for (int base = 0; base < n_chunks; base += 32) {
+  uint4 next = row != nullptr && lane < n_chunks ? __ldg(chunks + lane) : zero_chunk();
+  for (int base = 0; base < n_chunks; base += WIDTH) {
     const int mine = base + lane;
     float x[N], qv[N];
-    Chunk<T>::unpack(mine < n_chunks ? __ldg(chunks + mine) : zero_chunk(), x);
+    Chunk<T>::unpack(next, x);
+    next = row != nullptr && mine + WIDTH < n_chunks ? __ldg(chunks + mine + WIDTH) : zero_chunk();
 #pragma unroll
     for (int e = 0; e < N; ++e) qv[e] = mine * N + e < dim ? __ldg(query + mine * N + e) : 0.0f;
-    const int count = min(32, n_chunks - base);
-    // UNROLL chunks' shuffles are independent of the running sums, so unrolled they are issued ahead and
-    // only the chain of additions stays on the critical path (a loop of one chunk paid the shuffles'
-    // latency at every step: ~8 us of a one-query search on 100k x 128, ~50 us on 1M x 768). A step past
-    // the row's end adds (q, x) = (0, 0): its product is +0, and adding +0 leaves every sum the chain can
-    // reach unchanged (they start at +0 and so are never -0), so the bits are the sequential chain's.
-    constexpr int UNROLL = N > 8 ? 2 : 8;
+    const int count = min(WIDTH, n_chunks - base);
     for (int c0 = 0; c0 < count; c0 += UNROLL) {
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
         const int c = c0 + u;
 #pragma unroll
         for (int e = 0; e < N; ++e) {
-          const float xe = __shfl_sync(FULL_WARP, x[e], c & 31), qe = __shfl_sync(FULL_WARP, qv[e], c & 31);
+          const float xe = __shfl_sync(FULL_WARP, x[e], c & (WIDTH - 1), WIDTH);
+          const float qe = __shfl_sync(FULL_WARP, qv[e], c & (WIDTH - 1), WIDTH);
           const bool inside = c < count && (base + c) * N + e < dim;
           Exact<Metric>::step(a, b, inside ? qe : 0.0f, inside ? (double)xe : 0.0);
         }
@@ -242,6 +249,8 @@ TINYKNN_D double exact_squares_by_warp(const float* query, int dim, int lane) {
 // lists at keys / positions (KL entries each), with `shared_space` (verify_shared_bytes<KL>() bytes) as scratch.
 // Used by verify_kernel (a block per query) and by the single-query kernel's last block (single.cuh).
 // bounds (may be null) gets its slot q zeroed for the next search.
+// Candidates whose distances one warp computes at once in verify_query (exact_distance_by_warp's groups).
+constexpr int VERIFY_GROUPS = 4;
 template <int KL> __host__ __device__ constexpr int verify_shared_bytes() { return next_pow2(KL) * (4 + 4 + 8 + 8) + MERGE_SHARED_FIXED + 16; }
 
 template <class Metric, class Bound, class T, int K, int KL, int WARPS>
@@ -275,20 +284,26 @@ TINYKNN_D void verify_query(long long q, const float* keys, const int* positions
     __syncthreads();
     qq = query_qq[0];
   }
-  if constexpr (KL <= 2 * WARPS) {      // a warp per candidate: few of them, latency matters most
-    const int lane = threadIdx.x & 31;
-    for (int i = threadIdx.x >> 5; i < SORT; i += WARPS) {
-      const int position = sort_positions[i];
-      unsigned long long key = EMPTY_KEY64;
-      long long id = EMPTY_ID;
-      if (position >= 0) {
-        key = ordered_bits64(exact_key<Metric>(
-            exact_distance_by_warp<Metric>(query, data + (long long)position * row_stride, dim, qq, lane)));
-        id = __ldg(ids + position);
+  if constexpr (KL <= 2 * WARPS) {      // a group of lanes per candidate: few of them, latency matters most
+    constexpr int GROUPS = VERIFY_GROUPS, WIDTH = 32 / GROUPS;
+    const int lane = (threadIdx.x & 31) % WIDTH;
+    // the warp's loop is uniform (first), so its lanes stay converged for the groups' shuffles
+    for (int first = (threadIdx.x >> 5) * GROUPS; first < SORT; first += WARPS * GROUPS) {
+      const int i = first + (threadIdx.x & 31) / WIDTH;
+      const int position = i < SORT ? sort_positions[i] : -1;
+      if (!__any_sync(FULL_WARP, position >= 0)) {
+        if (lane == 0 && i < SORT) {
+          exact_keys[i] = EMPTY_KEY64;
+          exact_ids[i] = EMPTY_ID;
+        }
+        continue;
       }
-      if (lane == 0) {
-        exact_keys[i] = key;
-        exact_ids[i] = id;
+      const double distance = exact_distance_by_warp<Metric, GROUPS>(
+          query, position >= 0 ? data + (long long)position * row_stride : static_cast<const T*>(nullptr), dim, qq,
+          lane);
+      if (lane == 0 && i < SORT) {
+        exact_keys[i] = position >= 0 ? ordered_bits64(exact_key<Metric>(distance)) : EMPTY_KEY64;
+        exact_ids[i] = position >= 0 ? __ldg(ids + position) : EMPTY_ID;
       }
     }
   } else {                               // a thread per candidate

@@ -137,7 +137,8 @@ class HostQueries:
     def _main_spec(self, n_queries: int, k: int, exact: bool):
         args = (self.metric, self.dtype, self.dim, k, self._arch)
         variant = plans.choose_variant(n_queries, k)
-        listed = {"listed": True} if self._view.prefix == "list" else {}   # the kernels read the row list
+        view = self._view       # None outside a search (tests ask which kernel a shape gets): every row
+        listed = {"listed": True} if view is not None and view.prefix == "list" else {}   # they read the row list
         if variant == "single":
             return render.single_spec(*args, shadow=self._streams_shadow(), **listed, **dict(self.single_overrides))
         if variant == "scan":
