@@ -206,7 +206,7 @@ def command(base: Path, queries: Path, out: Path, k: int, device: str, rows: int
     record = json.loads(Path(f"{out}.json").read_text())
     return {"argv": argv[1:], "seconds": round(seconds, 3), "record_seconds": record["seconds"],
             "shards": record.get("shards"), "shard_rows": record.get("shard_rows"),
-            "stdout": done.stdout.strip()[-500:]}
+            "record_stages": record.get("stages_seconds"), "stdout": done.stdout.strip()[-500:]}
 
 
 def _pythonpath() -> str:

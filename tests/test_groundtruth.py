@@ -356,7 +356,12 @@ def test_overlapped_shards_equal_one_index_and_resume(tmp_path, rng, overlapped,
     want = groundtruth(x, q, 30, shard_rows=1000, **args)                   # one Index, no reader thread
     _assert_bits(want, exact_search(x, q.astype(np.float32), 30, metric, dtype="uint8"))
     _assert_bits(groundtruth(base, queries, 30, output=tmp_path / "gt.bin", **args), want)
-    assert json.loads((tmp_path / "gt.bin.json").read_text())["shards"] == 8          # ceil(1000 / 8) = 125 rows
+    record = json.loads((tmp_path / "gt.bin.json").read_text())
+    assert record["shards"] == 8          # ceil(1000 / 8) = 125 rows
+    # where the time went: every stage of a file run with 8 shards, none negative, together the whole run
+    stages = record["stages_seconds"]
+    assert set(stages) == {"opening", "reading and adding", "searching", "merging", "writing"}
+    assert min(stages.values()) >= 0 and sum(stages.values()) >= record["seconds"] - 0.01
     checkpoint = tmp_path / "run.ckpt"
     for stop_after in (2, 10):
         with pytest.raises(_Stop):

@@ -36,6 +36,7 @@ from ..spec import parse_metric
 from . import checkpoint as _checkpoint
 from . import conventions
 from ._internal import merge_knn, merge_ranges
+from .stages import Stages
 from .batches import Batches, spans_of
 from .exact import Exact, storage_dtype
 from .inputs import Source, open_pair
@@ -175,7 +176,7 @@ def groundtruth(base, queries, k: int | None = None, metric: str = "l2", device:
 
 def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_rows, query_batch, shard_rows,
              storage, checkpoint_path, progress, output, format, keep_checkpoint, client):
-    started = time.perf_counter()
+    started, stages = time.perf_counter(), Stages()
     dtype = storage_dtype(base, dtype)
     dim = base.shape[1]
     queries = query_source.rows(0, nq)
@@ -229,6 +230,7 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
                 arrays.update({f"lims{i}": lims_i, f"distances{i}": d_i, f"ids{i}": i_i})
             arrays.update(dict(zip(("lims_current", "distances_current", "ids_current"), _concat_ranges(current))))
         _checkpoint.save(checkpoint_path, key, next_shard, next_batch, arrays)
+        stages.done("checkpointing")
 
     total_units = float(n)
     done_units = sum(min(shard_rows, n - s * shard_rows) for s in range(shard)) + \
@@ -237,6 +239,7 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
     spans = spans_of(shard * shard_rows, n, shard_rows, batch_rows)
     reader = Batches(base, [span for shard_spans in spans for span in shard_spans], read_ahead)
     batches = iter(reader)
+    stages.done("opening")
     try:
         for s in range(shard, n_shards):
             first, last = spans[s - shard][0][0], spans[s - shard][-1][1]
@@ -247,19 +250,23 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
                     index.add(rows, ids=np.arange(a, b, dtype=np.int64))
                     if progress is not None:
                         progress(done_units, total_units, f"adding {stage}" if n_shards > 1 else "adding rows")
+                stages.done("reading and adding")
                 for t in range(start_batch, n_batches):
                     qa, qb = t * query_batch, min(nq, (t + 1) * query_batch)
                     q = queries[qa:qb]
                     if radius is None:
                         shard_d, shard_i = index.search(q, k)
+                        stages.done("searching")
                         if s == 0:
                             distances[qa:qb], ids[qa:qb] = shard_d, shard_i
                         else:
                             so_far = (distances[qa:qb], ids[qa:qb])
                             distances[qa:qb], ids[qa:qb] = merge_knn([so_far, (shard_d, shard_i)], k, metric,
                                                                      run.resolver(q))
+                            stages.done("merging")
                     else:
                         current.append(index.range_search(q, radius))
+                        stages.done("searching")
                     done_units += (last - first) * (qb - qa) / nq
                     if t + 1 < n_batches:
                         save_state(s, t + 1)
@@ -280,9 +287,10 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
         result = parts[0]
     else:
         result = merge_ranges(parts, metric, run.resolver(queries))
+        stages.done("merging")
     if output is not None:
         write_output(run, result, output, format, k, radius, device, storage, base, n_shards,
-                      time.perf_counter() - started, key, fingerprints, cluster=_cluster(client))
+                      time.perf_counter() - started, key, fingerprints, cluster=_cluster(client), stages=stages)
     if checkpoint_path is not None and not keep_checkpoint and os.path.exists(checkpoint_path):
         os.unlink(checkpoint_path)
     return result

@@ -16,7 +16,8 @@ from .inputs import FirstRows
 
 
 def write_output(run, result, output, format, k, radius, device, storage, base, n_shards, seconds, key,
-                  fingerprints, cluster=None) -> None:
+                  fingerprints, cluster=None, stages=None) -> None:
+    """The format's files, then the JSON record beside them (`stages`: a Stages of the run, or None)."""
     name = conventions.convention(format, run.metric)
     if radius is None:
         distances, ids = result
@@ -30,6 +31,8 @@ def write_output(run, result, output, format, k, radius, device, storage, base, 
         query_of = np.repeat(np.arange(len(lims) - 1), np.diff(lims))
         written = tio.write_range_groundtruth(output, lims, ids, converted(run, distances, ids, name, query_of),
                                               format=format)
+    if stages is not None:
+        stages.done("writing")
     record = {
         "format": "tinyknn.groundtruth.record", "version": 1, "tinyknn": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -44,6 +47,8 @@ def write_output(run, result, output, format, k, radius, device, storage, base, 
                  "equal float64 distances by the smaller id; distances are those float64 values in the "
                  "convention above, rounded to float32 once",
     }
+    if stages is not None:
+        record["stages_seconds"] = stages.rounded()
     if cluster is not None:
         record["dask"] = cluster
     if radius is not None:
