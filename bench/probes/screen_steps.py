@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
-"""Where a screened batch of 100k x 128 float32 spends its time: each step's CUDA-event milliseconds, the
-survivors per query, for the threshold step's kept bounds per tile (KT) and sample step as knobs.
+"""Where a screened batch spends its time: each step's CUDA-event milliseconds and the survivors per query,
+for the threshold step's kept bounds per tile (KT) and sample step as knobs. By default 100k x 128 float32
+(random normal), k = 10, 100 and 1,000 queries; `--dtype uint8` takes SIFT-like rows (bench/datasets.py) and
+`--ks 10,100 --queries 2048` the shapes whose k = 100 costs more than k = 10 (10M x 128 uint8 on the H200).
 
     PYTHONPATH=$PWD python3 bench/probes/screen_steps.py --out $OUT/screen_steps.json
+    PYTHONPATH=$PWD python3 bench/probes/screen_steps.py --n 10000000 --dtype uint8 --ks 10,100 \
+        --queries 2048 --keeps 2 --steps default --out $OUT/screen_steps_u8.json
 """
 import argparse
 import json
@@ -15,9 +19,22 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common  # noqa: E402
+import datasets  # noqa: E402
 import tinyknn  # noqa: E402
 from tinyknn.gpu import screen as screen_module  # noqa: E402
 from tinyknn.jit import render_screen  # noqa: E402
+
+
+def numbers(text: str) -> list:
+    return [None if part == "default" else int(part) for part in text.split(",")]
+
+
+def data(args):
+    if args.dtype == "uint8":
+        return datasets.sift_like(args.n, max(args.queries), args.dim)
+    rng = np.random.default_rng(0)
+    db = rng.standard_normal((args.n, args.dim)).astype(np.float32)
+    return db, rng.standard_normal((max(args.queries), args.dim)).astype(np.float32)
 
 
 def main() -> None:
@@ -25,36 +42,43 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--dtype", choices=("float32", "float16", "uint8"), default="float32")
+    parser.add_argument("--ks", type=numbers, default=[10])
+    parser.add_argument("--queries", type=numbers, default=[100, 1000])
+    parser.add_argument("--keeps", type=numbers, default=[2, 10], help="THRESHOLD_KEEP values (default: 2,10)")
+    parser.add_argument("--steps", type=numbers, default=[None, 8, 32],
+                        help="sample steps, 'default' for the library's (default: default,8,32)")
     args = parser.parse_args()
-    rng = np.random.default_rng(0)
-    db = rng.standard_normal((args.n, args.dim)).astype(np.float32)
-    queries = rng.standard_normal((1000, args.dim)).astype(np.float32)
-    original_step = screen_module.sample_step
+    db, queries = data(args)
+    original_step, original_keep = screen_module.sample_step, render_screen.THRESHOLD_KEEP
     rows = []
-    with tinyknn.Index(args.dim, "l2", "float32", device="cuda") as index:
+    with tinyknn.Index(args.dim, "l2", args.dtype, device="cuda") as index:
         index.add(db)
         screen = index._searcher._screen
-        for keep in (2, 10):
-            for step in (None, 8, 32):
-                render_screen.THRESHOLD_KEEP = keep
+        for keep in args.keeps:
+            for step in args.steps:
+                render_screen.THRESHOLD_KEEP = original_keep if keep is None else keep
                 screen_module.sample_step = original_step if step is None else (lambda n, k, s=step: s)
-                for nq in (100, 1000):
-                    q = queries[:nq]
-                    for _ in range(3):
-                        index.search(q, 10)
-                    samples = _common.time_calls(lambda: index.search(q, 10), repeats=50, warmup=3)
-                    screen.timings = {}
-                    for _ in range(7):
-                        index.search(q, 10)
-                    steps = {name: round(float(np.median(ms)), 4) for name, ms in screen.timings.items()}
-                    screen.timings = None
-                    counts = np.zeros(nq, np.int32)
-                    index._searcher._buffers["screen_counts"].copy_to_host(counts, nq * 4)
-                    row = {"keep": keep, "step": step or original_step(args.n, 10), "queries": nq,
-                           "median_ms": round(float(np.median(samples)) * 1e3, 4), "steps_ms": steps,
-                           "survivors_mean": float(counts.mean()), "survivors_max": int(counts.max())}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                for k in args.ks:
+                    for nq in args.queries:
+                        q = queries[:nq]
+                        for _ in range(3):
+                            index.search(q, k)
+                        samples = _common.time_calls(lambda: index.search(q, k), repeats=20, warmup=2)
+                        screen.timings = {}
+                        for _ in range(7):
+                            index.search(q, k)
+                        steps = {name: round(float(np.median(ms)), 4) for name, ms in screen.timings.items()}
+                        screen.timings = None
+                        counts = np.zeros(nq, np.int32)
+                        index._searcher._buffers["screen_counts"].copy_to_host(counts, nq * 4)
+                        row = {"dtype": args.dtype, "n": args.n, "k": k, "queries": nq,
+                               "keep": render_screen.THRESHOLD_KEEP, "step": step or original_step(args.n, k),
+                               "median_ms": round(float(np.median(samples)) * 1e3, 4), "steps_ms": steps,
+                               "survivors_mean": float(counts.mean()), "survivors_max": int(counts.max()),
+                               "fallbacks_so_far": screen.fallbacks}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
     if args.out:
         args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1))
 
