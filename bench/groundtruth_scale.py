@@ -234,6 +234,29 @@ def check(base: Path, queries: Path, ids: np.ndarray, distances: np.ndarray | No
     return out
 
 
+def api_by_readers(args, base: Path, queries: Path, device: str, cold: bool, want) -> dict:
+    """The API again with each --readers count other than the library's (the same bits asked for)."""
+    import tinyknn
+    from tinyknn.groundtruth import batches
+
+    default, out = batches.READERS, {}
+    try:
+        for readers in (int(r) for r in args.readers.split(",")):
+            if readers == default:
+                continue
+            batches.READERS = readers
+            if cold:
+                drop_from_cache(base)
+            started = time.perf_counter()
+            d, i = tinyknn.groundtruth(str(base), str(queries), args.k, "l2", device=device)
+            out[str(readers)] = round(time.perf_counter() - started, 3)
+            if not (np.array_equal(i, want[1]) and np.array_equal(d.view(np.uint32), want[0].view(np.uint32))):
+                raise RuntimeError(f"the API with {readers} readers differs from the API with {default}")
+    finally:
+        batches.READERS = default
+    return out
+
+
 def file_row(args, name: str, dtype: str, rows: int, device: str) -> dict:
     """A base file to a ground-truth file through the command and the API, against read (+ H2D) time."""
     import tinyknn
@@ -268,6 +291,7 @@ def file_row(args, name: str, dtype: str, rows: int, device: str) -> dict:
     api_d, api_i = tinyknn.groundtruth(str(base), str(queries), args.k, "l2", device=device, progress=progress)
     row["api_s"] = round(time.perf_counter() - started, 3)
     row["api_stages_s"] = stages
+    row["api_s_by_readers"] = api_by_readers(args, base, queries, device, cold, (api_d, api_i))
     truth = tio.read_knn_groundtruth(out)
     row["api_equals_command"] = bool(np.array_equal(api_i, truth.ids)
                                      and np.array_equal(api_d.view(np.uint32), truth.distances.view(np.uint32)))
@@ -421,6 +445,9 @@ def parse_args(argv=None):
     parser.add_argument("--faiss-block", type=int, default=1_000_000, help="rows per block FAISS is handed")
     parser.add_argument("--check-queries", type=int, default=16, help="queries checked against float64")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--readers", default="1", help="comma-separated reads in flight for extra API runs of the "
+                        "file row, each from a cold cache (tinyknn.groundtruth.batches.READERS; default: 1, the "
+                        "library's own, no extra run)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--cache", choices=("cold", "warm"), default="cold",
                         help="cold: drop the base from the page cache before the read pass and each run")

@@ -301,12 +301,15 @@ def test_gpu_uint8_file_over_shards_equals_the_oracle(tmp_path, rng):
         _assert_bits(got, want)
 
 
-@pytest.mark.parametrize("extension", [".u8bin", ".fvecs", ".npy"])
-def test_read_ahead_batches_are_the_files_rows(tmp_path, rng, extension):
-    """The add batches read ahead by a second thread (one pread for a big-ann file, a copy for others), cut
-    at the shards' boundaries."""
+@pytest.mark.parametrize("extension,readers", [(".u8bin", 1), (".fvecs", 1), (".npy", 1), (".u8bin", 3)])
+def test_read_ahead_batches_are_the_files_rows(tmp_path, rng, monkeypatch, extension, readers):
+    """The add batches read ahead by reader threads (one pread for a big-ann file, a copy for others), cut
+    at the shards' boundaries, handed over in order however many read at once; none left after close."""
+    from tinyknn.groundtruth import batches as batches_module
     from tinyknn.groundtruth.batches import Batches, spans_of
     from tinyknn.groundtruth.inputs import Source
+
+    monkeypatch.setattr(batches_module, "READERS", readers)
 
     x = rng.integers(0, 256, (1000, 12)).astype(np.uint8 if extension == ".u8bin" else np.float32)
     path = tmp_path / f"b{extension}"
@@ -317,6 +320,7 @@ def test_read_ahead_batches_are_the_files_rows(tmp_path, rng, extension):
     reader = Batches(source, [span for shard in spans for span in shard], read_ahead=2)
     batches = list(reader)
     reader.close()
+    assert not _readers()
     np.testing.assert_array_equal(np.concatenate([rows for _, _, rows in batches]), x[300:])
     assert not any(isinstance(rows, np.memmap) for _, _, rows in batches)    # read into memory of their own
     source.close()
@@ -325,7 +329,7 @@ def test_read_ahead_batches_are_the_files_rows(tmp_path, rng, extension):
 def _readers() -> list:
     import threading
 
-    return [t for t in threading.enumerate() if t.name == "tinyknn-groundtruth-reader"]
+    return [t for t in threading.enumerate() if t.name.startswith("tinyknn-groundtruth-reader")]
 
 
 @pytest.fixture

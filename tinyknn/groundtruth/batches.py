@@ -1,12 +1,14 @@
 """The add batches of a ground-truth run: spans of base rows cut at the shards' boundaries, and their rows,
-read when asked for or ahead of the caller by a thread of their own."""
+read when asked for or ahead of the caller by reader threads of their own."""
 
 from __future__ import annotations
 
-import queue
-import threading
+import collections
+from concurrent.futures import ThreadPoolExecutor
 
 from .inputs import Source
+
+READER_NAME = "tinyknn-groundtruth-reader"    # the reader threads' names begin with it
 
 
 def spans_of(first: int, last: int, shard_rows: int, batch_rows: int) -> list[list[tuple[int, int]]]:
@@ -18,50 +20,48 @@ def spans_of(first: int, last: int, shard_rows: int, batch_rows: int) -> list[li
     return shards
 
 
+# Reads in flight at once (benchmarks may set it): one sequential stream by default; more keep more of a
+# disk's queue busy where that reads faster (bench/groundtruth_scale.py measures it).
+READERS = 1
+
+
 class Batches:
     """(a, b, rows a..b) of every span in order (iterate once; close() when done). With `read_ahead` > 0 (a
-    file on a GPU), a second thread, started at once, reads the spans (one pread each) up to `read_ahead`
-    batches ahead of the caller, whatever the caller is doing (starting CUDA, adding, searching, merging);
-    else each is read when asked for. Not on the CPU, whose add and search keep the cores busy (on the 2-core
-    VM a reader thread made the adds of 1M x 128 float32 from a file slower: 1.7-3.2 s against 1.4-2.3 s,
-    four runs each)."""
+    file on a GPU), reader threads (READERS), started at once, read the spans (one pread each) up to
+    `read_ahead` batches ahead of the caller, whatever the caller is doing (starting CUDA, adding, searching,
+    merging); else each is read when asked for. Not on the CPU, whose add and search keep the cores busy (on
+    the 2-core VM a reader thread made the adds of 1M x 128 float32 from a file slower: 1.7-3.2 s against
+    1.4-2.3 s, four runs each)."""
 
     def __init__(self, base: Source, spans: list[tuple[int, int]], read_ahead: int):
-        self._base, self._spans, self._thread = base, spans, None
+        self._base, self._spans, self._pool = base, spans, None
         if read_ahead >= 1 and base.path is not None:
-            self._ready, self._stop = queue.Queue(maxsize=read_ahead), threading.Event()
-            self._thread = threading.Thread(target=self._read, name="tinyknn-groundtruth-reader", daemon=True)
-            self._thread.start()
+            self._ahead, self._next = read_ahead, iter(spans)
+            self._pending: collections.deque = collections.deque()
+            self._pool = ThreadPoolExecutor(max_workers=max(1, min(READERS, read_ahead)),
+                                            thread_name_prefix=READER_NAME)
+            self._fill()
 
-    def _hand_over(self, item) -> None:
-        while not self._stop.is_set():
-            try:
-                self._ready.put(item, timeout=0.05)
+    def _fill(self) -> None:
+        while len(self._pending) < self._ahead:
+            span = next(self._next, None)
+            if span is None:
                 return
-            except queue.Full:
-                continue
-
-    def _read(self) -> None:
-        try:
-            for a, b in self._spans:
-                if self._stop.is_set():
-                    return
-                self._hand_over((a, b, self._base.read(a, b)))
-        except BaseException as exc:   # noqa: BLE001 - raised again in the caller's thread
-            self._hand_over(exc)
+            self._pending.append((span, self._pool.submit(self._base.read, *span)))
 
     def __iter__(self):
-        for a, b in self._spans:
-            if self._thread is None:
+        if self._pool is None:
+            for a, b in self._spans:
                 yield a, b, self._base.rows(a, b)
-                continue
-            item = self._ready.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+            return
+        while self._pending:
+            (a, b), read = self._pending.popleft()
+            rows = read.result()        # the reader's exception, if it failed, raised in the caller's thread
+            self._fill()
+            yield a, b, rows
 
     def close(self) -> None:
-        """Stop the reader (a run finished, cut short or failed) and wait for it."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
+        """Stop the readers (a run finished, cut short or failed) and wait for them."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pending.clear()
