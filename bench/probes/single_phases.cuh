@@ -8,9 +8,10 @@
 //   SEL    0: the slice's KL best by gather_best (the library's radix select); 1: by warps (probe_warp_best),
 //             which also leaves every list sorted by (key, position).
 //   GATHER 0: the tail gathers the KL best of all lists by gather_best; 1: by merging the sorted lists
-//             (probe_merge_lists; needs SEL 1).
+//             (probe_merge_lists; needs SEL 1); 2: by the lists' minima (probe_head_gather: the KL-th smallest
+//             minimum bounds the KL-th smallest key; the entries under it ranked), gather_best where it cannot.
 //   SORTW  0: the tail sorts the float64 candidates with the block's bitonic network; 1: with one warp's
-//             shuffles (SORT <= 32).
+//             shuffles (SORT <= 32; the library's choice there since verify.cuh's warp_sort_exact).
 //   TAIL   0: the last block to arrive runs the tail; 1: the stream kernel stops after its list and
 //             probe_tail_kernel (one block) runs the tail as a second launch.
 #pragma once
@@ -157,31 +158,72 @@ TINYKNN_D unsigned probe_merge_lists(const float* keys, const int* positions, in
   return ordered_bits(sort_keys[KL - 1]);
 }
 
-// The SORT (<= 32) (key, id) pairs sorted ascending by one warp (SORTW 1): a bitonic network over the lanes.
-// The same order as block_sort_exact (real entries are distinct (key, id) pairs; empty ones are all equal).
-TINYKNN_D void probe_warp_sort_exact(unsigned long long* keys, long long* ids, int n) {
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    unsigned long long key = lane < n ? keys[lane] : EMPTY_KEY64;
-    long long id = lane < n ? ids[lane] : EMPTY_ID;
-    for (int size = 2; size <= 32; size *= 2) {
-      for (int stride = size / 2; stride > 0; stride /= 2) {
-        const unsigned long long other_key = __shfl_xor_sync(FULL_WARP, key, stride);
-        const long long other_id = __shfl_xor_sync(FULL_WARP, id, stride);
-        const bool mine_first = key < other_key || (key == other_key && id <= other_id);
-        const bool keep_smaller = ((lane & stride) == 0) == ((lane & size) == 0);
-        if (mine_first != keep_smaller) {
-          key = other_key;
-          id = other_id;
-        }
-      }
+// GATHER 2's shared memory: each list's minimum (PROBE_MAXL lists at most), the candidates (PROBE_CAP at most)
+// and two counters.
+constexpr int PROBE_MAXL = 1024, PROBE_CAP = 512;
+constexpr int PROBE_HEAD_SCRATCH = 4 * PROBE_MAXL + 8 * PROBE_CAP + 16;
+
+// The KL best of n_lists lists of KL (sorted or not) into sort_keys / sort_positions [0, KL) (ascending;
+// [KL, SORT) get (+inf, -1)), the ordered bits of the KL-th key in kl_bits; false (nothing written) where it
+// cannot: more lists than PROBE_MAXL, fewer than KL, a bound T of +inf, or more than PROBE_CAP entries <= T.
+// T = the KL-th smallest of the lists' minima: those KL minima are KL entries <= T, so the KL-th smallest entry
+// overall is <= T and every one of the KL smallest is among the entries <= T, which are ranked by (key,
+// position) (distinct: positions are, and T finite keeps the padding (+inf, -1) out). The same V and A as
+// gather_best's, up to ties at the KL-th key (broken by position).
+template <int KL, int SORT, int WARPS>
+TINYKNN_D bool probe_head_gather(const float* keys, const int* positions, int n_lists, unsigned long long* scratch,
+                                 float* sort_keys, int* sort_positions, unsigned& kl_bits) {
+  if (n_lists > PROBE_MAXL || n_lists < KL) return false;
+  constexpr int THREADS = WARPS * 32;
+  float* minima = reinterpret_cast<float*>(scratch);
+  unsigned long long* found = scratch + PROBE_MAXL / 2;
+  unsigned* counters = reinterpret_cast<unsigned*>(found + PROBE_CAP);   // [0] entries found, [1] T's bits
+  if (threadIdx.x == 0) counters[0] = 0;
+  for (int l = threadIdx.x; l < n_lists; l += THREADS) {
+    float least = positive_infinity();
+#pragma unroll
+    for (int j = 0; j < KL; ++j) least = fminf(least, keys[l * KL + j]);
+    minima[l] = least;
+  }
+  __syncthreads();
+  for (int l = threadIdx.x; l < n_lists; l += THREADS) {      // the minimum of rank KL - 1 (ties by list)
+    const float mine = minima[l];
+    int rank = 0;
+    for (int o = 0; o < n_lists; ++o) {
+      const float other = minima[o];
+      rank += (other < mine || (other == mine && o < l)) ? 1 : 0;
     }
-    if (lane < n) {
-      keys[lane] = key;
-      ids[lane] = id;
+    if (rank == KL - 1) counters[1] = __float_as_uint(mine);
+  }
+  __syncthreads();
+  const float bound = __uint_as_float(counters[1]);
+  if (!(bound < positive_infinity())) return false;
+  for (int l = threadIdx.x; l < n_lists; l += THREADS) {
+#pragma unroll
+    for (int j = 0; j < KL; ++j) {
+      const float key = keys[l * KL + j];
+      if (key <= bound) {
+        const unsigned slot = atomicAdd(counters, 1u);
+        if (slot < PROBE_CAP) found[slot] = probe_pack(key, positions[l * KL + j]);
+      }
     }
   }
   __syncthreads();
+  const int n_found = (int)counters[0];
+  if (n_found > PROBE_CAP) return false;
+  for (int i = threadIdx.x; i < n_found; i += THREADS) {       // >= KL found: the KL minima
+    const unsigned long long mine = found[i];
+    int rank = 0;
+    for (int o = 0; o < n_found; ++o) rank += found[o] < mine ? 1 : 0;
+    if (rank < KL) probe_unpack(mine, sort_keys[rank], sort_positions[rank]);
+  }
+  for (int i = KL + threadIdx.x; i < SORT; i += THREADS) {
+    sort_keys[i] = positive_infinity();
+    sort_positions[i] = -1;
+  }
+  __syncthreads();
+  kl_bits = ordered_bits(sort_keys[KL - 1]);
+  return true;
 }
 
 // The tail: verify_query (kernels/verify.cuh) for query 0 with stamps, the gather by GATHER and the sort by
@@ -203,9 +245,10 @@ TINYKNN_D void probe_tail(const float* keys, const int* positions, int n_lists, 
   double* query_qq = reinterpret_cast<double*>(histogram + 260);
 
   unsigned kl_bits;
-  if (GATHER && n_lists <= WARPS * 32 * 4) {
+  if (GATHER == 1 && n_lists <= WARPS * 32 * 4) {
     kl_bits = probe_merge_lists<KL, SORT, WARPS, 4>(keys, positions, n_lists, scratch, sort_keys, sort_positions);
-  } else {
+  } else if (!(GATHER == 2 && probe_head_gather<KL, SORT, WARPS>(keys, positions, n_lists, scratch, sort_keys,
+                                                                  sort_positions, kl_bits))) {
     kl_bits = gather_best<KL, SORT>(keys, positions, (long long)n_lists * KL, sort_keys, sort_positions, histogram,
                                     histogram + 258);
   }
@@ -220,20 +263,25 @@ TINYKNN_D void probe_tail(const float* keys, const int* positions, int n_lists, 
     __syncthreads();
     qq = query_qq[0];
   }
-  if constexpr (KL <= 2 * WARPS) {
-    const int lane = threadIdx.x & 31;
-    for (int i = threadIdx.x >> 5; i < SORT; i += WARPS) {
-      const int position = sort_positions[i];
-      unsigned long long key = EMPTY_KEY64;
-      long long id = EMPTY_ID;
-      if (position >= 0) {
-        key = ordered_bits64(exact_key<Metric>(
-            exact_distance_by_warp<Metric>(query, data + (long long)position * row_stride, dim, qq, lane)));
-        id = __ldg(ids + position);
+  if constexpr (KL <= 2 * WARPS) {      // verify_query's lines: a group of lanes per candidate
+    constexpr int GROUPS = VERIFY_GROUPS, WIDTH = 32 / GROUPS;
+    const int lane = (threadIdx.x & 31) % WIDTH;
+    for (int first = (threadIdx.x >> 5) * GROUPS; first < SORT; first += WARPS * GROUPS) {
+      const int i = first + (threadIdx.x & 31) / WIDTH;
+      const int position = i < SORT ? sort_positions[i] : -1;
+      if (!__any_sync(FULL_WARP, position >= 0)) {
+        if (lane == 0 && i < SORT) {
+          exact_keys[i] = EMPTY_KEY64;
+          exact_ids[i] = EMPTY_ID;
+        }
+        continue;
       }
-      if (lane == 0) {
-        exact_keys[i] = key;
-        exact_ids[i] = id;
+      const double distance = exact_distance_by_warp<Metric, GROUPS>(
+          query, position >= 0 ? data + (long long)position * row_stride : static_cast<const T*>(nullptr), dim, qq,
+          lane);
+      if (lane == 0 && i < SORT) {
+        exact_keys[i] = position >= 0 ? ordered_bits64(exact_key<Metric>(distance)) : EMPTY_KEY64;
+        exact_ids[i] = position >= 0 ? __ldg(ids + position) : EMPTY_ID;
       }
     }
   } else {
@@ -253,7 +301,7 @@ TINYKNN_D void probe_tail(const float* keys, const int* positions, int n_lists, 
   __syncthreads();
   probe_stamp<STAMP>(stamps, stamp_row, PROBE_DISTANCES);
   if constexpr (SORTW && SORT <= 32) {
-    probe_warp_sort_exact(exact_keys, exact_ids, SORT);
+    warp_sort_exact(exact_keys, exact_ids, SORT);     // verify.cuh's
   } else {
     block_sort_exact(exact_keys, exact_ids, sort_positions, SORT);
   }
@@ -297,8 +345,11 @@ TINYKNN_D void probe_copy_lists(int n_lists, float4* shared_space, const float*&
   positions = copied_positions;
 }
 
-// Shared memory beyond the library's layout: the warps' KL best (SEL 1 / GATHER 1).
-template <int KL, int WARPS> __host__ __device__ constexpr int probe_scratch_bytes() { return WARPS * KL * 8; }
+// Shared memory beyond the library's layout: the warps' KL best (SEL 1 / GATHER 1), GATHER 2's minima and
+// candidates.
+template <int KL, int WARPS, int GATHER> __host__ __device__ constexpr int probe_scratch_bytes() {
+  return GATHER == 2 && PROBE_HEAD_SCRATCH > WARPS * KL * 8 ? PROBE_HEAD_SCRATCH : WARPS * KL * 8;
+}
 
 // single_kernel (kernels/single.cuh) with the stamps and switches above; its parameters are the library's plus
 // `stamps` (a row of PROBE_STAMPS pairs per block; row gridDim.x for probe_tail_kernel).
@@ -311,7 +362,7 @@ probe_single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows,
                     float* __restrict__ out_distances, long long* __restrict__ out_ids, unsigned* arrivals,
                     const unsigned* __restrict__ row_stats, int* __restrict__ status, double* __restrict__ threshold,
                     int dim, unsigned long long* stamps) {
-  static_assert(!GATHER || SEL, "probe: merging the lists needs them sorted (SEL 1)");
+  static_assert(GATHER != 1 || SEL, "probe: merging the lists needs them sorted (SEL 1)");
   using Layout = RowLayout<S, DIM>;
   constexpr int STORED_STRIDE = RowLayout<T, DIM>::STRIDE;
   static_assert(is_pow2(G) && G <= 32, "G (lanes per row) must be a power of two <= 32");
@@ -321,7 +372,7 @@ probe_single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows,
   constexpr int QUERY_BYTES = align16(QROW * 4) + 16;
   constexpr int SLICE_BYTES = QUERY_BYTES + RMAX * 8 + SORT * 8 + MERGE_SHARED_FIXED;
   constexpr int VERIFY_BYTES = align16(verify_shared_bytes<KL>()) + CMAX * 8;
-  constexpr int NEED = (SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES) + probe_scratch_bytes<KL, WARPS>();
+  constexpr int NEED = (SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES) + probe_scratch_bytes<KL, WARPS, GATHER>();
   constexpr int SCRATCH_AT = SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES;
   static_assert(SMEM >= NEED, "probe_single_kernel: SMEM is smaller than its shared memory layout");
   static_assert(KL <= RMAX, "single_kernel: a slice must be able to hold a whole list");
@@ -435,11 +486,11 @@ probe_tail_kernel(const float* out_keys, const int* out_positions, int n_lists, 
                   int* __restrict__ status, double* __restrict__ threshold, int dim, unsigned long long* stamps) {
   constexpr int STORED_STRIDE = RowLayout<T, DIM>::STRIDE;
   constexpr int VERIFY_BYTES = align16(verify_shared_bytes<KL>()) + CMAX * 8;
-  static_assert(SMEM >= VERIFY_BYTES + probe_scratch_bytes<KL, WARPS>(), "probe_tail_kernel: SMEM too small");
+  static_assert(SMEM >= VERIFY_BYTES + probe_scratch_bytes<KL, WARPS, GATHER>(), "probe_tail_kernel: SMEM too small");
   extern __shared__ float4 shared_space[];
   unsigned long long* scratch =
       reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(shared_space) + VERIFY_BYTES);
-  require_dynamic_smem(VERIFY_BYTES + probe_scratch_bytes<KL, WARPS>());
+  require_dynamic_smem(VERIFY_BYTES + probe_scratch_bytes<KL, WARPS, GATHER>());
   probe_stamp<STAMP>(stamps, n_lists, PROBE_START);
   const float* keys = out_keys;
   const int* positions = out_positions;
