@@ -6,7 +6,8 @@
 // Template switches (each variant keeps the verify step's proof; SINGLE_PHASES.md says why):
 //   STAMP  1: thread 0 records %globaltimer and clock64() at the phase boundaries (probe_stamp).
 //   SEL    0: the slice's KL best by gather_best (the library's radix select); 1: by warps (probe_warp_best),
-//             which also leaves every list sorted by (key, position).
+//             which also leaves every list sorted by (key, position); 2: by the minima of groups of its keys
+//             (probe_head_gather; sorted too), gather_best where it cannot.
 //   GATHER 0: the tail gathers the KL best of all lists by gather_best; 1: by merging the sorted lists
 //             (probe_merge_lists; needs SEL 1); 2: by the lists' minima (probe_head_gather: the KL-th smallest
 //             minimum bounds the KL-th smallest key; the entries under it ranked), gather_best where it cannot.
@@ -161,18 +162,21 @@ TINYKNN_D unsigned probe_merge_lists(const float* keys, const int* positions, in
 // GATHER 2's shared memory: each list's minimum (PROBE_MAXL lists at most), the candidates (PROBE_CAP at most)
 // and two counters.
 constexpr int PROBE_MAXL = 1024, PROBE_CAP = 512;
+constexpr int PROBE_GROUP = 12;     // SEL 2: a slice's keys in groups of 12 (768 keys: 64 minima)
 constexpr int PROBE_HEAD_SCRATCH = 4 * PROBE_MAXL + 8 * PROBE_CAP + 16;
 
-// The KL best of n_lists lists of KL (sorted or not) into sort_keys / sort_positions [0, KL) (ascending;
-// [KL, SORT) get (+inf, -1)), the ordered bits of the KL-th key in kl_bits; false (nothing written) where it
-// cannot: more lists than PROBE_MAXL, fewer than KL, a bound T of +inf, or more than PROBE_CAP entries <= T.
-// T = the KL-th smallest of the lists' minima: those KL minima are KL entries <= T, so the KL-th smallest entry
-// overall is <= T and every one of the KL smallest is among the entries <= T, which are ranked by (key,
-// position) (distinct: positions are, and T finite keeps the padding (+inf, -1) out). The same V and A as
-// gather_best's, up to ties at the KL-th key (broken by position).
-template <int KL, int SORT, int WARPS>
-TINYKNN_D bool probe_head_gather(const float* keys, const int* positions, int n_lists, unsigned long long* scratch,
+// The KL best of `total` entries, seen as lists of LEN (the last one short; sorted or not), into sort_keys /
+// sort_positions [0, KL) (ascending; [KL, SORT) get (+inf, -1)), the ordered bits of the KL-th key in kl_bits;
+// false (nothing written) where it cannot: more lists than PROBE_MAXL, fewer than KL, a bound T of +inf, or
+// more than PROBE_CAP entries <= T. T = the KL-th smallest of the lists' minima: those KL minima are KL
+// entries <= T, so the KL-th smallest entry overall is <= T and every one of the KL smallest is among the
+// entries <= T, which are ranked by (key, position) (distinct: positions are, and T finite keeps the padding
+// (+inf, -1) out). The same V and A as gather_best's, up to ties at the KL-th key (broken by position). Used
+// for the tail's gather (LEN = KL: the slices' lists) and for a slice's own list (SEL 2: its keys in groups).
+template <int KL, int SORT, int WARPS, int LEN>
+TINYKNN_D bool probe_head_gather(const float* keys, const int* positions, int total, unsigned long long* scratch,
                                  float* sort_keys, int* sort_positions, unsigned& kl_bits) {
+  const int n_lists = (total + LEN - 1) / LEN;
   if (n_lists > PROBE_MAXL || n_lists < KL) return false;
   constexpr int THREADS = WARPS * 32;
   float* minima = reinterpret_cast<float*>(scratch);
@@ -182,7 +186,7 @@ TINYKNN_D bool probe_head_gather(const float* keys, const int* positions, int n_
   for (int l = threadIdx.x; l < n_lists; l += THREADS) {
     float least = positive_infinity();
 #pragma unroll
-    for (int j = 0; j < KL; ++j) least = fminf(least, keys[l * KL + j]);
+    for (int j = 0; j < LEN; ++j) least = l * LEN + j < total ? fminf(least, keys[l * LEN + j]) : least;
     minima[l] = least;
   }
   __syncthreads();
@@ -200,11 +204,12 @@ TINYKNN_D bool probe_head_gather(const float* keys, const int* positions, int n_
   if (!(bound < positive_infinity())) return false;
   for (int l = threadIdx.x; l < n_lists; l += THREADS) {
 #pragma unroll
-    for (int j = 0; j < KL; ++j) {
-      const float key = keys[l * KL + j];
+    for (int j = 0; j < LEN; ++j) {
+      const int at = l * LEN + j;
+      const float key = at < total ? keys[at] : positive_infinity();
       if (key <= bound) {
         const unsigned slot = atomicAdd(counters, 1u);
-        if (slot < PROBE_CAP) found[slot] = probe_pack(key, positions[l * KL + j]);
+        if (slot < PROBE_CAP) found[slot] = probe_pack(key, positions[at]);
       }
     }
   }
@@ -247,8 +252,8 @@ TINYKNN_D void probe_tail(const float* keys, const int* positions, int n_lists, 
   unsigned kl_bits;
   if (GATHER == 1 && n_lists <= WARPS * 32 * 4) {
     kl_bits = probe_merge_lists<KL, SORT, WARPS, 4>(keys, positions, n_lists, scratch, sort_keys, sort_positions);
-  } else if (!(GATHER == 2 && probe_head_gather<KL, SORT, WARPS>(keys, positions, n_lists, scratch, sort_keys,
-                                                                  sort_positions, kl_bits))) {
+  } else if (!(GATHER == 2 && probe_head_gather<KL, SORT, WARPS, KL>(keys, positions, n_lists * KL, scratch,
+                                                                      sort_keys, sort_positions, kl_bits))) {
     kl_bits = gather_best<KL, SORT>(keys, positions, (long long)n_lists * KL, sort_keys, sort_positions, histogram,
                                     histogram + 258);
   }
@@ -347,8 +352,8 @@ TINYKNN_D void probe_copy_lists(int n_lists, float4* shared_space, const float*&
 
 // Shared memory beyond the library's layout: the warps' KL best (SEL 1 / GATHER 1), GATHER 2's minima and
 // candidates.
-template <int KL, int WARPS, int GATHER> __host__ __device__ constexpr int probe_scratch_bytes() {
-  return GATHER == 2 && PROBE_HEAD_SCRATCH > WARPS * KL * 8 ? PROBE_HEAD_SCRATCH : WARPS * KL * 8;
+template <int KL, int WARPS, int GATHER, int SEL = 0> __host__ __device__ constexpr int probe_scratch_bytes() {
+  return (GATHER == 2 || SEL == 2) && PROBE_HEAD_SCRATCH > WARPS * KL * 8 ? PROBE_HEAD_SCRATCH : WARPS * KL * 8;
 }
 
 // single_kernel (kernels/single.cuh) with the stamps and switches above; its parameters are the library's plus
@@ -362,7 +367,7 @@ probe_single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows,
                     float* __restrict__ out_distances, long long* __restrict__ out_ids, unsigned* arrivals,
                     const unsigned* __restrict__ row_stats, int* __restrict__ status, double* __restrict__ threshold,
                     int dim, unsigned long long* stamps) {
-  static_assert(GATHER != 1 || SEL, "probe: merging the lists needs them sorted (SEL 1)");
+  static_assert(GATHER != 1 || SEL, "probe: merging the lists needs them sorted (SEL 1 or 2)");
   using Layout = RowLayout<S, DIM>;
   constexpr int STORED_STRIDE = RowLayout<T, DIM>::STRIDE;
   static_assert(is_pow2(G) && G <= 32, "G (lanes per row) must be a power of two <= 32");
@@ -372,7 +377,7 @@ probe_single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows,
   constexpr int QUERY_BYTES = align16(QROW * 4) + 16;
   constexpr int SLICE_BYTES = QUERY_BYTES + RMAX * 8 + SORT * 8 + MERGE_SHARED_FIXED;
   constexpr int VERIFY_BYTES = align16(verify_shared_bytes<KL>()) + CMAX * 8;
-  constexpr int NEED = (SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES) + probe_scratch_bytes<KL, WARPS, GATHER>();
+  constexpr int NEED = (SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES) + probe_scratch_bytes<KL, WARPS, GATHER, SEL>();
   constexpr int SCRATCH_AT = SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES;
   static_assert(SMEM >= NEED, "probe_single_kernel: SMEM is smaller than its shared memory layout");
   static_assert(KL <= RMAX, "single_kernel: a slice must be able to hold a whole list");
@@ -439,8 +444,15 @@ probe_single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows,
 
   float* list_keys = out_keys + (long long)blockIdx.x * KL;
   int* list_positions = out_positions + (long long)blockIdx.x * KL;
-  if constexpr (SEL) {
+  unsigned slice_bits;
+  if constexpr (SEL == 1) {
     probe_warp_best<KL, WARPS, PER>(row_keys, row_positions, count, scratch, list_keys, list_positions);
+  } else if (SEL == 2 && count > KL && probe_head_gather<KL, SORT, WARPS, PROBE_GROUP>(
+                 row_keys, row_positions, count, scratch, sort_keys, sort_positions, slice_bits)) {
+    for (int j = threadIdx.x; j < KL; j += WARPS * 32) {
+      list_keys[j] = sort_keys[j];
+      list_positions[j] = sort_positions[j];
+    }
   } else if (count > KL) {
     gather_best<KL, SORT>(row_keys, row_positions, count, sort_keys, sort_positions, histogram, histogram + 258);
     for (int j = threadIdx.x; j < KL; j += WARPS * 32) {

@@ -31,11 +31,11 @@ LAUNCHES = 200
 SHAPES = {"20k": (20_000, 128), "100k": (100_000, 128), "1M": (1_000_000, 768)}   # float32, l2, the shadow
 # name: (SEL, GATHER, SORTW, TAIL); the switches of single_phases.cuh
 VARIANTS = {"copy": (0, 0, 1, 0), "block_sort": (0, 0, 0, 0), "warp_select": (1, 0, 1, 0),
-            "warp_merge": (1, 1, 1, 0), "head_gather": (0, 2, 1, 0), "tail_kernel": (0, 0, 1, 1),
-            "tail_kernel_head": (0, 2, 1, 1)}
+            "warp_merge": (1, 1, 1, 0), "head_gather": (0, 2, 1, 0), "head_all": (2, 2, 1, 0),
+            "tail_kernel": (0, 0, 1, 1), "tail_kernel_head": (0, 2, 1, 1)}
 HEAD_SCRATCH = 4 * 1024 + 8 * 512 + 16      # single_phases.cuh's PROBE_HEAD_SCRATCH (GATHER 2)
 SLICE_SWEEP = {"20k": (20, 10), "100k": (66, 49)}       # fewer, fuller slices (rows a slice <= rmax)
-SWEPT = ("copy", "head_gather")
+SWEPT = ("copy", "head_all")
 PHASES = ("start", "query", "streamed", "listed", "arrived", "copied", "gathered", "distances", "sorted", "done")
 P = {name: i for i, name in enumerate(PHASES)}
 _V, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
@@ -55,7 +55,7 @@ def probe_names(spec, variant: str, stamp: int) -> tuple[str, str | None, int, i
     args = render.name_expression(spec).split("<", 1)[1].rsplit(">", 1)[0].split(", ")
     metric, bound, stored, _streamed, dim, k, kl, _lanes, warps, _rmax, _unroll, cmax, _smem = args
     scratch = int(warps) * int(kl) * 8
-    if gather == 2:
+    if gather == 2 or sel == 2:
         scratch = max(scratch, HEAD_SCRATCH)
     smem = spec.param("smem") + scratch
     stream = f"tinyknn::probe_single_kernel<{', '.join(args[:-1])}, {smem}, {stamp}, {sel}, {gather}, {sortw}, {tail}>"
