@@ -61,4 +61,82 @@ TINYKNN_D unsigned gather_best(const float* keys, const int* positions, long lon
 
 constexpr int MERGE_SHARED_FIXED = (256 + 4) * 4;   // radix histogram (256 + 2) and the gather counters (2)
 
+// ---- gathering by the lists' minima (the single-query kernel's last block) -----------------------------
+// bounded_gather's shared memory: each list's minimum (BOUNDED_MAX_LISTS at most), the entries under the
+// bound (BOUNDED_MAX_FOUND at most) as packed (key, position), and two counters.
+constexpr int BOUNDED_MAX_LISTS = 1024, BOUNDED_MAX_FOUND = 512;
+constexpr int BOUNDED_SHARED = 4 * BOUNDED_MAX_LISTS + 8 * BOUNDED_MAX_FOUND + 16;
+
+// The K best of `total` entries seen as lists of LEN (the last one short), as gather_best leaves them (slots
+// [0, K) of sort_keys / sort_positions, here ascending by (key, position); [K, SORT) get (+inf, -1); the
+// K-th key's ordered bits in kth), without its four radix passes over every entry: T = the K-th smallest of
+// the lists' minima is an upper bound of the K-th smallest key (those K minima are K entries <= T), so the K
+// best are among the entries <= T, which are collected and each ranked by (key, position) against the others
+// (distinct: positions are, and T finite keeps the padding (+inf, -1) out). The same set as gather_best's up to
+// ties at the K-th key (taken here by position). False, with nothing written, where it cannot: more lists
+// than BOUNDED_MAX_LISTS or fewer than K, T = +inf, more than BOUNDED_MAX_FOUND entries <= T (then
+// gather_best). Every thread of the block calls it; ends with a __syncthreads().
+template <int K, int SORT, int LEN>
+TINYKNN_D bool bounded_gather(const float* keys, const int* positions, int total, unsigned long long* scratch,
+                              float* sort_keys, int* sort_positions, unsigned& kth) {
+  const int n_lists = (total + LEN - 1) / LEN;
+  if (n_lists > BOUNDED_MAX_LISTS || n_lists < K) return false;
+  const int threads = blockDim.x;
+  float* minima = reinterpret_cast<float*>(scratch);
+  unsigned long long* found = scratch + BOUNDED_MAX_LISTS / 2;
+  unsigned* counters = reinterpret_cast<unsigned*>(found + BOUNDED_MAX_FOUND);   // [0] found, [1] T's bits
+  if (threadIdx.x == 0) counters[0] = 0;
+  for (int l = threadIdx.x; l < n_lists; l += threads) {
+    float least = positive_infinity();
+#pragma unroll
+    for (int j = 0; j < LEN; ++j) least = l * LEN + j < total ? fminf(least, keys[l * LEN + j]) : least;
+    minima[l] = least;
+  }
+  __syncthreads();
+  for (int l = threadIdx.x; l < n_lists; l += threads) {     // the minimum of rank K - 1 (ties by list)
+    const float mine = minima[l];
+    int rank = 0;
+    for (int o = 0; o < n_lists; ++o) {
+      const float other = minima[o];
+      rank += (other < mine || (other == mine && o < l)) ? 1 : 0;
+    }
+    if (rank == K - 1) counters[1] = __float_as_uint(mine);
+  }
+  __syncthreads();
+  const float bound = __uint_as_float(counters[1]);
+  if (!(bound < positive_infinity())) return false;
+  for (int l = threadIdx.x; l < n_lists; l += threads) {
+#pragma unroll
+    for (int j = 0; j < LEN; ++j) {
+      const int at = l * LEN + j;
+      const float key = at < total ? keys[at] : positive_infinity();
+      if (key <= bound) {
+        const unsigned slot = atomicAdd(counters, 1u);
+        if (slot < (unsigned)BOUNDED_MAX_FOUND) {
+          found[slot] = ((unsigned long long)ordered_bits(key) << 32) | (unsigned)positions[at];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  const int n_found = (int)counters[0];
+  if (n_found > BOUNDED_MAX_FOUND) return false;
+  for (int i = threadIdx.x; i < n_found; i += threads) {      // at least K: the K minima
+    const unsigned long long mine = found[i];
+    int rank = 0;
+    for (int o = 0; o < n_found; ++o) rank += found[o] < mine ? 1 : 0;
+    if (rank < K) {
+      sort_keys[rank] = from_ordered_bits((unsigned)(mine >> 32));
+      sort_positions[rank] = (int)(unsigned)mine;
+    }
+  }
+  for (int i = K + threadIdx.x; i < SORT; i += threads) {
+    sort_keys[i] = positive_infinity();
+    sort_positions[i] = -1;
+  }
+  __syncthreads();
+  kth = ordered_bits(sort_keys[K - 1]);
+  return true;
+}
+
 }  // namespace tinyknn

@@ -38,7 +38,8 @@ struct ShadowKeyBound {
 // (gather_best: a radix select over the slice's keys in shared memory) and writes them as the slice's
 // list, exactly what scan_kernel writes. The last block to finish (a counter in bounds[0] that wraps to
 // zero at the last arrival) runs the verify step over all the slices' lists (copied to shared memory when
-// they fit in CMAX entries): one launch instead of two.
+// they fit in CMAX entries; their KL best gathered by the lists' minima, merge.cuh's bounded_gather, in the
+// BOUNDED_SHARED bytes after them): one launch instead of two.
 // S: the element type streamed from `scan_rows` (T itself, or float16 for a float32 index's shadow with
 // Bound = ShadowKeyBound); the verify step reads the stored rows `data` (T) at the lists' positions.
 // LISTED: the search reads only the rows named by `listed_rows` (sorted int32 positions of a filter's allowed
@@ -62,7 +63,8 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   constexpr int SORT = next_pow2(KL);
   constexpr int QUERY_BYTES = align16(QROW * 4) + 16;
   constexpr int SLICE_BYTES = QUERY_BYTES + RMAX * 8 + SORT * 8 + MERGE_SHARED_FIXED;
-  constexpr int VERIFY_BYTES = align16(verify_shared_bytes<KL>()) + CMAX * 8;   // + the lists, copied
+  // + the lists, copied, and bounded_gather's scratch
+  constexpr int VERIFY_BYTES = align16(verify_shared_bytes<KL>()) + CMAX * 8 + BOUNDED_SHARED;
   constexpr int NEED = SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES;
   static_assert(SMEM >= NEED, "single_kernel: SMEM is smaller than its shared memory layout");
   static_assert(KL <= RMAX, "single_kernel: a slice must be able to hold a whole list");
@@ -164,9 +166,11 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
     keys = copied_keys;
     positions = copied_positions;
   }
+  unsigned long long* bounded_scratch = reinterpret_cast<unsigned long long*>(
+      reinterpret_cast<char*>(shared_space) + align16(verify_shared_bytes<KL>()) + CMAX * 8);
   verify_query<Metric, Bound, T, K, KL, WARPS>(0, keys, positions, gridDim.x, ids, out_distances, out_ids, arrivals,
                                                data, queries, STORED_STRIDE, dim, row_stats, status, threshold,
-                                               shared_space);
+                                               shared_space, bounded_scratch);
 }
 
 }  // namespace tinyknn

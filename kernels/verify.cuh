@@ -253,13 +253,16 @@ TINYKNN_D double exact_squares_by_warp(const float* query, int dim, int lane) {
 constexpr int VERIFY_GROUPS = 4;
 template <int KL> __host__ __device__ constexpr int verify_shared_bytes() { return next_pow2(KL) * (4 + 4 + 8 + 8) + MERGE_SHARED_FIXED + 16; }
 
+// bounded_scratch (BOUNDED_SHARED bytes of shared memory, or null): the KL best are gathered by the lists'
+// minima (merge.cuh's bounded_gather) where that can, else by gather_best.
 template <class Metric, class Bound, class T, int K, int KL, int WARPS>
 TINYKNN_D void verify_query(long long q, const float* keys, const int* positions, int n_lists,
                             const long long* __restrict__ ids, float* __restrict__ out_distances,
                             long long* __restrict__ out_ids, unsigned* bounds, const T* __restrict__ data,
                             const float* __restrict__ queries, int row_stride, int dim,
                             const unsigned* __restrict__ row_stats, int* __restrict__ status,
-                            double* __restrict__ threshold, float4* shared_space) {
+                            double* __restrict__ threshold, float4* shared_space,
+                            unsigned long long* bounded_scratch = nullptr) {
   static_assert(K < KL, "verify: the selection must keep more candidates than it returns");
   constexpr int SORT = next_pow2(KL);
   unsigned long long* exact_keys = reinterpret_cast<unsigned long long*>(shared_space);
@@ -270,8 +273,12 @@ TINYKNN_D void verify_query(long long q, const float* keys, const int* positions
   double* query_qq = reinterpret_cast<double*>(histogram + 260);
 
   const long long total = (long long)n_lists * KL;
-  const unsigned kl_bits = gather_best<KL, SORT>(keys, positions, total, sort_keys, sort_positions, histogram,
-                                                 histogram + 258);
+  unsigned kl_bits;
+  if (bounded_scratch == nullptr || total > (long long)BOUNDED_MAX_LISTS * KL ||
+      !bounded_gather<KL, SORT, KL>(keys, positions, (int)total, bounded_scratch, sort_keys, sort_positions,
+                                    kl_bits)) {
+    kl_bits = gather_best<KL, SORT>(keys, positions, total, sort_keys, sort_positions, histogram, histogram + 258);
+  }
   const float* query = queries + q * row_stride;
   // |q|^2 in float64: a dim-long chain on the critical path, so only where the distance (cosine) or the
   // bound reads it (l2's distance and its float32 / shadow bounds do not).

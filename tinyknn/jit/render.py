@@ -77,7 +77,9 @@ SINGLE_WARPS = 16               # warps per single-query block (16: 0.057 ms on 
 SINGLE_MAX_ROWS = 2048          # rows per single-query slice (its keys in shared memory); more rows: more slices
 SINGLE_UNROLL = 2               # rows per lane whose loads are in flight together (1 for 8-bit rows: their
                                 # 16-element chunks unpack into too many registers at 2)
-SINGLE_COPY_MAX = 4096          # the last block copies the lists to shared memory up to this many entries
+# The last block copies the lists to shared memory up to this many entries (170 slices of 18), beside
+# bounded_gather's scratch: together the 32 KB the copy alone took at 4,096 entries.
+SINGLE_COPY_MAX = 3072
 SINGLE_MAX_K = 128              # the single-query kernel up to this k (its last block verifies k + margin)
 SINGLE_SHADOW_MARGIN = 8        # candidates beyond k when streaming a float32 index's float16 shadow (its bound is
                                 # looser than float32's: 2 extra would send more near-ties to the band search)
@@ -250,6 +252,7 @@ def _sort_slots(kl: int) -> int:
 
 
 _RADIX_BYTES = (256 + 4) * 4    # the radix histogram and gather counters (MERGE_SHARED_FIXED in merge.cuh)
+_BOUNDED_BYTES = 4 * 1024 + 8 * 512 + 16   # bounded_gather's scratch (BOUNDED_SHARED in merge.cuh)
 
 
 def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, warps: int = SINGLE_WARPS,
@@ -270,7 +273,7 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
         unroll = SINGLE_UNROLL if ITEMSIZE[streamed] > 1 else 1
     query_bytes = _align16(_query_floats(chunks, stride, lanes) * 4) + 16
     slice_bytes = query_bytes + rmax * 8 + _sort_slots(kl) * 8 + _RADIX_BYTES
-    verify_bytes = _align16(verify_params(kl, False)["smem"]) + cmax * 8     # + the lists, copied
+    verify_bytes = _align16(verify_params(kl, False)["smem"]) + cmax * 8 + _BOUNDED_BYTES   # lists, bounded_gather
     params = {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "unroll": unroll, "cmax": cmax,
               "smem": max(slice_bytes, verify_bytes)}
     return _listed({**params, "shadow": 1} if shadow else params, listed)
