@@ -66,6 +66,9 @@ constexpr int MERGE_SHARED_FIXED = (256 + 4) * 4;   // radix histogram (256 + 2)
 // bound (BOUNDED_MAX_FOUND at most) as packed (key, position), and two counters.
 constexpr int BOUNDED_MAX_LISTS = 1024, BOUNDED_MAX_FOUND = 512;
 constexpr int BOUNDED_SHARED = 4 * BOUNDED_MAX_LISTS + 8 * BOUNDED_MAX_FOUND + 16;
+// A slice's keys in groups of this many for its own list (single.cuh): 768 keys give 64 minima, and a slice
+// of at least KL x SLICE_GROUP keys has enough of them.
+constexpr int SLICE_GROUP = 12;
 
 // The K best of `total` entries seen as lists of LEN (the last one short), as gather_best leaves them (slots
 // [0, K) of sort_keys / sort_positions, here ascending by (key, position); [K, SORT) get (+inf, -1); the

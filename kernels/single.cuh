@@ -62,7 +62,8 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   constexpr int QROW = G * CPL * Layout::PER_CHUNK;           // floats of the query row in shared memory
   constexpr int SORT = next_pow2(KL);
   constexpr int QUERY_BYTES = align16(QROW * 4) + 16;
-  constexpr int SLICE_BYTES = QUERY_BYTES + RMAX * 8 + SORT * 8 + MERGE_SHARED_FIXED;
+  // the slice's layout, then bounded_gather's scratch for its list
+  constexpr int SLICE_BYTES = align16(QUERY_BYTES + RMAX * 8 + SORT * 8 + MERGE_SHARED_FIXED) + BOUNDED_SHARED;
   // + the lists, copied, and bounded_gather's scratch
   constexpr int VERIFY_BYTES = align16(verify_shared_bytes<KL>()) + CMAX * 8 + BOUNDED_SHARED;
   constexpr int NEED = SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES;
@@ -76,6 +77,8 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   float* sort_keys = reinterpret_cast<float*>(row_positions + RMAX);
   int* sort_positions = reinterpret_cast<int*>(sort_keys + SORT);
   unsigned* histogram = reinterpret_cast<unsigned*>(sort_positions + SORT);
+  unsigned long long* slice_scratch = reinterpret_cast<unsigned long long*>(
+      reinterpret_cast<char*>(shared_space) + align16(QUERY_BYTES + RMAX * 8 + SORT * 8 + MERGE_SHARED_FIXED));
   __shared__ unsigned last_block;
   require_dynamic_smem(NEED);
 
@@ -127,11 +130,16 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   }
   __syncthreads();
 
-  // The slice's list: its KL best (padded with (+inf, -1) where the slice has fewer rows).
+  // The slice's list: its KL best (padded with (+inf, -1) where the slice has fewer rows), bounded by the
+  // minima of its keys in groups of SLICE_GROUP (bounded_gather), else by gather_best's radix select.
   float* list_keys = out_keys + (long long)blockIdx.x * KL;
   int* list_positions = out_positions + (long long)blockIdx.x * KL;
   if (count > KL) {
-    gather_best<KL, SORT>(row_keys, row_positions, count, sort_keys, sort_positions, histogram, histogram + 258);
+    unsigned slice_kth;
+    if (!bounded_gather<KL, SORT, SLICE_GROUP>(row_keys, row_positions, count, slice_scratch, sort_keys,
+                                               sort_positions, slice_kth)) {
+      gather_best<KL, SORT>(row_keys, row_positions, count, sort_keys, sort_positions, histogram, histogram + 258);
+    }
     for (int j = threadIdx.x; j < KL; j += WARPS * 32) {
       list_keys[j] = sort_keys[j];
       list_positions[j] = sort_positions[j];

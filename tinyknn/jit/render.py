@@ -272,7 +272,7 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
     if unroll is None:
         unroll = SINGLE_UNROLL if ITEMSIZE[streamed] > 1 else 1
     query_bytes = _align16(_query_floats(chunks, stride, lanes) * 4) + 16
-    slice_bytes = query_bytes + rmax * 8 + _sort_slots(kl) * 8 + _RADIX_BYTES
+    slice_bytes = _align16(query_bytes + rmax * 8 + _sort_slots(kl) * 8 + _RADIX_BYTES) + _BOUNDED_BYTES
     verify_bytes = _align16(verify_params(kl, False)["smem"]) + cmax * 8 + _BOUNDED_BYTES   # lists, bounded_gather
     params = {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "unroll": unroll, "cmax": cmax,
               "smem": max(slice_bytes, verify_bytes)}
