@@ -73,7 +73,7 @@ class HostQueries:
         view = self._view
         if view.prefix == "list":     # the listed rows gathered into the "sub_" buffers, searched there
             self._copy_rows(self._listed, None, "sub_")
-            self._view = type(view)("sub_", view.n)     # searcher.Rows
+            self._view = type(view)("sub_", view.n)     # views.Rows
             try:
                 return self._band(which, k)
             finally:
