@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common  # noqa: E402
 import tinyknn  # noqa: E402
 from tinyknn.gpu import range_screen, ranges  # noqa: E402
-from tinyknn.gpu.hit_pool import merge_answers, offsets  # noqa: E402
+from tinyknn.csr import offsets  # noqa: E402
+from tinyknn.gpu.hit_pool import merge_answers  # noqa: E402
 
 RADIUS = 153.06541620612143     # index_ops's radius_for on this data (its 2026-12-02 H200 run): mean 121 hits
 

@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..csr import combine
+
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -64,16 +66,4 @@ def ranges(range_search, queries, n_queries: int, radius: float, parts: list[Gro
     if len(parts) == 1 and parts[0].queries is None:
         return range_search(queries, radius, parts[0].rows)
     answers = [(part.queries, *range_search(queries[part.queries], radius, part.rows)) for part in parts]
-    counts = np.zeros(n_queries, dtype=np.int64)
-    for members, lims, _, _ in answers:
-        counts[members] = np.diff(lims)
-    all_lims = np.zeros(n_queries + 1, dtype=np.int64)
-    np.cumsum(counts, out=all_lims[1:])
-    distances = np.empty(int(all_lims[-1]), dtype=np.float32)
-    ids = np.empty(int(all_lims[-1]), dtype=np.int64)
-    for members, lims, group_distances, group_ids in answers:
-        sizes = np.diff(lims)
-        # hit j of the group's i-th query goes to all_lims[members[i]] + (j - lims[i])
-        where = np.repeat(all_lims[members] - lims[:-1], sizes) + np.arange(int(lims[-1]), dtype=np.int64)
-        distances[where], ids[where] = group_distances, group_ids
-    return all_lims, distances, ids
+    return combine(n_queries, answers)
