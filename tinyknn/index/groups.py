@@ -30,8 +30,6 @@ def groups(n_queries: int, allowed: np.ndarray | None, query_labels: np.ndarray 
     if len(query_labels) and bool((query_labels == query_labels[0]).all()):     # one label: no np.unique
         return [Group(None, _allowed(rows_of_label(int(query_labels[0])), allowed))]
     distinct, which = np.unique(query_labels, return_inverse=True)
-    if len(distinct) == 1:
-        return [Group(None, _allowed(rows_of_label(int(distinct[0])), allowed))]
     order = np.argsort(which, kind="stable")
     bounds = np.searchsorted(which[order], np.arange(1, len(distinct)))
     return [Group(members, _allowed(rows_of_label(label), allowed))
