@@ -21,12 +21,15 @@ class Rows:
     start: int = 0
 
     def pointer(self, searcher, column: str) -> int:
-        """The device address of the view's first row in `column` (data, norms or ids)."""
+        """The device address of the view's first row in `column` (data, norms, ids, or the screen's float16
+        shadow of the rows: screen_shadow, which no gathered copy has)."""
         if self.prefix == "sub_":
             return searcher._pointer("sub_" + column)
         base = searcher._pointer(column)
         if self.prefix == "run" and base:
-            base += self.start * {"data": searcher._row_bytes, "norms": 4, "ids": 8}[column]
+            row_bytes = {"data": searcher._row_bytes, "norms": 4, "ids": 8,
+                         "screen_shadow": searcher._screen.row_bytes}[column]
+            base += self.start * row_bytes
         return base
 
 
