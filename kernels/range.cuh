@@ -5,15 +5,29 @@
 
 namespace tinyknn {
 
+// A hit of query q (its contract key; the row's user id at `id`) into the pool: the next of `capacity`
+// entries (keys, ids, queries) through *total, which keeps counting past the capacity so the host can tell
+// and search again with more room; query_hits (the query's counter) counts it too. range_kernel's and
+// range_survivors_kernel's.
+TINYKNN_D void pool_hit(double key, const long long* __restrict__ id, int q, long long capacity,
+                        double* __restrict__ out_keys, long long* __restrict__ out_ids, int* __restrict__ pool_queries,
+                        unsigned* query_hits, unsigned long long* total) {
+  const unsigned long long slot = atomicAdd(total, 1ull);
+  atomicAdd(query_hits, 1u);
+  if (slot < (unsigned long long)capacity) {
+    out_keys[slot] = key;
+    out_ids[slot] = __ldg(id);
+    pool_queries[slot] = q;
+  }
+}
+
 // grid (row blocks, ceil(n_queries / QB)), 256 threads, QB * row_stride floats of dynamic shared memory.
 // Each thread takes rows in turn and computes their float32 keys for the block's QB queries (the scan's
 // arithmetic, each row read once per QB queries); a row whose float32 key could still be inside the radius
 // (KeyBound::lowest < radius_key) gets its contract float64 distance (exact.cuh), and is a hit when that key
 // is strictly inside: key < radius_key (l2: distance < radius; ip, cosine: similarity > radius, key =
 // -similarity). Two ways out (select.cuh takes it from there):
-// - a pool (pool_queries given): a hit takes the next of `capacity` pool entries (key, id, query) through
-//   *total, which keeps counting past the capacity so the host can tell and search again with more room;
-//   counts[q] counts the query's hits;
+// - a pool (pool_queries given): a hit goes into it (pool_hit); counts[q] counts the query's hits;
 // - every row (pool_queries null, radius_key +inf): row r's key for query q goes to out_keys[q * n_data + r].
 template <class Metric, class T, int QB>
 __global__ void __launch_bounds__(256, 1)
@@ -72,13 +86,7 @@ range_kernel(const T* __restrict__ data, const float* __restrict__ inv_norms, co
       if (pool_queries == nullptr) {
         out_keys[(long long)(q0 + j) * n_data + row] = key;
       } else if (key < radius_key) {
-        const unsigned long long slot = atomicAdd(total, 1ull);
-        atomicAdd(counts + q0 + j, 1u);
-        if (slot < (unsigned long long)capacity) {
-          out_keys[slot] = key;
-          out_ids[slot] = __ldg(ids + row);
-          pool_queries[slot] = q0 + j;
-        }
+        pool_hit(key, ids + row, q0 + j, capacity, out_keys, out_ids, pool_queries, counts + q0 + j, total);
       }
     }
   }

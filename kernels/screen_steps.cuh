@@ -5,6 +5,7 @@
 // tinyknn/gpu/screen.py for the order (range search: tinyknn/gpu/range_screen.py).
 #pragma once
 #include "screen.cuh"
+#include "range.cuh"
 #include "verify.cuh"
 
 namespace tinyknn {
@@ -212,11 +213,9 @@ verify_survivors_kernel(const int* __restrict__ survivors, const int* __restrict
 // radius as its threshold (in key units, rounded so that every row strictly inside the radius survives), so
 // the rows strictly inside are among its survivors. Each survivor's contract distance (exact.cuh, as
 // range_kernel computes it) is a hit when its key is strictly inside: key < radius_key (l2: distance <
-// radius; ip, cosine: similarity > radius, key = -similarity). Hits go to range_kernel's pool (select.cuh
-// groups and sorts it): a hit takes the next of `capacity` entries (key, id, query) through *total, which
-// keeps counting past the capacity so the host can tell and run this step again with more room; hits[q]
-// counts the query's. A query whose survivors overflowed CAP (counts[q] > CAP) is skipped, hits[q] = 0: the
-// host searches it with range_kernel.
+// radius; ip, cosine: similarity > radius, key = -similarity). Hits go to range_kernel's pool (range.cuh's
+// pool_hit; select.cuh groups and sorts it), hits[q] counting the query's. A query whose survivors overflowed
+// CAP (counts[q] > CAP) is skipped, hits[q] = 0: the host searches it with range_kernel.
 template <class Metric, class T, int CAP>
 __global__ void __launch_bounds__(256, 1)
 range_survivors_kernel(const int* __restrict__ survivors, const int* __restrict__ counts,
@@ -235,15 +234,7 @@ range_survivors_kernel(const int* __restrict__ survivors, const int* __restrict_
     const int position = survivors[(long long)q * CAP + i];
     const double key = exact_key<Metric>(
         exact_distance_by_chunks<Metric>(query, data + (long long)position * row_stride, dim, query_qq));
-    if (key < radius_key) {
-      const unsigned long long slot = atomicAdd(total, 1ull);
-      atomicAdd(hits + q, 1u);
-      if (slot < (unsigned long long)capacity) {
-        out_keys[slot] = key;
-        out_ids[slot] = __ldg(ids + position);
-        pool_queries[slot] = q;
-      }
-    }
+    if (key < radius_key) pool_hit(key, ids + position, q, capacity, out_keys, out_ids, pool_queries, hits + q, total);
   }
 }
 

@@ -253,44 +253,30 @@ TINYKNN_D double exact_squares_by_warp(const float* query, int dim, int lane) {
 constexpr int VERIFY_GROUPS = 4;
 template <int KL> __host__ __device__ constexpr int verify_shared_bytes() { return next_pow2(KL) * (4 + 4 + 8 + 8) + MERGE_SHARED_FIXED + 16; }
 
-// bounded_scratch (BOUNDED_SHARED bytes of shared memory, or null): the KL best are gathered by the lists'
-// minima (merge.cuh's bounded_gather) where that can, else by gather_best.
-template <class Metric, class Bound, class T, int K, int KL, int WARPS>
-TINYKNN_D void verify_query(long long q, const float* keys, const int* positions, int n_lists,
-                            const long long* __restrict__ ids, float* __restrict__ out_distances,
-                            long long* __restrict__ out_ids, unsigned* bounds, const T* __restrict__ data,
-                            const float* __restrict__ queries, int row_stride, int dim,
-                            const unsigned* __restrict__ row_stats, int* __restrict__ status,
-                            double* __restrict__ threshold, float4* shared_space,
-                            unsigned long long* bounded_scratch = nullptr) {
-  static_assert(K < KL, "verify: the selection must keep more candidates than it returns");
-  constexpr int SORT = next_pow2(KL);
-  unsigned long long* exact_keys = reinterpret_cast<unsigned long long*>(shared_space);
-  long long* exact_ids = reinterpret_cast<long long*>(exact_keys + SORT);
-  float* sort_keys = reinterpret_cast<float*>(exact_ids + SORT);
-  int* sort_positions = reinterpret_cast<int*>(sort_keys + SORT);
-  unsigned* histogram = reinterpret_cast<unsigned*>(sort_positions + SORT);
-  double* query_qq = reinterpret_cast<double*>(histogram + 260);
-
-  const long long total = (long long)n_lists * KL;
-  unsigned kl_bits;
-  if (bounded_scratch == nullptr || total > (long long)BOUNDED_MAX_LISTS * KL ||
-      !bounded_gather<KL, SORT, KL>(keys, positions, (int)total, bounded_scratch, sort_keys, sort_positions,
-                                    kl_bits)) {
-    kl_bits = gather_best<KL, SORT>(keys, positions, total, sort_keys, sort_positions, histogram, histogram + 258);
-  }
-  const float* query = queries + q * row_stride;
-  // |q|^2 in float64: a dim-long chain on the critical path, so only where the distance (cosine) or the
-  // bound reads it (l2's distance and its float32 / shadow bounds do not).
-  double qq = 0.0;
+// |q|^2 in float64 for verify_query (the same bits as exact_squares), through `slot` (one double of shared
+// memory): a dim-long chain on the critical path, so only where the distance (cosine) or the bound reads it
+// (l2's distance and its float32 / shadow bounds do not; then 0). Every thread of the block calls it.
+template <class Metric, class Bound>
+TINYKNN_D double verify_query_squares(const float* query, int dim, double* slot) {
   if constexpr (Metric::needs_norms || Bound::uses_qq) {
     if (threadIdx.x < 32) {
       const double mine = exact_squares_by_warp(query, dim, threadIdx.x);
-      if (threadIdx.x == 0) query_qq[0] = mine;
+      if (threadIdx.x == 0) slot[0] = mine;
     }
     __syncthreads();
-    qq = query_qq[0];
+    return slot[0];
   }
+  return 0.0;
+}
+
+// verify_query's float64 step: the contract key (ordered bits) and user id of each of the SORT candidates at
+// sort_positions into exact_keys / exact_ids ((EMPTY_KEY64, EMPTY_ID) where a position is -1). Every thread of
+// the block (WARPS warps) calls it; the caller synchronises before reading the results.
+template <class Metric, class T, int KL, int WARPS>
+TINYKNN_D void verify_distances(const float* query, const int* sort_positions, const long long* __restrict__ ids,
+                                const T* __restrict__ data, int row_stride, int dim, double qq,
+                                unsigned long long* exact_keys, long long* exact_ids) {
+  constexpr int SORT = next_pow2(KL);
   if constexpr (KL <= 2 * WARPS) {      // a group of lanes per candidate: few of them, latency matters most
     constexpr int GROUPS = VERIFY_GROUPS, WIDTH = 32 / GROUPS;
     const int lane = (threadIdx.x & 31) % WIDTH;
@@ -327,6 +313,37 @@ TINYKNN_D void verify_query(long long q, const float* keys, const int* positions
       exact_ids[i] = id;
     }
   }
+}
+
+// bounded_scratch (BOUNDED_SHARED bytes of shared memory, or null): the KL best are gathered by the lists'
+// minima (merge.cuh's bounded_gather) where that can, else by gather_best.
+template <class Metric, class Bound, class T, int K, int KL, int WARPS>
+TINYKNN_D void verify_query(long long q, const float* keys, const int* positions, int n_lists,
+                            const long long* __restrict__ ids, float* __restrict__ out_distances,
+                            long long* __restrict__ out_ids, unsigned* bounds, const T* __restrict__ data,
+                            const float* __restrict__ queries, int row_stride, int dim,
+                            const unsigned* __restrict__ row_stats, int* __restrict__ status,
+                            double* __restrict__ threshold, float4* shared_space,
+                            unsigned long long* bounded_scratch = nullptr) {
+  static_assert(K < KL, "verify: the selection must keep more candidates than it returns");
+  constexpr int SORT = next_pow2(KL);
+  unsigned long long* exact_keys = reinterpret_cast<unsigned long long*>(shared_space);
+  long long* exact_ids = reinterpret_cast<long long*>(exact_keys + SORT);
+  float* sort_keys = reinterpret_cast<float*>(exact_ids + SORT);
+  int* sort_positions = reinterpret_cast<int*>(sort_keys + SORT);
+  unsigned* histogram = reinterpret_cast<unsigned*>(sort_positions + SORT);
+  double* query_qq = reinterpret_cast<double*>(histogram + 260);
+
+  const long long total = (long long)n_lists * KL;
+  unsigned kl_bits;
+  if (bounded_scratch == nullptr || total > (long long)BOUNDED_MAX_LISTS * KL ||
+      !bounded_gather<KL, SORT, KL>(keys, positions, (int)total, bounded_scratch, sort_keys, sort_positions,
+                                    kl_bits)) {
+    kl_bits = gather_best<KL, SORT>(keys, positions, total, sort_keys, sort_positions, histogram, histogram + 258);
+  }
+  const float* query = queries + q * row_stride;
+  const double qq = verify_query_squares<Metric, Bound>(query, dim, query_qq);
+  verify_distances<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys, exact_ids);
   __syncthreads();
   if constexpr (SORT <= 32) {
     warp_sort_exact(exact_keys, exact_ids, SORT);

@@ -53,7 +53,7 @@ def allowed_sets(rng, n):
 
 
 def views_made(searcher) -> set:
-    """The kinds of view (searcher.Rows prefixes) whose plans are cached."""
+    """The kinds of view (views.Rows prefixes) whose plans are cached."""
     return {key[4].prefix for key in searcher._plans if isinstance(key, tuple) and len(key) > 4
             and hasattr(key[4], "prefix")}
 

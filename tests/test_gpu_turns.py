@@ -55,6 +55,7 @@ def test_changes_and_searches_exclude_each_other():
     for thread in threads:
         thread.join(30)
     assert worst[0] == 1
+    assert (turns._searches_waiting, turns._changes_waiting) == (0, 0)    # every wait counted out again
 
 
 def test_an_exception_inside_gives_the_turn_back():

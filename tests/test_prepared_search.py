@@ -480,7 +480,8 @@ def _fake_gpu_searcher(rows: np.ndarray):
     """A GpuSearcher with no device: its search, prepare_search, _forget_plans and _search_host_batch are the
     real ones; the host batches are _FakeBatch, made (and counted) by _host_batch."""
     pytest.importorskip("cuda.bindings")
-    from tinyknn.gpu.searcher import GpuSearcher, _EveryRow
+    from tinyknn.gpu.searcher import GpuSearcher
+    from tinyknn.gpu.views import EveryRow
 
     class Fake(GpuSearcher):
         use_screen = False
@@ -489,7 +490,7 @@ def _fake_gpu_searcher(rows: np.ndarray):
             self.dim, self.metric, self.dtype = rows.shape[1], "l2", "float32"
             self.rows, self._n, self._stride = rows, len(rows), rows.shape[1]
             self._lock, self._closed, self._view = threading.Lock(), False, None
-            self._every_row = _EveryRow(self)
+            self._every_row = EveryRow(self)
             self._plans, self._buffers, self.lookups = OrderedDict(), {}, 0
             self._stream = type("Stream", (), {"synchronize": lambda self: None})()
 

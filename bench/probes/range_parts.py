@@ -17,27 +17,23 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _common  # noqa: E402
 import tinyknn  # noqa: E402
 from tinyknn.gpu import range_screen, ranges  # noqa: E402
-from tinyknn.gpu.hit_pool import merge_answers, offsets  # noqa: E402
+from tinyknn.csr import offsets  # noqa: E402
+from tinyknn.gpu.hit_pool import merge_answers  # noqa: E402
 
 RADIUS = 153.06541620612143     # index_ops's radius_for on this data (its 2026-12-02 H200 run): mean 121 hits
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e3
+    return statistics.median(_common.time_calls(fn, reps, warmup=1)) * 1e3
 
 
 def main() -> int:

@@ -259,50 +259,8 @@ TINYKNN_D void probe_tail(const float* keys, const int* positions, int n_lists, 
   }
   probe_stamp<STAMP>(stamps, stamp_row, PROBE_GATHERED);
   const float* query = queries;
-  double qq = 0.0;
-  if constexpr (Metric::needs_norms || Bound::uses_qq) {
-    if (threadIdx.x < 32) {
-      const double mine = exact_squares_by_warp(query, dim, threadIdx.x);
-      if (threadIdx.x == 0) query_qq[0] = mine;
-    }
-    __syncthreads();
-    qq = query_qq[0];
-  }
-  if constexpr (KL <= 2 * WARPS) {      // verify_query's lines: a group of lanes per candidate
-    constexpr int GROUPS = VERIFY_GROUPS, WIDTH = 32 / GROUPS;
-    const int lane = (threadIdx.x & 31) % WIDTH;
-    for (int first = (threadIdx.x >> 5) * GROUPS; first < SORT; first += WARPS * GROUPS) {
-      const int i = first + (threadIdx.x & 31) / WIDTH;
-      const int position = i < SORT ? sort_positions[i] : -1;
-      if (!__any_sync(FULL_WARP, position >= 0)) {
-        if (lane == 0 && i < SORT) {
-          exact_keys[i] = EMPTY_KEY64;
-          exact_ids[i] = EMPTY_ID;
-        }
-        continue;
-      }
-      const double distance = exact_distance_by_warp<Metric, GROUPS>(
-          query, position >= 0 ? data + (long long)position * row_stride : static_cast<const T*>(nullptr), dim, qq,
-          lane);
-      if (lane == 0 && i < SORT) {
-        exact_keys[i] = position >= 0 ? ordered_bits64(exact_key<Metric>(distance)) : EMPTY_KEY64;
-        exact_ids[i] = position >= 0 ? __ldg(ids + position) : EMPTY_ID;
-      }
-    }
-  } else {
-    for (int i = threadIdx.x; i < SORT; i += WARPS * 32) {
-      const int position = sort_positions[i];
-      unsigned long long key = EMPTY_KEY64;
-      long long id = EMPTY_ID;
-      if (position >= 0) {
-        key = ordered_bits64(exact_key<Metric>(
-            exact_distance_by_chunks<Metric>(query, data + (long long)position * row_stride, dim, qq)));
-        id = __ldg(ids + position);
-      }
-      exact_keys[i] = key;
-      exact_ids[i] = id;
-    }
-  }
+  const double qq = verify_query_squares<Metric, Bound>(query, dim, query_qq);
+  verify_distances<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys, exact_ids);
   __syncthreads();
   probe_stamp<STAMP>(stamps, stamp_row, PROBE_DISTANCES);
   if constexpr (SORTW && SORT <= 32) {

@@ -1,8 +1,8 @@
 """A pool of range-search hits (float64 key, id, query) turned into CSR on the device (kernels/select.cuh):
 scatter_kernel groups the hits by query, segment_sort_kernel sorts each query's by (distance, id) and writes
 them at the query's offset. range_kernel (gpu/ranges.py) and the screen's range step (gpu/range_screen.py)
-fill the pool; both answer through here. Also the host's CSR arithmetic (segment sizes, offsets, the merge
-of two answers to disjoint sets of queries).
+fill the pool; both answer through here. Also the segments' sizes, and the merge of the screened queries'
+answer with the handed-back ones' (tinyknn.csr puts them together).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from ..csr import combine, offsets
 from ..jit import render
 
 HIT_BYTES = 8 + 8 + 4           # a pool entry: key (float64), id (int64), query (int32)
@@ -25,13 +26,6 @@ def segment_sizes(counts: np.ndarray) -> np.ndarray:
     return sizes
 
 
-def offsets(sizes: np.ndarray) -> np.ndarray:
-    """[0, sizes[0], sizes[0] + sizes[1], ...]: CSR offsets of consecutive sizes."""
-    out = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=out[1:])
-    return out
-
-
 def merge_answers(counts: np.ndarray, distances: np.ndarray, ids: np.ndarray, which: np.ndarray,
                   other_counts: np.ndarray, other_distances: np.ndarray, other_ids: np.ndarray):
     """(counts, distances, ids) in CSR order of every query: queries `which` (ascending, distinct) answered by
@@ -40,20 +34,12 @@ def merge_answers(counts: np.ndarray, distances: np.ndarray, ids: np.ndarray, wh
     which = np.asarray(which, dtype=np.int64)
     if len(which) == 0:
         return counts, distances, ids
-    counts[which] = other_counts
-    starts = offsets(counts)
-    out_d = np.empty(int(starts[-1]), np.float32)
-    out_i = np.empty(int(starts[-1]), np.int64)
     mine = np.ones(len(counts), dtype=bool)
     mine[which] = False
-    for queries, part_counts, part_d, part_i in ((np.flatnonzero(mine), counts[mine], distances, ids),
-                                                 (which, np.asarray(other_counts, np.int64), other_distances,
-                                                  other_ids)):
-        owner = np.repeat(queries, part_counts)                # each entry's query
-        rank = np.arange(len(owner)) - np.repeat(offsets(part_counts)[:-1], part_counts)
-        out_d[starts[owner] + rank] = part_d
-        out_i[starts[owner] + rank] = part_i
-    return counts, out_d, out_i
+    first = np.flatnonzero(mine)
+    lims, out_d, out_i = combine(len(counts), [(first, offsets(counts[first]), distances, ids),
+                                               (which, offsets(other_counts), other_distances, other_ids)])
+    return np.diff(lims), out_d, out_i
 
 
 def sort_segments(searcher, n_segments: int, keys_ptr: int, ids_ptr: int, places, counts_ptr: int, larger: bool,

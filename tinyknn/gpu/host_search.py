@@ -73,7 +73,7 @@ class HostQueries:
         view = self._view
         if view.prefix == "list":     # the listed rows gathered into the "sub_" buffers, searched there
             self._copy_rows(self._listed, None, "sub_")
-            self._view = type(view)("sub_", view.n)     # searcher.Rows
+            self._view = type(view)("sub_", view.n)     # views.Rows
             try:
                 return self._band(which, k)
             finally:
@@ -183,9 +183,7 @@ class HostQueries:
         per_list = plans.list_k(main.spec)
         groups = math.ceil(n_queries / plans.queries_per_block(main.spec))
         slices, rows = plans.split_rows(view.n, groups, main, self._sm_count, per_list, self.slices_override)
-        shadow = self._pointer("screen_shadow") if main.spec.param("shadow", 0) else 0
-        if shadow and view.prefix == "run":     # the shadow's rows from the run's first
-            shadow += view.start * self._screen.row_bytes
+        shadow = view.pointer(self, "screen_shadow") if main.spec.param("shadow", 0) else 0
         self._device("queries", n_queries * self._stride * 4)
         self._device("candidates", plans.candidate_bytes(n_queries, slices, per_list))
         bounds = self._device("bounds", n_queries * 4)

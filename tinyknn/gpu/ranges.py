@@ -20,10 +20,11 @@ import math
 
 import numpy as np
 
+from ..csr import offsets
 from ..inputs.validate import check_values
 from ..jit import render
 from . import range_screen
-from .hit_pool import HIT_BYTES, group_and_sort, merge_answers, offsets, segment_sizes, sort_segments
+from .hit_pool import HIT_BYTES, group_and_sort, merge_answers, segment_sizes, sort_segments
 
 POOL_FIRST = 1 << 16            # hits the pool holds at first, at the least (grown to the count when a chunk
 POOL_PER_QUERY = 1024           # overflows it), or this many a query (a second pass costs a whole search)

@@ -103,7 +103,7 @@ class RowOperations:
         if not warm or not self._n:
             return
         view = self._view
-        self._view = type(warm[0][0][4])("", self._n)   # searcher.Rows: every row, the new count
+        self._view = type(warm[0][0][4])("", self._n)   # views.Rows: every row, the new count
         try:
             for (n_queries, k, _, exact, _), uses, graphed in warm:
                 batch = self._host_batch(n_queries, k, exact)

@@ -54,6 +54,7 @@ from .host_search import HostQueries
 from .memory import DeviceBuffer, Event, PinnedBuffer, Stream
 from .row_ops import RowOperations
 from .turns import Turns
+from .views import EveryRow, Rows
 
 MAX_ROWS = 2**31 - 1            # positions are int32 in the kernels
 ADD_CHUNK_BYTES = 64 << 20      # host vectors are copied to the device in chunks of this size
@@ -81,49 +82,6 @@ def _copy_into(out, found):
     return out
 
 
-@dataclass(frozen=True)
-class Rows:
-    """The rows a search reads, and the key of its plans: every row of the index (prefix ""); a run of the
-    index's own rows read in place from row `start` (prefix "run": a label's rows once the index keeps each
-    label together, tinyknn.index.layout); the rows the "row_list" buffer names, read in place by the listed
-    kernels (prefix "list": a filter's scattered rows; plans of one list length serve every list of it); or
-    the copy of the allowed rows gathered into the "sub_" buffers (range search, k beyond the kernels, and
-    the band search of a listed one). Only prefix "" is every row: the screen and the prepared searches
-    serve that one alone."""
-
-    prefix: str
-    n: int
-    start: int = 0
-
-    def pointer(self, searcher, column: str) -> int:
-        """The device address of the view's first row in `column` (data, norms or ids)."""
-        if self.prefix == "sub_":
-            return searcher._pointer("sub_" + column)
-        base = searcher._pointer(column)
-        if self.prefix == "run" and base:
-            base += self.start * {"data": searcher._row_bytes, "norms": 4, "ids": 8}[column]
-        return base
-
-
-class _EveryRow:
-    """`with searcher._reading(None):` every row is read: the view made once per row count, not per call."""
-
-    __slots__ = ("searcher", "view")
-
-    def __init__(self, searcher):
-        self.searcher, self.view = searcher, Rows("", 0)
-
-    def __enter__(self) -> None:
-        searcher = self.searcher
-        searcher._check_open()
-        if self.view.n != searcher._n:
-            self.view = Rows("", searcher._n)
-        searcher._view = self.view
-
-    def __exit__(self, *exc) -> None:
-        self.searcher._view = None
-
-
 class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
     """The Searcher protocol (tinyknn.index) on the current CUDA device."""
 
@@ -149,7 +107,7 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
         self._plans: OrderedDict = OrderedDict()
         self._n = 0
         self._view: Rows | None = None     # set by _reading() for the duration of a search
-        self._every_row = _EveryRow(self)
+        self._every_row = EveryRow(self)
         self._capacity = 0
         self._status_host = PinnedBuffer(4)
         self._device("status", 4)

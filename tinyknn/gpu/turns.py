@@ -19,7 +19,7 @@ __all__ = ["Turns"]
 class Turns:
     """Mutual exclusion in which waiting changes go before waiting searches (see the module doc)."""
 
-    __slots__ = ("_mutex", "_searches", "_changes", "_held", "_changes_waiting", "change")
+    __slots__ = ("_mutex", "_searches", "_changes", "_held", "_changes_waiting", "_searches_waiting", "change")
 
     def __init__(self):
         self._mutex = threading.Lock()
@@ -27,17 +27,22 @@ class Turns:
         self._changes = threading.Condition(self._mutex)    # changes waiting for theirs
         self._held = False
         self._changes_waiting = 0
+        self._searches_waiting = 0      # counted so that a turn handed back with nobody waiting notifies no one
         self.change = _Change(self)
 
     def __enter__(self) -> "Turns":
         """A search's turn: after the call holding it and after every change that waits."""
         with self._mutex:
-            try:
-                while self._held or self._changes_waiting:
-                    self._searches.wait()
-            except BaseException:
-                self._pass_on()   # a wake-up meant for this thread goes to the next one
-                raise
+            if self._held or self._changes_waiting:
+                self._searches_waiting += 1
+                try:
+                    while self._held or self._changes_waiting:
+                        self._searches.wait()
+                except BaseException:
+                    self._searches_waiting -= 1
+                    self._pass_on()   # a wake-up meant for this thread goes to the next one
+                    raise
+                self._searches_waiting -= 1
             self._held = True
         return self
 
@@ -65,7 +70,7 @@ class Turns:
             return
         if self._changes_waiting:
             self._changes.notify()
-        else:
+        elif self._searches_waiting:      # Condition.notify with no waiter still costs ~0.4 us a call
             self._searches.notify()
 
 

@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..csr import combine
+
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -28,8 +30,6 @@ def groups(n_queries: int, allowed: np.ndarray | None, query_labels: np.ndarray 
     if len(query_labels) and bool((query_labels == query_labels[0]).all()):     # one label: no np.unique
         return [Group(None, _allowed(rows_of_label(int(query_labels[0])), allowed))]
     distinct, which = np.unique(query_labels, return_inverse=True)
-    if len(distinct) == 1:
-        return [Group(None, _allowed(rows_of_label(int(distinct[0])), allowed))]
     order = np.argsort(which, kind="stable")
     bounds = np.searchsorted(which[order], np.arange(1, len(distinct)))
     return [Group(members, _allowed(rows_of_label(label), allowed))
@@ -64,16 +64,4 @@ def ranges(range_search, queries, n_queries: int, radius: float, parts: list[Gro
     if len(parts) == 1 and parts[0].queries is None:
         return range_search(queries, radius, parts[0].rows)
     answers = [(part.queries, *range_search(queries[part.queries], radius, part.rows)) for part in parts]
-    counts = np.zeros(n_queries, dtype=np.int64)
-    for members, lims, _, _ in answers:
-        counts[members] = np.diff(lims)
-    all_lims = np.zeros(n_queries + 1, dtype=np.int64)
-    np.cumsum(counts, out=all_lims[1:])
-    distances = np.empty(int(all_lims[-1]), dtype=np.float32)
-    ids = np.empty(int(all_lims[-1]), dtype=np.int64)
-    for members, lims, group_distances, group_ids in answers:
-        sizes = np.diff(lims)
-        # hit j of the group's i-th query goes to all_lims[members[i]] + (j - lims[i])
-        where = np.repeat(all_lims[members] - lims[:-1], sizes) + np.arange(int(lims[-1]), dtype=np.int64)
-        distances[where], ids[where] = group_distances, group_ids
-    return all_lims, distances, ids
+    return combine(n_queries, answers)
