@@ -7,10 +7,11 @@
 //   STAMP  1: thread 0 records %globaltimer and clock64() at the phase boundaries (probe_stamp).
 //   SEL    0: the slice's KL best by gather_best (the library's radix select); 1: by warps (probe_warp_best),
 //             which also leaves every list sorted by (key, position); 2: by the minima of groups of its keys
-//             (probe_head_gather; sorted too), gather_best where it cannot.
+//             (bounded_gather; sorted too), gather_best where it cannot.
 //   GATHER 0: the tail gathers the KL best of all lists by gather_best; 1: by merging the sorted lists
-//             (probe_merge_lists; needs SEL 1); 2: by the lists' minima (probe_head_gather: the KL-th smallest
-//             minimum bounds the KL-th smallest key; the entries under it ranked), gather_best where it cannot.
+//             (probe_merge_lists; needs SEL 1); 2: by the lists' minima (merge.cuh's bounded_gather: the KL-th
+//             smallest minimum bounds the KL-th smallest key; the entries under it ranked), gather_best where it
+//             cannot.
 //   SORTW  0: the tail sorts the float64 candidates with the block's bitonic network; 1: with one warp's
 //             shuffles (SORT <= 32; the library's choice there since verify.cuh's warp_sort_exact).
 //   TAIL   0: the last block to arrive runs the tail; 1: the stream kernel stops after its list and
@@ -159,78 +160,6 @@ TINYKNN_D unsigned probe_merge_lists(const float* keys, const int* positions, in
   return ordered_bits(sort_keys[KL - 1]);
 }
 
-// GATHER 2's shared memory: each list's minimum (PROBE_MAXL lists at most), the candidates (PROBE_CAP at most)
-// and two counters.
-constexpr int PROBE_MAXL = 1024, PROBE_CAP = 512;
-constexpr int PROBE_GROUP = 12;     // SEL 2: a slice's keys in groups of 12 (768 keys: 64 minima)
-constexpr int PROBE_HEAD_SCRATCH = 4 * PROBE_MAXL + 8 * PROBE_CAP + 16;
-
-// The KL best of `total` entries, seen as lists of LEN (the last one short; sorted or not), into sort_keys /
-// sort_positions [0, KL) (ascending; [KL, SORT) get (+inf, -1)), the ordered bits of the KL-th key in kl_bits;
-// false (nothing written) where it cannot: more lists than PROBE_MAXL, fewer than KL, a bound T of +inf, or
-// more than PROBE_CAP entries <= T. T = the KL-th smallest of the lists' minima: those KL minima are KL
-// entries <= T, so the KL-th smallest entry overall is <= T and every one of the KL smallest is among the
-// entries <= T, which are ranked by (key, position) (distinct: positions are, and T finite keeps the padding
-// (+inf, -1) out). The same V and A as gather_best's, up to ties at the KL-th key (broken by position). Used
-// for the tail's gather (LEN = KL: the slices' lists) and for a slice's own list (SEL 2: its keys in groups).
-template <int KL, int SORT, int WARPS, int LEN>
-TINYKNN_D bool probe_head_gather(const float* keys, const int* positions, int total, unsigned long long* scratch,
-                                 float* sort_keys, int* sort_positions, unsigned& kl_bits) {
-  const int n_lists = (total + LEN - 1) / LEN;
-  if (n_lists > PROBE_MAXL || n_lists < KL) return false;
-  constexpr int THREADS = WARPS * 32;
-  float* minima = reinterpret_cast<float*>(scratch);
-  unsigned long long* found = scratch + PROBE_MAXL / 2;
-  unsigned* counters = reinterpret_cast<unsigned*>(found + PROBE_CAP);   // [0] entries found, [1] T's bits
-  if (threadIdx.x == 0) counters[0] = 0;
-  for (int l = threadIdx.x; l < n_lists; l += THREADS) {
-    float least = positive_infinity();
-#pragma unroll
-    for (int j = 0; j < LEN; ++j) least = l * LEN + j < total ? fminf(least, keys[l * LEN + j]) : least;
-    minima[l] = least;
-  }
-  __syncthreads();
-  for (int l = threadIdx.x; l < n_lists; l += THREADS) {      // the minimum of rank KL - 1 (ties by list)
-    const float mine = minima[l];
-    int rank = 0;
-    for (int o = 0; o < n_lists; ++o) {
-      const float other = minima[o];
-      rank += (other < mine || (other == mine && o < l)) ? 1 : 0;
-    }
-    if (rank == KL - 1) counters[1] = __float_as_uint(mine);
-  }
-  __syncthreads();
-  const float bound = __uint_as_float(counters[1]);
-  if (!(bound < positive_infinity())) return false;
-  for (int l = threadIdx.x; l < n_lists; l += THREADS) {
-#pragma unroll
-    for (int j = 0; j < LEN; ++j) {
-      const int at = l * LEN + j;
-      const float key = at < total ? keys[at] : positive_infinity();
-      if (key <= bound) {
-        const unsigned slot = atomicAdd(counters, 1u);
-        if (slot < PROBE_CAP) found[slot] = probe_pack(key, positions[at]);
-      }
-    }
-  }
-  __syncthreads();
-  const int n_found = (int)counters[0];
-  if (n_found > PROBE_CAP) return false;
-  for (int i = threadIdx.x; i < n_found; i += THREADS) {       // >= KL found: the KL minima
-    const unsigned long long mine = found[i];
-    int rank = 0;
-    for (int o = 0; o < n_found; ++o) rank += found[o] < mine ? 1 : 0;
-    if (rank < KL) probe_unpack(mine, sort_keys[rank], sort_positions[rank]);
-  }
-  for (int i = KL + threadIdx.x; i < SORT; i += THREADS) {
-    sort_keys[i] = positive_infinity();
-    sort_positions[i] = -1;
-  }
-  __syncthreads();
-  kl_bits = ordered_bits(sort_keys[KL - 1]);
-  return true;
-}
-
 // The tail: verify_query (kernels/verify.cuh) for query 0 with stamps, the gather by GATHER and the sort by
 // SORTW. Every other line is the library's: the same float64 distances, proof, status and threshold.
 template <class Metric, class Bound, class T, int K, int KL, int WARPS, int STAMP, int GATHER, int SORTW>
@@ -252,8 +181,8 @@ TINYKNN_D void probe_tail(const float* keys, const int* positions, int n_lists, 
   unsigned kl_bits;
   if (GATHER == 1 && n_lists <= WARPS * 32 * 4) {
     kl_bits = probe_merge_lists<KL, SORT, WARPS, 4>(keys, positions, n_lists, scratch, sort_keys, sort_positions);
-  } else if (!(GATHER == 2 && probe_head_gather<KL, SORT, WARPS, KL>(keys, positions, n_lists * KL, scratch,
-                                                                      sort_keys, sort_positions, kl_bits))) {
+  } else if (!(GATHER == 2 && bounded_gather<KL, SORT, KL>(keys, positions, n_lists * KL, scratch, sort_keys,
+                                                             sort_positions, kl_bits))) {
     kl_bits = gather_best<KL, SORT>(keys, positions, (long long)n_lists * KL, sort_keys, sort_positions, histogram,
                                     histogram + 258);
   }
@@ -311,7 +240,7 @@ TINYKNN_D void probe_copy_lists(int n_lists, float4* shared_space, const float*&
 // Shared memory beyond the library's layout: the warps' KL best (SEL 1 / GATHER 1), GATHER 2's minima and
 // candidates.
 template <int KL, int WARPS, int GATHER, int SEL = 0> __host__ __device__ constexpr int probe_scratch_bytes() {
-  return (GATHER == 2 || SEL == 2) && PROBE_HEAD_SCRATCH > WARPS * KL * 8 ? PROBE_HEAD_SCRATCH : WARPS * KL * 8;
+  return (GATHER == 2 || SEL == 2) && BOUNDED_SHARED > WARPS * KL * 8 ? BOUNDED_SHARED : WARPS * KL * 8;
 }
 
 // single_kernel (kernels/single.cuh) with the stamps and switches above; its parameters are the library's plus
@@ -405,7 +334,7 @@ probe_single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows,
   unsigned slice_bits;
   if constexpr (SEL == 1) {
     probe_warp_best<KL, WARPS, PER>(row_keys, row_positions, count, scratch, list_keys, list_positions);
-  } else if (SEL == 2 && count > KL && probe_head_gather<KL, SORT, WARPS, PROBE_GROUP>(
+  } else if (SEL == 2 && count > KL && bounded_gather<KL, SORT, SLICE_GROUP>(
                  row_keys, row_positions, count, scratch, sort_keys, sort_positions, slice_bits)) {
     for (int j = threadIdx.x; j < KL; j += WARPS * 32) {
       list_keys[j] = sort_keys[j];

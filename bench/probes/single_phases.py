@@ -33,7 +33,6 @@ SHAPES = {"20k": (20_000, 128), "100k": (100_000, 128), "1M": (1_000_000, 768)} 
 VARIANTS = {"copy": (0, 0, 1, 0), "block_sort": (0, 0, 0, 0), "warp_select": (1, 0, 1, 0),
             "warp_merge": (1, 1, 1, 0), "head_gather": (0, 2, 1, 0), "head_all": (2, 2, 1, 0),
             "tail_kernel": (0, 0, 1, 1), "tail_kernel_head": (0, 2, 1, 1)}
-HEAD_SCRATCH = 4 * 1024 + 8 * 512 + 16      # single_phases.cuh's PROBE_HEAD_SCRATCH (GATHER 2)
 SLICE_SWEEP = {"20k": (20, 10), "100k": (66, 49)}       # fewer, fuller slices (rows a slice <= rmax)
 SWEPT = ("copy", "head_all")
 PHASES = ("start", "query", "streamed", "listed", "arrived", "copied", "gathered", "distances", "sorted", "done")
@@ -56,7 +55,7 @@ def probe_names(spec, variant: str, stamp: int) -> tuple[str, str | None, int, i
     metric, bound, stored, _streamed, dim, k, kl, _lanes, warps, _rmax, _unroll, cmax, _smem = args
     scratch = int(warps) * int(kl) * 8
     if gather == 2 or sel == 2:
-        scratch = max(scratch, HEAD_SCRATCH)
+        scratch = max(scratch, render._BOUNDED_BYTES)   # merge.cuh's BOUNDED_SHARED
     smem = spec.param("smem") + scratch
     stream = f"tinyknn::probe_single_kernel<{', '.join(args[:-1])}, {smem}, {stamp}, {sel}, {gather}, {sortw}, {tail}>"
     tail_smem = render._align16(render.verify_params(int(kl), False)["smem"]) + int(cmax) * 8 + scratch
