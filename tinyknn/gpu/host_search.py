@@ -1,5 +1,6 @@
 """The GPU searcher's plan for host (NumPy) queries: pinned staging allocated once, one copy in, the
-selection kernel (single, scan or tiled by batch shape) and the verify step, one copy out, a CUDA graph for
+selection kernel (single, scan or tiled by batch shape) and the verify step, one copy out (none for one query:
+the single-query kernel writes into the pinned staging), a CUDA graph for
 a shape seen twice; large batches go through the tensor-core screen first; queries verify could not prove
 go to the band search (every row within their k-th candidate's float64 distance, sorted by (key, id))."""
 

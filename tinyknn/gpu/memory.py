@@ -210,7 +210,7 @@ class _HostMemory:
 
 
 class PinnedBuffer(_Owned):
-    """`nbytes` of page-locked host memory (cuMemHostAlloc, portable across contexts).
+    """`nbytes` of page-locked host memory (cuMemHostAlloc, portable across contexts, mapped for kernels).
 
     `array()` returns NumPy views that keep the memory alive (not this object, so the views it caches
     form no reference cycle); after close() they must not be used.
@@ -218,14 +218,15 @@ class PinnedBuffer(_Owned):
 
     def __init__(self, nbytes: int):
         self.nbytes = _check_nbytes(nbytes, "PinnedBuffer")
-        self.ptr = 0
+        self.ptr = self.device_ptr = 0    # device_ptr: where kernels read and write it (mapped; equal under UVA)
         self._views: dict = {}
         if self.nbytes:
             ctx = ensure_context()
-            flags = driver.CU_MEMHOSTALLOC_PORTABLE
+            flags = driver.CU_MEMHOSTALLOC_PORTABLE | driver.CU_MEMHOSTALLOC_DEVICEMAP
             self.ptr = int(check(driver.cuMemHostAlloc(self.nbytes, flags), "cuMemHostAlloc"))
             self._memory = _HostMemory(self.ptr, self.nbytes)
             self._own("cuMemFreeHost", self.ptr, ctx, holder=self._memory)
+            self.device_ptr = int(check(driver.cuMemHostGetDevicePointer(self.ptr, 0), "cuMemHostGetDevicePointer"))
 
     def __repr__(self) -> str:
         return f"PinnedBuffer(nbytes={self.nbytes}, ptr={self.ptr:#x}{', closed' if self.closed else ''})"
