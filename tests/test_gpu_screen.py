@@ -122,13 +122,13 @@ def stored_by_cluster(rng, n, dim, dtype):
 
 @pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("ip", "uint8"), ("cosine", "float32")])
 def test_large_k_on_rows_stored_by_cluster(metric, dtype, rng, screen):
-    """k = 100 and 128 on 140,000 rows: a sample of >= k tiles, so each keeps fewer bounds than k
+    """k = 100 and 128 on 280,000 rows: a sample of >= k tiles (step 16), so each keeps fewer bounds than k
     (render_screen.threshold_keep); the interleaved tiles spread a cluster's rows, so T stays tight and no query
     overflows the survivors' capacity (where the bound's band is narrow)."""
     from tinyknn.gpu.screen import sample_step
     from tinyknn.jit import render_screen
 
-    n, dim = 140_000, 40
+    n, dim = 280_000, 40
     db = stored_by_cluster(rng, n, dim, dtype)
     queries = db[rng.choice(n, 100)].astype(np.float32)
     if dtype != "uint8":

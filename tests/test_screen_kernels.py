@@ -246,7 +246,7 @@ def test_the_threshold_sample_keeps_large_k_survivors_within_capacity():
             assert 1 <= step <= default and (step & (step - 1)) == 0
             assert k * step * screen.SURVIVOR_HEADROOM <= render_screen.SURVIVOR_CAPACITY
             assert step == default or k * 2 * step * screen.SURVIVOR_HEADROOM > render_screen.SURVIVOR_CAPACITY
-    assert screen.sample_step(2_000_000, 100) == 8 and screen.sample_step(2_000_000, 10) == 64
+    assert screen.sample_step(2_000_000, 100) == 16 and screen.sample_step(2_000_000, 10) == 64
 
 
 # ---- fewer bounds per tile (render_screen.threshold_keep), on a NumPy model of the threshold step ------

@@ -46,8 +46,11 @@ WAVES = 8                       # screen grid: about this many waves of resident
 ROW_PAD = 256                   # row terms are allocated in whole multiples of this many rows: the Hopper
                                 # screen's bulk copies read a whole tile of |x|^2 (BN <= 256)
 STAGES = ("queries", "threshold", "screen", "verify")   # what `timings` records, in order
-SURVIVOR_HEADROOM = 4           # the sample keeps k x step (the survivors within T, before the bound's band)
-                                # at most 1/4 of the survivor capacity
+SURVIVOR_HEADROOM = 2           # the sample keeps k x step (the survivors within T, before the bound's band)
+                                # at most 1/2 of the survivor capacity: 10M x 128 uint8, k = 100, 2,048 queries
+                                # at step 8 (1/4) had 803 survivors on average, 1,078 at most (H200), so
+                                # step 16 keeps ~2.2x headroom under 4,096 and halves the threshold pass
+                                # (16.4 of that search's 36.2 ms)
 
 
 HOPPER_MIN_QUERIES = 256          # auto: the Hopper screen only where it measured faster on the H200 (2026-12-01,
@@ -77,7 +80,8 @@ def padded_rows(n: int) -> int:
 def sample_step(n_rows: int, k: int) -> int:
     """Rows between the threshold mode's samples: survivors grow with it (about k x step), the threshold
     pass's cost shrinks (H200 probe: 100k x 128 at 16, 1M x 768 at 64). Large k samples more densely so
-    that its survivors fit: 1M x 768 at k = 100 and step 64 (~6,400 survivors) overflowed the 4,096."""
+    that its survivors fit: 1M x 768 at k = 100 and step 64 (~6,400 survivors) overflowed the 4,096; step 16
+    there keeps about 1,600."""
     step = 16 if n_rows < 1_000_000 else 64
     while step > 1 and k * step * SURVIVOR_HEADROOM > rs.SURVIVOR_CAPACITY:
         step //= 2
