@@ -125,14 +125,15 @@ def _warm(dim: int, dtype: str, sweep) -> None:
         list(pool.map(get_cubin, sorted(specs)))
 
 
-def measure_shape(label: str, n: int, dim: int, dtype: str, reps: int, launches: int, rng) -> dict:
+def measure_shape(label: str, n: int, dim: int, dtype: str, reps: int, launches: int, rng, sweep: bool = True) -> dict:
     import tinyknn
     from tinyknn.jit import render
 
+    knobs = (SMALL_SWEEP if n <= 200_000 else LARGE_SWEEP) if sweep else (({}, None),)
     db = rng.standard_normal((n, dim), dtype=np.float32)
     queries = rng.standard_normal((64, dim), dtype=np.float32)
     out = {"n": n, "dim": dim, "dtype": dtype, "k": K, "metric": "l2", "modes": {}}
-    _warm(dim, dtype, SMALL_SWEEP if n <= 200_000 else LARGE_SWEEP)
+    _warm(dim, dtype, knobs)
     with tinyknn.Index(dim, "l2", dtype, device="cuda") as index:
         index.add(db)
         del db
@@ -152,7 +153,7 @@ def measure_shape(label: str, n: int, dim: int, dtype: str, reps: int, launches:
             row["kernel_over_floor"] = row["kernel_ms"] / row["floor"]["floor_ms"]
             if mode != "float32 rows":      # the knobs: fewer, fuller blocks; more loads in flight; warps
                 row["variants"] = [{"overrides": o, "slices_override": sl, **_kernel_ms(searcher, launches, sl, o)}
-                                   for o, sl in (SMALL_SWEEP if n <= 200_000 else LARGE_SWEEP)]
+                                   for o, sl in knobs]
             out["modes"][mode] = row
             print(f"{label:20s} {mode:15s} search {row['default_us']:8.1f} us"
                   f"  prepared {row['prepared_out_us']:8.1f} us"
@@ -204,6 +205,7 @@ def checks(payload: dict) -> dict:
 def main(argv=None) -> int:
     parser = _common.common_parser(__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=None, help="searches per median (default 300; --quick 50)")
+    parser.add_argument("--no-sweep", dest="sweep", action="store_false", help="the default kernel only, no knobs")
     args = parser.parse_args(argv)
     env = _common.environment()
     from tinyknn.gpu import device
@@ -218,9 +220,9 @@ def main(argv=None) -> int:
     launches = 50 if args.quick else 200
     rng = np.random.default_rng(0)
     shapes = SHAPES[:2] if args.quick else SHAPES
-    payload = {"settings": {"reps": reps, "launches": launches, "k": K}, "shapes": {}}
+    payload = {"settings": {"reps": reps, "launches": launches, "k": K, "sweep": args.sweep}, "shapes": {}}
     for label, n, dim, dtype in shapes:
-        payload["shapes"][label] = measure_shape(label, n, dim, dtype, reps, launches, rng)
+        payload["shapes"][label] = measure_shape(label, n, dim, dtype, reps, launches, rng, args.sweep)
     payload["checks"] = checks(payload)
     paths = _common.write_results("single_query", payload, figure(payload), env, args.out_dir)
     print(f"checks: {payload['checks']}")
