@@ -345,15 +345,17 @@ def radius_for(b: Bench, hits: int) -> float:
 
 def ranges(b: Bench) -> None:
     """range_search with ~100 hits per query against search(k=100), 1,000 queries (on the GPU through the
-    tensor-core screen, the radius as its threshold; the queries it hands back, and range_kernel alone)."""
+    tensor-core screen, the radius as its threshold; the queries it screens again or hands back, and
+    range_kernel alone)."""
     q, radius = b.queries, radius_for(b, 100)
     knn = b.time("search_k100_1000q", lambda: b.index.search(q, 100))
     seconds = b.time("range_1000q", lambda: b.index.range_search(q, radius))
     screen = getattr(b.index._searcher, "_screen", None)
-    before = (screen.range_queries, screen.range_fallbacks) if screen is not None else None
+    before = (screen.range_queries, screen.range_fallbacks, screen.range_rescreens) if screen is not None else None
     lims, distances, ids = b.index.range_search(q, radius)
     screened = {} if before is None else {"screened_queries": screen.range_queries - before[0],
-                                          "handed_back_queries": screen.range_fallbacks - before[1]}
+                                          "handed_back_queries": screen.range_fallbacks - before[1],
+                                          "screened_again_queries": screen.range_rescreens - before[2]}
     counts = np.diff(lims)
     nq = min(b.args.check_queries, len(q))
     k = int(counts[:nq].max()) + 1

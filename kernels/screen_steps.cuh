@@ -214,11 +214,13 @@ verify_survivors_kernel(const int* __restrict__ survivors, const int* __restrict
 // the rows strictly inside are among its survivors. Each survivor's contract distance (exact.cuh, as
 // range_kernel computes it) is a hit when its key is strictly inside: key < radius_key (l2: distance <
 // radius; ip, cosine: similarity > radius, key = -similarity). Hits go to range_kernel's pool (range.cuh's
-// pool_hit; select.cuh groups and sorts it), hits[q] counting the query's. A query whose survivors overflowed
-// CAP (counts[q] > CAP) is skipped, hits[q] = 0: the host searches it with range_kernel.
-template <class Metric, class T, int CAP>
+// pool_hit; select.cuh groups and sorts it), hits[q] counting the query's. The survivor lists are
+// survivor_capacity apart, the screen's capacity argument (a runtime value: the host screens overflowed queries
+// again with room for all their survivors). A query whose survivors overflowed (counts[q] > survivor_capacity)
+// is skipped, hits[q] = 0: the host screens it again or searches it with range_kernel.
+template <class Metric, class T>
 __global__ void __launch_bounds__(256, 1)
-range_survivors_kernel(const int* __restrict__ survivors, const int* __restrict__ counts,
+range_survivors_kernel(const int* __restrict__ survivors, const int* __restrict__ counts, int survivor_capacity,
                        const long long* __restrict__ ids, const T* __restrict__ data, const float* __restrict__ queries,
                        int row_stride, int dim, double radius_key, long long capacity, double* __restrict__ out_keys,
                        long long* __restrict__ out_ids, int* __restrict__ pool_queries, unsigned* __restrict__ hits,
@@ -226,12 +228,12 @@ range_survivors_kernel(const int* __restrict__ survivors, const int* __restrict_
   __shared__ double query_qq;
   const int q = blockIdx.x;
   const int count = counts[q];
-  if (count > CAP) return;
+  if (count > survivor_capacity) return;
   const float* query = queries + (long long)q * row_stride;
   if (threadIdx.x == 0) query_qq = Metric::needs_norms ? exact_squares(query, dim) : 0.0;
   __syncthreads();
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
-    const int position = survivors[(long long)q * CAP + i];
+    const int position = survivors[(long long)q * survivor_capacity + i];
     const double key = exact_key<Metric>(
         exact_distance_by_chunks<Metric>(query, data + (long long)position * row_stride, dim, query_qq));
     if (key < radius_key) pool_hit(key, ids + position, q, capacity, out_keys, out_ids, pool_queries, hits + q, total);

@@ -1,6 +1,7 @@
 """Range search through the tensor-core screen (gpu/range_screen.py): batches of 64 or more queries on an index
 the screen applies to are screened with each query's radius as the threshold, the survivors decided in
-float64; queries whose survivors overflow the capacity are answered by range_kernel and counted. Every answer
+float64; queries whose survivors overflow the capacity are screened again with room for all of them, and only
+what the device refuses the memory for is answered by range_kernel; both counted. Every answer
 is the float64 oracle's (tests/reference.py exact_range): offsets, distance bits and ids. On compute
 capability 9.0 every case runs against both screens (TINYKNN_SCREEN=mma and wgmma)."""
 
@@ -74,8 +75,9 @@ def assert_exact_range(got, db, q, radius, metric, dtype, ids):
 @pytest.mark.parametrize("metric", ["l2", "ip", "cosine"])
 def test_screened_range_search_is_exact_from_no_hits_to_thousands(metric, dtype, rng, screen):  # noqa: F811
     """Radii for about 0, 3, 100 and 8,000 hits a query (the last past the survivors' capacity for most
-    queries: range_kernel answers those, and they are counted; a query's hits are among its survivors, so
-    every query with more hits than the capacity was handed back)."""
+    queries: those are screened again with room for all their survivors, and counted; a query's hits are
+    among its survivors, so every query with more hits than the capacity was screened again, none handed
+    back to range_kernel)."""
     db = data(rng, "clustered", N, DIM, dtype)
     q = queries_for(rng, db, dtype)
     ids = rng.permutation(N) + 7
@@ -86,16 +88,18 @@ def test_screened_range_search_is_exact_from_no_hits_to_thousands(metric, dtype,
     state = index._searcher._screen
     for hits in (0, 3, 100, 8000):
         radius = radius_for_hits(dist, hits, larger) if hits else float(dist.max() + 1 if larger else dist.min() / 2)
-        before = (state.range_queries, state.range_fallbacks)
+        before = (state.range_queries, state.range_fallbacks, state.range_rescreens)
         counts = assert_exact_range(index.range_search(q, radius), db, q, radius, metric, dtype, ids)
         screened = state.range_queries - before[0]
         handed_back = state.range_fallbacks - before[1]
+        again = state.range_rescreens - before[2]
         print(f"{metric} {dtype} ~{hits} hits: mean {counts.mean():.1f}, max {counts.max()}; {screened} screened, "
-              f"{handed_back} handed back")
+              f"{again} screened again, {handed_back} handed back")
         assert screened == len(q)
         if hits == 0:
             assert counts.sum() == 0
-        assert handed_back >= np.count_nonzero(counts > 4096)
+        assert handed_back == 0
+        assert again >= np.count_nonzero(counts > 4096)
         if hits == 8000:
             assert counts.max() > 4096
     index.close()
@@ -180,3 +184,31 @@ def test_a_pool_too_small_grows_and_only_step_4_runs_again(rng, monkeypatch):
     with build(db, "ip", "float16", np.arange(N)) as index:
         counts = assert_exact_range(index.range_search(q, radius), db, q, radius, "ip", "float16", np.arange(N))
         assert counts.sum() > 16 and index._searcher._screen.range_queries == len(q)
+
+
+@pytest.mark.parametrize("metric,dtype", [("l2", "float32"), ("ip", "float16"), ("cosine", "uint8"), ("l2", "int8")])
+def test_overflowed_queries_are_screened_again(metric, dtype, rng, screen, monkeypatch):  # noqa: F811
+    """A first screen with room for 64 survivors a query (render_screen.SURVIVOR_CAPACITY, which range_screen
+    reads at each call) at ~100 hits a query on clustered rows: the queries with more survivors are screened
+    again in groups of at most 16 KB of survivor lists (several groups, some of one query), with room for
+    all of them; none goes to range_kernel, and every answer is the oracle's, in CSR order."""
+    from tinyknn.gpu import range_screen
+    from tinyknn.jit import render_screen
+
+    monkeypatch.setattr(render_screen, "SURVIVOR_CAPACITY", 64)
+    monkeypatch.setattr(range_screen, "RESCREEN_BYTES", 16 << 10)
+    db = data(rng, "clustered", N, DIM, dtype)
+    q = queries_for(rng, db, dtype)
+    ids = rng.permutation(N) + 7
+    dist = contract_distances(stored(db, dtype), searched(q), metric)
+    larger = LARGER_IS_BETTER[metric]
+    radius = radius_for_hits(dist, 100, larger)
+    with build(db, metric, dtype, ids) as index:
+        check_screen_used(index, screen)
+        state = index._searcher._screen
+        counts = assert_exact_range(index.range_search(q, radius), db, q, radius, metric, dtype, ids)
+        print(f"{metric} {dtype}: hits mean {counts.mean():.1f}, max {counts.max()}; "
+              f"{state.range_rescreens} screened again, {state.range_fallbacks} handed back")
+        assert state.range_queries == len(q)
+        assert state.range_fallbacks == 0
+        assert state.range_rescreens >= np.count_nonzero(counts > 64) > 0

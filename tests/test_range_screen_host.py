@@ -147,7 +147,7 @@ def test_merge_answers_puts_each_query_in_csr_order(rng):
 
 def test_range_survivors_spec_names_its_kernel():
     spec = render_screen.step_spec("range_survivors", "cosine", "float16", 0, "sm_90")
-    assert render.name_expression(spec) == "tinyknn::range_survivors_kernel<tinyknn::Cosine, tinyknn::half_bits, 4096>"
+    assert render.name_expression(spec) == "tinyknn::range_survivors_kernel<tinyknn::Cosine, tinyknn::half_bits>"
     specs = render_screen.specs_for_range_screen("l2", "float32", "sm_90", stride=128)
     assert [s.variant for s in specs] == ["screen_hopper", "screen_tiles", "screen", "screen_queries", "screen_rows",
                                           "range_survivors"]
@@ -166,3 +166,98 @@ def test_range_survivors_kernel_needs_no_local_memory(arch):
             spec = render_screen.step_spec("range_survivors", metric, dtype, 0, arch)
             report = get_cubin(spec).reports[render.name_expression(spec)]
             assert (report.stack_bytes, report.spill_bytes) == (0, 0), (metric, dtype, report)
+
+
+class ModelScreens:
+    """range_screen._screen_once over a model of a batch: query j (its float32 column holds j) has hits[j] hits
+    (distances j + 0.01 i, ids 1000 j + i) and survivors[j] survivors, plus drift(t) more when screened for the
+    t-th time (t = 0 first: a re-screen on another kernel counts with other error terms); a screen past the
+    first of more than `memory` survivor entries (queries x capacity) is refused, as a device cap would."""
+
+    def __init__(self, hits, survivors, memory=None, drift=lambda t: 0):
+        self.hits, self.survivors, self.memory, self.drift = hits, survivors, memory, drift
+        self.times = np.zeros(len(hits), np.int64)
+        self.calls = []                           # (queries, capacity, their survivors as counted before)
+
+    def __call__(self, searcher, queries, thresholds, radius_key, larger, capacity):
+        which = queries[:, 0].astype(np.int64)
+        self.calls.append((which, capacity))
+        if len(self.calls) > 1 and self.memory is not None and len(which) * capacity > self.memory:
+            raise MemoryError(f"{len(which)} x {capacity}")
+        counted = self.survivors[which] + np.array([self.drift(t) for t in self.times[which]], np.int64)
+        self.times[which] += 1
+        over = np.flatnonzero(counted > capacity)
+        found = self.hits[which].copy()
+        found[over] = 0
+        distances, ids = model_hits(which, found)
+        return found, distances, ids, over, counted[over]
+
+
+def model_hits(queries, per_query):
+    d = np.concatenate([q + 0.01 * np.arange(c) for q, c in zip(queries, per_query)] + [np.empty(0)])
+    i = np.concatenate([1000 * q + np.arange(c) for q, c in zip(queries, per_query)] + [np.empty(0, np.int64)])
+    return d.astype(np.float32), i.astype(np.int64)
+
+
+def screen_model(monkeypatch, model, n_queries):
+    """range_screen.screened over `model`: (counts, distances, ids, handed_back, the searcher's Screen)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(range_screen, "_screen_once", model)
+    state = SimpleNamespace(range_queries=0, range_fallbacks=0, range_rescreens=0)
+    searcher = SimpleNamespace(metric="l2", _screen=state)
+    queries = np.repeat(np.arange(n_queries, dtype=np.float32)[:, None], 4, axis=1)
+    return (*range_screen.screened(searcher, queries, 1.0), state)
+
+
+@pytest.mark.parametrize("case", ["fit", "drift once", "refused", "drift always"])
+def test_overflowed_queries_are_screened_again_and_merged_in_csr_order(case, rng, monkeypatch):
+    """The queries whose survivors overflowed the first screen are screened again in groups (each of at most
+    RESCREEN_BYTES of survivor lists at its largest count, or one query) with room for all their counted
+    survivors; a count that grows once (another kernel) is screened a third time; a group the device
+    refuses is halved down to one query, handed back then; a count that keeps growing is handed back after
+    RESCREEN_ROUNDS. Every other query's hits come back in CSR order, as one screen of all would give them."""
+    cap, n_queries = render_screen.SURVIVOR_CAPACITY, 300
+    monkeypatch.setattr(range_screen, "RESCREEN_BYTES", 4 * 6 * cap)
+    hits = rng.integers(0, 6, n_queries)
+    survivors = rng.integers(0, 3 * cap, n_queries)
+    overflowed = np.flatnonzero(survivors > cap)
+    memory = 2 * cap if case == "refused" else None
+    drift = {"drift once": lambda t: 3 * cap * (t > 0),        # past every first count: a third screen
+             "drift always": lambda t: 3 * cap * t}.get(case, lambda t: 0)
+    model = ModelScreens(hits, survivors, memory, drift)
+    counts, distances, ids, back, state = screen_model(monkeypatch, model, n_queries)
+    want_back = {"refused": overflowed[survivors[overflowed] > memory] if memory else None,
+                 "drift always": overflowed}.get(case, np.zeros(0, np.int64))
+    np.testing.assert_array_equal(back, want_back)
+    answered = hits.copy()
+    answered[want_back] = 0
+    np.testing.assert_array_equal(counts, answered)
+    want_d, want_i = model_hits(range(n_queries), answered)
+    np.testing.assert_array_equal(distances, want_d)
+    np.testing.assert_array_equal(ids, want_i)
+    if case == "refused":
+        assert 0 < len(want_back) < len(overflowed)
+    assert (state.range_queries, state.range_fallbacks, state.range_rescreens) == (
+        n_queries, len(want_back), len(overflowed))
+    assert model.calls[0][1] == cap and len(model.calls[0][0]) == n_queries
+    screened_again = np.concatenate([which for which, _ in model.calls[1:]])
+    assert set(screened_again) == set(overflowed)
+    for which, capacity in model.calls[1:]:
+        assert len(which) == 1 or len(which) * capacity * 4 <= range_screen.RESCREEN_BYTES
+        assert capacity >= survivors[which].max()
+        assert capacity == survivors[which].max() or case.startswith("drift")
+    rounds = np.bincount(screened_again, minlength=n_queries)[overflowed]
+    if case == "fit":
+        assert np.all(rounds == 1)
+    if case in ("drift once", "drift always"):
+        assert len(model.calls) > 2 and np.all(rounds == range_screen.RESCREEN_ROUNDS)
+
+
+def test_no_overflow_is_one_screen(rng, monkeypatch):
+    hits = rng.integers(0, 6, 100)
+    model = ModelScreens(hits, rng.integers(0, render_screen.SURVIVOR_CAPACITY, 100))
+    counts, distances, ids, back, state = screen_model(monkeypatch, model, 100)
+    assert len(model.calls) == 1 and len(back) == 0 and state.range_rescreens == 0
+    np.testing.assert_array_equal(counts, hits)
+    np.testing.assert_array_equal(ids, model_hits(range(100), hits)[1])

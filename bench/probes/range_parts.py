@@ -5,7 +5,8 @@ search(k = 100). Parts, each timed alone (median of --reps after a warm-up; ever
 - `thresholds`: the radius as each query's float32 screen threshold (host, range_screen.radius_thresholds);
 - `screen_within`: steps 1 and 3 of the screen (queries rounded, every row screened against its threshold);
 - `screened`: the whole screened half (the above, the survivors' float64 verify into the hit pool, the
-  pool grouped and sorted into CSR, copied back), and which queries it hands back;
+  pool grouped and sorted into CSR, copied back; the queries whose survivors overflowed screened again with
+  room for all of them), how many it screened again and which queries it hands back;
 - `handed_back`: range_kernel over every row for those queries alone;
 - `merge`: their answers merged into the screened ones (host);
 - `whole`: Index.range_search, and `knn`: Index.search(q, 100).
@@ -62,7 +63,9 @@ def main() -> int:
             ms["screen_within"] = median_ms(lambda: (s._screen.screen_within(q, thresholds),
                                                      s._stream.synchronize()), args.reps)
             ms["screened"] = median_ms(lambda: range_screen.screened(s, q, args.radius), args.reps)
+            again = s._screen.range_rescreens
             counts, distances, ids, back = range_screen.screened(s, q, args.radius)
+            out["screened_again"] = s._screen.range_rescreens - again
             out["handed_back"] = back.tolist()
             if len(back):
                 ms["handed_back"] = median_ms(lambda: ranges._range_rows(s, q[back], args.radius), args.reps)

@@ -91,9 +91,9 @@ ARGUMENTS = {
     "threshold": (_P, _I, _P),
     # verify_survivors_kernel(survivors, counts, ids, data, queries, row_stride, dim, out_distances, out_ids, status)
     "survivors": (_P, _P, _P, _P, _P, _I, _I, _P, _P, _P),
-    # range_survivors_kernel(survivors, counts, ids, data, queries, row_stride, dim, radius_key, capacity, out_keys,
-    #                        out_ids, pool_queries, hits, total)
-    "range_survivors": (_P, _P, _P, _P, _P, _I, _I, _D, _L, _P, _P, _P, _P, _P),
+    # range_survivors_kernel(survivors, counts, survivor_capacity, ids, data, queries, row_stride, dim, radius_key,
+    #                        capacity, out_keys, out_ids, pool_queries, hits, total)
+    "range_survivors": (_P, _P, _I, _P, _P, _P, _I, _I, _D, _L, _P, _P, _P, _P, _P),
 }
 # Where the outputs (distances, ids, status, threshold) sit among a plan's last launch's arguments.
 OUTPUT_SLOTS = {"verify": (4, 5, 12, 13), "single": (9, 10, 13, 14)}

@@ -5,14 +5,19 @@ key strictly inside the radius's key, so the screen's steps 1 and 3 with that ke
 (radius_thresholds, rounded so that no such row is lost) leave every hit among the survivors. Step 4 here
 is range_survivors_kernel (kernels/screen_steps.cuh): each survivor's contract distance, a hit when strictly
 inside, into the hit pool that gpu/hit_pool.py groups and sorts, as range_kernel's. A query with more
-survivors than SURVIVOR_CAPACITY is handed back (gpu/ranges.py searches it with range_kernel) and counted
-(Screen.range_fallbacks). Where the screen does not apply (applies()), ranges.py uses range_kernel alone.
+survivors than SURVIVOR_CAPACITY is screened again with room for all of them (the screen keeps counting past
+its capacity; Screen.range_rescreens): the same query, rows and threshold, so the same argument leaves every
+hit among its survivors, and a pass of the few such queries costs far less than range_kernel's float64 pass
+over every row for each. Only a query whose memory the device refuses (or, past RESCREEN_ROUNDS, whose
+survivors overflow again) is handed back: gpu/ranges.py searches it with range_kernel, counted in
+Screen.range_fallbacks. Where the screen does not apply (applies()), ranges.py uses range_kernel alone.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..csr import combine, offsets
 from ..jit import render_screen as rs
 from .hit_pool import HIT_BYTES, group_and_sort
 
@@ -20,6 +25,10 @@ SCREEN_BATCH = 2048             # queries a screen pass takes: survivor lists of
 POOL_FIRST = 1 << 16            # hits the pool holds at first, at the least, or this many a query (grown to
 POOL_PER_QUERY = 256            # the count when they are more: only step 4 runs again)
 UNIT = 2.0 ** -53               # float64's unit roundoff
+RESCREEN_BYTES = SCREEN_BATCH * rs.SURVIVOR_CAPACITY * 4   # a group screened again holds survivor lists no larger
+                                # than a full batch's (a query needing more goes alone)
+RESCREEN_ROUNDS = 2             # a count can change once: a first screen on the Hopper kernel has other error
+                                # terms than a smaller group's mma.sync one; the same kernel counts the same
 
 
 def applies(searcher, n_queries: int) -> bool:
@@ -103,9 +112,9 @@ def max_squares(searcher) -> float:
 
 
 def screened(searcher, queries: np.ndarray, radius: float):
-    """(counts, distances, ids, handed_back) of every query in CSR order, the queries in handed_back (their
-    survivors overflowed, or the device refused the screen's memory) with count 0 and no hits; None when the
-    screen cannot run on this index (a float32 row beyond float16)."""
+    """(counts, distances, ids, handed_back) of every query in CSR order, the queries in handed_back (the device
+    refused the screen's memory, or their survivors overflowed even when screened again) with count 0 and no
+    hits; None when the screen cannot run on this index (a float32 row beyond float16)."""
     screen = searcher._screen
     larger = searcher.metric != "l2"
     radius_key = -radius if larger else radius
@@ -133,9 +142,74 @@ def screened(searcher, queries: np.ndarray, radius: float):
 
 
 def _screen_batch(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_key: float, larger: bool):
-    """Steps 1 and 3 (Screen.screen_within), then step 4 with a pool grown until it holds every hit. The hit
-    counts and the pool are the searcher's own buffers (kept, grown when short), as the screen's are."""
-    if not searcher._screen.screen_within(queries, thresholds):
+    """(counts, distances, ids, handed_back) of one batch: screened once, its overflowed queries again (their
+    answers merged in query order, each query's hits as one screen of it alone would sort them)."""
+    first = _screen_once(searcher, queries, thresholds, radius_key, larger, rs.SURVIVOR_CAPACITY)
+    if first is None:
+        return None
+    counts, distances, ids, over, needed = first
+    if not len(over):
+        return counts, distances, ids, over
+    searcher._screen.range_rescreens += len(over)
+    kept = np.setdiff1d(np.arange(len(queries)), over)
+    answers, back = _screen_again(searcher, queries, thresholds, radius_key, larger, over, needed)
+    lims, distances, ids = combine(len(queries), [(kept, offsets(counts[kept]), distances, ids), *answers])
+    return np.diff(lims), distances, ids, back
+
+
+def _screen_again(searcher, queries, thresholds, radius_key: float, larger: bool, which: np.ndarray,
+                  needed: np.ndarray):
+    """The overflowed queries `which` (batch numbers; needed: their counted survivors) screened again, in groups
+    of similar counts with room for every survivor: ([(queries, lims, distances, ids)], handed_back). A group
+    the device refuses is halved; a query refused alone, or overflowing RESCREEN_ROUNDS times, is handed back."""
+    answers, back = [], []
+    for _ in range(RESCREEN_ROUNDS):
+        groups, again = _groups(which, needed), []
+        while groups:
+            group, wanted = groups.pop()
+            try:
+                part = _screen_once(searcher, queries[group], thresholds[group], radius_key, larger,
+                                    int(wanted.max()))
+            except MemoryError:            # a device cap or a full device: halves, then range_kernel
+                if len(group) > 1:
+                    half = len(group) // 2
+                    groups += [(group[:half], wanted[:half]), (group[half:], wanted[half:])]
+                else:
+                    back.append(group)
+                continue
+            if part is None:               # not reached: the batch's first screen ran on these rows
+                back.append(group)
+                continue
+            counts, distances, ids, over, more = part
+            kept = np.setdiff1d(np.arange(len(group)), over)
+            answers.append((group[kept], offsets(counts[kept]), distances, ids))
+            again.append((group[over], more))
+        which = np.concatenate([g for g, _ in again]) if again else np.zeros(0, np.int64)
+        needed = np.concatenate([m for _, m in again]) if again else np.zeros(0, np.int64)
+    back.append(which)
+    return answers, np.sort(np.concatenate(back))
+
+
+def _groups(which: np.ndarray, needed: np.ndarray) -> list:
+    """(queries, counts) groups, by ascending count, each holding at most RESCREEN_BYTES of survivor lists at
+    its largest count (a query needing more alone)."""
+    order = np.argsort(needed, kind="stable")
+    which, needed = which[order], needed[order]
+    groups, first = [], 0
+    for i in range(1, len(which) + 1):
+        if i == len(which) or (i + 1 - first) * int(needed[i]) * 4 > RESCREEN_BYTES:
+            groups.append((which[first:i], needed[first:i]))
+            first = i
+    return groups
+
+
+def _screen_once(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_key: float, larger: bool,
+                 capacity: int):
+    """Steps 1 and 3 (Screen.screen_within) with `capacity` survivors a query, then step 4 with a pool grown
+    until it holds every hit: (counts, distances, ids, overflowed, their survivor counts), the overflowed
+    queries with no hits. The hit counts and the pool are the searcher's own buffers (kept, grown when
+    short), as the screen's are."""
+    if not searcher._screen.screen_within(queries, thresholds, capacity):
         return None
     s, stream, nq = searcher, searcher._stream, len(queries)
     survivors = np.empty(nq, np.int32)
@@ -145,22 +219,23 @@ def _screen_batch(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_
     wanted = max(POOL_FIRST, POOL_PER_QUERY * nq)
     while True:
         pool = s._device("range_pool", wanted * HIT_BYTES)
-        capacity = pool.nbytes // HIT_BYTES       # keys, then ids, then queries
-        keys, ids, owners = pool.ptr, pool.ptr + capacity * 8, pool.ptr + capacity * 16
+        room = pool.nbytes // HIT_BYTES           # keys, then ids, then queries
+        keys, ids, owners = pool.ptr, pool.ptr + room * 8, pool.ptr + room * 16
         hits.fill_bytes(0, nq * 4, stream)
         total.fill_bytes(0, 8, stream)
-        step.prepare(s._pointer("screen_survivors"), s._pointer("screen_counts"), s._pointer("ids"), s._pointer("data"),
-                     s._pointer("screen_q32"), s._stride, s.dim, radius_key, capacity, keys, ids, owners, hits.ptr,
-                     total.ptr).launch(nq, step.threads, 0, stream)
+        step.prepare(s._pointer("screen_survivors"), s._pointer("screen_counts"), capacity, s._pointer("ids"),
+                     s._pointer("data"), s._pointer("screen_q32"), s._stride, s.dim, radius_key, room, keys, ids,
+                     owners, hits.ptr, total.ptr).launch(nq, step.threads, 0, stream)
         found, n_hits = np.empty(nq, np.uint32), np.empty(1, np.uint64)
         hits.copy_to_host(found, nq * 4, stream)
         total.copy_to_host(n_hits, 8, stream)
         stream.synchronize()
-        if int(n_hits[0]) <= capacity:
+        if int(n_hits[0]) <= room:
             break
-        wanted = int(n_hits[0])           # at most nq x SURVIVOR_CAPACITY; the survivors are kept: step 4 again
+        wanted = int(n_hits[0])           # at most nq x capacity; the survivors are kept: step 4 again
     distances, out_ids = group_and_sort(s, keys, ids, owners, int(n_hits[0]), found, hits.ptr, larger)
-    return found.astype(np.int64), distances, out_ids, np.flatnonzero(survivors > rs.SURVIVOR_CAPACITY)
+    over = np.flatnonzero(survivors > capacity)
+    return found.astype(np.int64), distances, out_ids, over, survivors[over].astype(np.int64)
 
 
 __all__ = ["applies", "radius_thresholds", "screened", "float32_up", "gamma"]

@@ -97,8 +97,10 @@ class Screen:
         self.usable = True          # False once a float32 row does not fit float16 (then never screened)
         self.fallbacks = 0          # queries with more survivors than the capacity (answered by the other kernels)
         self.queries = 0            # queries the screen answered or handed back
-        self.range_fallbacks = 0    # range search: queries with more survivors than the capacity (range_kernel's)
+        self.range_fallbacks = 0    # range search: queries range_kernel answered (memory refused, overflowed again)
         self.range_queries = 0      # range search: queries screened (answered or handed back)
+        self.range_rescreens = 0    # range search: queries whose survivors overflowed the capacity, to be screened
+                                    # again with room for all (once each; refused memory: range_fallbacks too)
         element = rs.element_of(searcher.metric, searcher.dtype)
         self.shadow = rs.has_shadow(searcher.metric, searcher.dtype)
         self.normalize = searcher.metric == "cosine"
@@ -230,31 +232,32 @@ class Screen:
         self.queries += nq
         return distances, ids, unproven
 
-    def screen_within(self, queries: np.ndarray, thresholds: np.ndarray) -> bool:
+    def screen_within(self, queries: np.ndarray, thresholds: np.ndarray,
+                      capacity: int = rs.SURVIVOR_CAPACITY) -> bool:
         """Steps 1 and 3 of a batch with the caller's thresholds (float32, key units, one per query) in place
         of step 2's: every row whose lower bound is within its query's threshold goes to screen_survivors
-        (counts in screen_counts, past SURVIVOR_CAPACITY still counted), the queries stay in screen_q32. Range
-        search's first half (gpu/range_screen.py). False when the screen cannot run (a row beyond float16)."""
+        (`capacity` a query, counts in screen_counts, past it still counted), the queries stay in screen_q32.
+        Range search's first half (gpu/range_screen.py). False when the screen cannot run (a row beyond float16)."""
         s = self.searcher
         self._rows()
         if not self.usable:
             return False
         nq = len(queries)
-        self._allocate(nq)
+        self._allocate(nq, capacity)
         hopper = self._hopper_for(nq)
         self._upload(queries)
         self._round_queries(nq, hopper)
         thresholds = np.ascontiguousarray(thresholds, dtype=np.float32)
         s._buffers["screen_t"].copy_from_host(thresholds, nq * 4, s._stream)
-        self._screen_every_row(nq, hopper)
+        self._screen_every_row(nq, hopper, capacity)
         return True
 
-    def _allocate(self, nq: int, **more: int) -> None:
+    def _allocate(self, nq: int, capacity: int = rs.SURVIVOR_CAPACITY, **more: int) -> None:
         """The per-batch device buffers of steps 1 and 3 (and `more`, name=bytes, of the others)."""
         s = self.searcher
         sizes = {"screen_q32": nq * s._stride * 4, "screen_q": nq * self.row_bytes, "screen_e": nq * 4,
                  "screen_f": nq * 4, "screen_t": nq * 4, "screen_counts": nq * 4,
-                 "screen_survivors": nq * rs.SURVIVOR_CAPACITY * 4, **more}
+                 "screen_survivors": nq * capacity * 4, **more}
         for name, nbytes in sizes.items():
             s._device(name, nbytes)
 
@@ -281,16 +284,16 @@ class Screen:
                        int(self.shadow), int(self.normalize), 2.0 if s.metric == "l2" else 1.0, ptr("screen_e"),
                        ptr("screen_f")).launch(max(1, math.ceil(nq / 8)), 256, 0, s._stream)
 
-    def _screen_every_row(self, nq: int, hopper: bool) -> None:
-        """3. the screen over every row against screen_t: survivors and their counts."""
+    def _screen_every_row(self, nq: int, hopper: bool, capacity: int = rs.SURVIVOR_CAPACITY) -> None:
+        """3. the screen over every row against screen_t: survivors (`capacity` a query) and their counts."""
         s = self.searcher
         ptr = s._pointer
         s._buffers["screen_counts"].fill_bytes(0, nq * 4, s._stream)
         if hopper:
-            self._screen_hopper(self._screened_rows(), s._n, nq)
+            self._screen_hopper(self._screened_rows(), s._n, nq, capacity)
         else:
             self._screen(False, 1, self._screened_rows(), s._n, 1, ptr("screen_sq_lo"), nq, ptr("screen_counts"),
-                         ptr("screen_survivors"), 0)
+                         ptr("screen_survivors"), 0, capacity=capacity)
 
     def _upload(self, queries: np.ndarray) -> None:
         """The float32 queries, padded, into screen_q32. A searcher that keeps_queries (the host tier's chunk
@@ -322,7 +325,7 @@ class Screen:
             kept = self._maps[name] = (what, TensorMapArg.from_buffer_copy(as_bytes(encode(args))))
         return kept[1]
 
-    def _screen_hopper(self, rows: int, n_rows: int, nq: int) -> None:
+    def _screen_hopper(self, rows: int, n_rows: int, nq: int, capacity: int) -> None:
         """Step 3 on sm_90a: the persistent Hopper screen, one CTA per SM."""
         s = self.searcher
         spec = self.hopper_spec
@@ -334,11 +337,12 @@ class Screen:
         tiles = -(-nq // tile_q) * -(-n_rows // bn)
         launch = loaded.prepare(query_map, row_map, n_rows, ptr("screen_sq_lo") if s.metric == "l2" else 0,
                                 ptr("screen_tile_rmax"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
-                                ptr("screen_f"), ptr("screen_counts"), ptr("screen_survivors"), rs.SURVIVOR_CAPACITY)
+                                ptr("screen_f"), ptr("screen_counts"), ptr("screen_survivors"), capacity)
         launch.launch(max(1, min(tiles, s._sm_count)), loaded.threads, loaded.shared_bytes, s._stream)
 
     def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, nq: int,
-                counts: int, survivors: int, upper: int, sample_tiles: int | None = None) -> None:
+                counts: int, survivors: int, upper: int, sample_tiles: int | None = None,
+                capacity: int = rs.SURVIVOR_CAPACITY) -> None:
         s = self.searcher
         loaded = s._kernel(rs.screen_spec(s.metric, s.dtype, k, s._arch, threshold=threshold,
                                           sample_tiles=sample_tiles))
@@ -350,7 +354,7 @@ class Screen:
         grid = query_tiles * -(-row_tiles // per_block)
         launch = loaded.prepare(rows, n_rows, row_step, sq_norms if s.metric == "l2" else 0, ptr("screen_rx"),
                                 ptr("screen_q"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
-                                ptr("screen_f"), counts, survivors, rs.SURVIVOR_CAPACITY, upper, per_block)
+                                ptr("screen_f"), counts, survivors, capacity, upper, per_block)
         launch.launch(grid, loaded.threads, loaded.shared_bytes, s._stream)
 
 

@@ -83,8 +83,6 @@ def step_spec(variant: str, metric: str, dtype: str, k: int, arch: str) -> Kerne
     params = {}
     if variant == "survivors":
         params = {"cap": SURVIVOR_CAPACITY, "warps": SURVIVOR_WARPS, "smem": SURVIVOR_CAPACITY * 20}
-    elif variant == "range_survivors":
-        params = {"cap": SURVIVOR_CAPACITY}
     keeps_k = variant in ("threshold", "survivors")
     keeps_metric = variant in ("survivors", "range_survivors") or (metric == "cosine" and variant != "threshold")
     return KernelSpec(metric if keeps_metric else "l2", dtype if variant != "threshold" else "float32", 1,
@@ -184,7 +182,7 @@ def name_expression(spec: KernelSpec) -> str:
     if spec.variant == "threshold":
         return f"tinyknn::threshold_kernel<{spec.k}>"
     if spec.variant == "range_survivors":
-        return f"tinyknn::range_survivors_kernel<{_METRICS[spec.metric]}, {_STORAGE[spec.dtype]}, {p('cap')}>"
+        return f"tinyknn::range_survivors_kernel<{_METRICS[spec.metric]}, {_STORAGE[spec.dtype]}>"
     args = [_METRICS[spec.metric], _STORAGE[spec.dtype], spec.k, p("cap"), p("warps")]
     return f"tinyknn::verify_survivors_kernel<{', '.join(str(a) for a in args)}>"
 
