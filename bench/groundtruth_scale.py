@@ -18,8 +18,8 @@ Rows (--run, comma-separated; default: file,fbin,device where there is a GPU, el
          the base is dropped from the page cache again (--cache cold, the default, unless the cold read took
          longer than --cold-limit-s: then both runs and the read they are compared with are warm). A sample of queries
          (--check-queries) is checked against the float64 oracle (bench/oracle.py: ids and distance bits).
-         Reports (c) / (a + b) and (d) / (a + b), and when (d)'s stages (each shard's adds, its searches)
-         began and ended.
+         Reports (c) / (a + b) and (d) / (a + b), when (d)'s stages (each shard's adds, its answers taken)
+         began and ended, and each of its reads of an add batch and searches of a query batch (api_calls_s).
 - fbin:  --fbin-rows x 128 float32 (.fbin, the same centres, noise not rounded), queries drawn the same way:
          as the file row (read, H2D, the command end to end, the API, the oracle check).
 - device: the first --device-rows rows of the uint8 file in device memory: tinyknn's search of the queries
@@ -39,6 +39,7 @@ Rows (--run, comma-separated; default: file,fbin,device where there is a GPU, el
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import struct
@@ -234,6 +235,33 @@ def check(base: Path, queries: Path, ids: np.ndarray, distances: np.ndarray | No
     return out
 
 
+@contextlib.contextmanager
+def calls_timed(started: float):
+    """When each read of an add batch (the reader threads') and each search of a query batch (the search
+    thread's, on a GPU) began and ended, in seconds from `started`: whether the reads go on while a shard
+    is searched, and the next shard's adds ("adding shard ..." in the stages) run under its search."""
+    from tinyknn.groundtruth.inputs import Source
+    from tinyknn.index import Index
+
+    calls: dict[str, list] = {"read": [], "search": []}
+    real = {"read": Source.read, "search": Index.search}
+
+    def timed(name):
+        def call(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return real[name](*args, **kwargs)
+            finally:
+                calls[name].append([round(began - started, 3), round(time.perf_counter() - started, 3)])
+        return call
+
+    Source.read, Index.search = timed("read"), timed("search")
+    try:
+        yield calls
+    finally:
+        Source.read, Index.search = real["read"], real["search"]
+
+
 def api_by_readers(args, base: Path, queries: Path, device: str, cold: bool, want) -> dict:
     """The API again with each --readers count other than the library's (the same bits asked for)."""
     import tinyknn
@@ -283,14 +311,16 @@ def file_row(args, name: str, dtype: str, rows: int, device: str) -> dict:
         drop_from_cache(base)
     stages: dict[str, list[float]] = {}
 
-    def progress(_done, _total, stage):       # when each stage (a shard's adds, its search) began and ended
+    def progress(_done, _total, stage):       # when each stage (a shard's adds, its answers taken) began and ended
         now = round(time.perf_counter() - started, 3)
         stages.setdefault(stage, [now, now])[1] = now
 
     started = time.perf_counter()
-    api_d, api_i = tinyknn.groundtruth(str(base), str(queries), args.k, "l2", device=device, progress=progress)
+    with calls_timed(started) as calls:
+        api_d, api_i = tinyknn.groundtruth(str(base), str(queries), args.k, "l2", device=device, progress=progress)
     row["api_s"] = round(time.perf_counter() - started, 3)
     row["api_stages_s"] = stages
+    row["api_calls_s"] = calls
     row["api_s_by_readers"] = api_by_readers(args, base, queries, device, cold, (api_d, api_i))
     truth = tio.read_knn_groundtruth(out)
     row["api_equals_command"] = bool(np.array_equal(api_i, truth.ids)

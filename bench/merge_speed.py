@@ -5,7 +5,9 @@ replaced (kept as the reference in tests/test_merge.py), on the shapes ground tr
 Parts are each query's sorted distances, drawn two ways: `float` (uniform float32: ties across parts rare)
 and `integer` (integers in a window of ~1,500 values, as squared l2 distances of SIFT-like uint8 rows are:
 ties across parts in most queries, each resolved in float64). The float64 distance the merge asks for is
-the float32 one (exact for such integers), read from a table; both merges must give the same bits.
+the float32 one (exact for such integers), read from a table; both merges must give the same bits. The
+integer parts are merged a third way, with `exact_below=2**24` (what ground truth of 8-bit files passes:
+such distances are their float64 ones, so ties go by id and nothing is resolved), to the same bits.
 
     PYTHONPATH=$PWD python3 bench/merge_speed.py [--repeats 3] [--out bench/results]
 
@@ -80,6 +82,12 @@ def main(argv=None) -> int:
             row = {"queries": n_queries, "parts": n_parts, "k": K, "kind": kind, "lexsort_s": round(old_s, 4),
                    "merge_s": round(new_s, 4), "speedup": round(old_s / new_s, 1), "same_bits": bool(same),
                    "pairs_resolved_lexsort": old_pairs, "pairs_resolved": asked[0] // args.repeats}
+            if kind == "integer":    # integer distances below 2**24: ties by id, nothing resolved (exact_below)
+                asked[0] = 0
+                ids_s, by_id = timed(lambda: merge.knn(parts, K, "l2", resolve, exact_below=2.0 ** 24), args.repeats)
+                row.update(merge_exact_below_s=round(ids_s, 4), pairs_resolved_exact_below=asked[0] // args.repeats)
+                row["same_bits"] &= bool(np.array_equal(old[1], by_id[1])
+                                         and np.array_equal(old[0].view(np.uint32), by_id[0].view(np.uint32)))
             rows.append(row)
             print(json.dumps(row), flush=True)
     payload = {"rows": rows, "repeats": args.repeats, "load_average_before": load_before,

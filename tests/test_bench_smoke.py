@@ -255,6 +255,7 @@ def test_groundtruth_scale_small_run_on_the_cpu(tmp_path):
         row = rows["rows"][name]
         assert row["check"]["ids_equal"] and row["check"]["distance_bits_equal"] and row["api_equals_command"], row
         assert row["command"]["seconds"] > 0 and row["read"]["bytes"] == row["base_bytes"] and "h2d" not in row
+        assert all(began <= ended for began, ended in row["api_calls_s"]["search"]) and row["api_calls_s"]["search"]
     assert rows["rows"]["cpu"]["tinyknn_check"]["ids_equal"]
     assert importlib.util.find_spec("faiss") is None or rows["rows"]["cpu"]["faiss_median_s"] > 0
     assert ("device" in rows["skipped"]) != has_gpu()

@@ -138,3 +138,68 @@ def test_ties_across_parts_past_the_kth_are_resolved_only_where_they_start_withi
     got_d, got_i = merge.knn([(d_a, np.array([[10, 11, 12, 13], [20, 21, 22, 23]])), (d_b, np.array([[30], [31]]))],
                              2, "l2", resolve)
     assert got_i.tolist() == [[10, 11], [20, 21]] and asked == []
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+@pytest.mark.parametrize("n_parts,k", [(2, 10), (3, 25), (4, 150)])
+def test_integer_ties_go_to_the_smaller_id_in_any_part_without_resolving(rng, metric, n_parts, k):
+    """Integer distances below 2**24 are their float64 distances: with exact_below every tie between parts
+    goes to the smaller id wherever it sits (ids are shuffled, so often in a later part), at k's boundary
+    and among padding too, and no float64 distance is asked for; the same bits as resolving every mixed
+    tie, as the reference and as the oracle (the resolving merge did meet such ties)."""
+    x, q = _data(rng, "tied", n=400 if k > 100 else 700, d=8, nq=50)
+    ids, parts = _parts(rng, x, q, metric, n_parts, k)
+
+    def never(*_):
+        raise AssertionError("a float64 distance was asked for")
+
+    got = merge.knn(parts, k, metric, never, exact_below=2.0 ** 24)
+    resolving = Resolver(x, q, ids, metric)
+    for answer in (merge.knn(parts, k, metric, resolving), reference_knn(parts, k, metric, Resolver(x, q, ids, metric)),
+                   exact_search(x, q, k, metric, id_map=ids)):
+        np.testing.assert_array_equal(got[1], answer[1])
+        np.testing.assert_array_equal(got[0].view(np.uint32), answer[0].view(np.uint32))
+    assert resolving.pairs > 0
+
+
+def test_ties_at_or_beyond_exact_below_are_still_resolved():
+    """The later part holds the smaller ids: a tie at 1.0 goes to id 5 unasked; the tie at 2**24 (float64
+    2**24 + 0.5 and 2**24 + 1, both rounding to it) is put in float64 order, asked for those two only; ids
+    past 32 bits take the merge that resolves mixed ties, to the same answer, asking the same two."""
+    big = np.float32(2.0 ** 24)
+    part_a = (np.array([[1.0, big, np.inf]], dtype=np.float32), np.array([[7, 8, -1]]))
+    part_b = (np.array([[1.0, big]], dtype=np.float32), np.array([[5, 6]]))
+    exact = {5: 1.0, 7: 1.0, 8: 2.0 ** 24 + 0.5, 6: 2.0 ** 24 + 1.0}
+    asked = []
+
+    def resolve(_numbers, ids, _shard):
+        asked.extend(ids.tolist())
+        return np.array([exact[i] for i in ids])
+
+    got_d, got_i = merge.knn([part_a, part_b], 5, "l2", resolve, exact_below=2.0 ** 24)
+    assert got_i.tolist() == [[5, 7, 8, 6, -1]] and sorted(asked) == [6, 8]
+    assert got_d.tolist() == [[1.0, 1.0, big, big, np.inf]]
+    offset = 1 << 32
+    exact = {i + offset: v for i, v in exact.items()}
+    asked.clear()
+    shifted = [(d, np.where(i >= 0, i + offset, -1)) for d, i in (part_a, part_b)]
+    _, got_i = merge.knn(shifted, 4, "l2", resolve, exact_below=2.0 ** 24)
+    assert got_i.tolist() == [[5 + offset, 7 + offset, 8 + offset, 6 + offset]]
+    assert sorted(asked) == [6 + offset, 8 + offset]
+
+
+@pytest.mark.parametrize("kind", ["tied", "near-ties", "uint8"])
+def test_blocks_of_rows_give_the_same_bits(rng, monkeypatch, kind):
+    """Merged a few rows at a time (MERGE_BLOCK made small: blocks of 3 queries, the last shorter), each
+    block's float64 questions asked with the queries' own numbers: the reference's bits, and so with ties
+    settled by id where the distances are integers (exact_below)."""
+    x, q = _data(rng, kind, n=500, d=8, nq=47)
+    ids, parts = _parts(rng, x, q, "l2", 3, 20)
+    want = reference_knn(parts, 20, "l2", Resolver(x, q, ids, "l2"))
+    monkeypatch.setattr(merge, "MERGE_BLOCK", 3 * 60)
+    for exact_below in (0.0, 2.0 ** 24) if kind != "near-ties" else (0.0,):
+        resolve = Resolver(x, q, ids, "l2")
+        got = merge.knn(parts, 20, "l2", resolve, exact_below=exact_below)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[0].view(np.uint32), want[0].view(np.uint32))
+        assert resolve.pairs > 0 or exact_below

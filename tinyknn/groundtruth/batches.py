@@ -28,10 +28,12 @@ READERS = 1
 class Batches:
     """(a, b, rows a..b) of every span in order (iterate once; close() when done). With `read_ahead` > 0 (a
     file on a GPU), reader threads (READERS), started at once, read the spans (one pread each) up to
-    `read_ahead` batches ahead of the caller, whatever the caller is doing (starting CUDA, adding, searching,
-    merging); else each is read when asked for. Not on the CPU, whose add and search keep the cores busy (on
-    the 2-core VM a reader thread made the adds of 1M x 128 float32 from a file slower: 1.7-3.2 s against
-    1.4-2.3 s, four runs each)."""
+    `read_ahead` batches ahead of the caller, whatever the caller is doing (starting CUDA, adding, waiting
+    for a search, merging): the host memory they hold is at most `read_ahead` batches besides the one the
+    caller has (compute.py: at most READ_AHEAD_BYTES of them, and never more than one shard's). Else each
+    batch is read when asked for. Not on the CPU, whose add and search keep the cores busy (on the 2-core
+    VM a reader thread made the adds of 1M x 128 float32 from a file slower: 1.7-3.2 s against 1.4-2.3 s,
+    four runs each)."""
 
     def __init__(self, base: Source, spans: list[tuple[int, int]], read_ahead: int):
         self._base, self._spans, self._pool = base, spans, None

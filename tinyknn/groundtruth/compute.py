@@ -7,11 +7,13 @@ shard's by tinyknn's exact merge (float32 ties between shards ordered by their f
 the smaller id), so the result is bit for bit the answer one Index holding every row gives: the float64
 oracle's ids, ties by the smaller id, distances its float32 roundings.
 
-A file on a GPU is read by a second thread, up to READ_AHEAD_BYTES of batches ahead of the adds and across
-shard boundaries, and cut into about OVERLAP_SHARDS shards (none below MIN_OVERLAP_SHARD_ROWS rows): while
-one shard is searched and merged the next is read, so the search hides under the read and only the last
-shard's search follows it. Elsewhere (arrays, the CPU, a Dask cluster) one shard takes every row that fits
-the memory budget, and the batches are read in turn.
+A file on a GPU is read by reader threads (batches.py), up to READ_AHEAD_BYTES of batches (never more
+than a shard) ahead of the adds and across shard boundaries, and cut into about OVERLAP_SHARDS shards (none
+below MIN_OVERLAP_SHARD_ROWS rows). Each finished shard is searched on a search thread (searches.py) while
+this thread adds the next one's rows, and its answers are merged while the next one is searched: the reads
+go on throughout, the adds wait for a search only where it takes longer than the next shard's read, and
+only the last shard's search and merge follow the read. Elsewhere (arrays, the CPU, a Dask cluster) one
+shard takes every row that fits the memory budget, and the batches are read, added and searched in turn.
 
 Resumable: with `checkpoint=PATH` the answer so far is saved atomically after every query batch; a run
 with the same inputs and parameters resumes there and gives the same bits; a checkpoint of other inputs is
@@ -34,18 +36,18 @@ import numpy as np
 from .. import io as tio
 from ..spec import parse_metric
 from . import checkpoint as _checkpoint
-from . import conventions
-from ._internal import merge_knn, merge_ranges
-from .stages import Stages
+from .answer import Answer
 from .batches import Batches, spans_of
 from .exact import Exact, storage_dtype
 from .inputs import Source, open_pair
 from .output import write_output
+from .searches import Searches
+from .stages import Stages
 
 DEFAULT_QUERY_BATCH = 4096
 ADD_CHUNK_BYTES = 64 << 20
 CUDA_INDEX_BYTES = 32 << 30          # default device-memory budget of one shard (override: shard_rows)
-READ_AHEAD_BYTES = 1 << 30           # batches a reader thread may hold ahead of the adds (never more than a shard)
+READ_AHEAD_BYTES = 1 << 30           # host memory of the batches read ahead of the adds (never more than a shard)
 OVERLAP_SHARDS = 8                   # default shards of a file on a GPU: each searched while the next is read
 MIN_OVERLAP_SHARD_ROWS = 2_000_000   # ... but none smaller (a shard's search and merge have a fixed cost)
 
@@ -80,6 +82,12 @@ def _overlaps(base: Source, device: str, client) -> bool:
     return device == "cuda" and client is None and base.path is not None
 
 
+def _searches_concurrently(overlapped: bool, storage: str, shard_rows: int, row_bytes: int) -> bool:
+    """Whether each shard is searched on a thread of its own while the next one is filled (searches.py):
+    where the read overlaps (a file on a GPU) and two shards in device memory fit the budget of one."""
+    return overlapped and storage == "device" and 2 * shard_rows * (row_bytes + 16) <= CUDA_INDEX_BYTES
+
+
 def _default_shard_rows(n: int, row_bytes: int, device: str, client, overlapped: bool) -> int:
     """Rows per shard when none is given: a function of the inputs and the device alone, so a rerun of the
     same inputs cuts the same shards (the checkpoint's key holds them)."""
@@ -89,18 +97,6 @@ def _default_shard_rows(n: int, row_bytes: int, device: str, client, overlapped:
     if overlapped:
         return min(budget, max(MIN_OVERLAP_SHARD_ROWS, -(-n // OVERLAP_SHARDS)))
     return budget
-
-
-def _concat_ranges(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]]):
-    """Consecutive query batches' (lims, distances, ids) as one."""
-    if not pieces:
-        return np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.float32), np.empty(0, dtype=np.int64)
-    lims, offset = [np.zeros(1, dtype=np.int64)], 0
-    for piece_lims, _, _ in pieces:
-        lims.append(np.asarray(piece_lims[1:], dtype=np.int64) + offset)
-        offset += int(piece_lims[-1])
-    return (np.concatenate(lims), np.concatenate([d for _, d, _ in pieces]).astype(np.float32),
-            np.concatenate([i for _, _, i in pieces]).astype(np.int64))
 
 
 def _new_index(dim: int, metric: str, dtype: str, device: str, storage: str, client):
@@ -201,92 +197,68 @@ def _compute(base, query_source, n, nq, k, radius, metric, device, dtype, batch_
     read_ahead = max(1, min(READ_AHEAD_BYTES // (batch_rows * row_bytes), -(-shard_rows // batch_rows))) \
         if overlapped else 0
 
-    larger = conventions.LARGER_IS_BETTER[metric]
     shard, batch, saved = 0, 0, None
     if checkpoint_path is not None:
         state = _checkpoint.load(checkpoint_path, key)
         if state is not None:
             shard, batch, saved = state
-    if radius is None:
-        distances = np.full((nq, k), -np.inf if larger else np.inf, dtype=np.float32)
-        ids = np.full((nq, k), -1, dtype=np.int64)
-        if saved is not None:
-            distances, ids = saved["distances"], saved["ids"]
-        parts, current = [], []
-    else:
-        parts = [(saved[f"lims{i}"], saved[f"distances{i}"], saved[f"ids{i}"])
-                 for i in range(int(saved["parts"]))] if saved is not None else []
-        current = [(saved["lims_current"], saved["distances_current"], saved["ids_current"])] \
-            if saved is not None and batch else []
+    answer = Answer(run, nq, k, radius, saved, batch)
 
     def save_state(next_shard: int, next_batch: int) -> None:
-        if checkpoint_path is None:
-            return
-        if radius is None:
-            arrays = {"distances": distances, "ids": ids}
-        else:
-            arrays = {"parts": np.array(len(parts))}
-            for i, (lims_i, d_i, i_i) in enumerate(parts):
-                arrays.update({f"lims{i}": lims_i, f"distances{i}": d_i, f"ids{i}": i_i})
-            arrays.update(dict(zip(("lims_current", "distances_current", "ids_current"), _concat_ranges(current))))
-        _checkpoint.save(checkpoint_path, key, next_shard, next_batch, arrays)
-        stages.done("checkpointing")
+        if checkpoint_path is not None:
+            _checkpoint.save(checkpoint_path, key, next_shard, next_batch, answer.arrays())
+            stages.done("checkpointing")
 
     total_units = float(n)
     done_units = sum(min(shard_rows, n - s * shard_rows) for s in range(shard)) + \
         (min(shard_rows, n - shard * shard_rows) * min(nq, batch * query_batch) / nq if shard < n_shards else 0)
 
+    def search(index, qa: int, qb: int):
+        return index.search(queries[qa:qb], k) if radius is None else index.range_search(queries[qa:qb], radius)
+
     spans = spans_of(shard * shard_rows, n, shard_rows, batch_rows)
     reader = Batches(base, [span for shard_spans in spans for span in shard_spans], read_ahead)
     batches = iter(reader)
+    searches = Searches(search, concurrent=_searches_concurrently(overlapped, storage, shard_rows, row_bytes))
     stages.done("opening")
     try:
         for s in range(shard, n_shards):
-            first, last = spans[s - shard][0][0], spans[s - shard][-1][1]
-            start_batch = batch if s == shard else 0
             stage = f"shard {s + 1}/{n_shards}" if n_shards > 1 else "searching"
-            with _new_index(dim, metric, dtype, device, storage, client) as index:
+            index = _new_index(dim, metric, dtype, device, storage, client)
+            try:
                 for a, b, rows in itertools.islice(batches, len(spans[s - shard])):
                     index.add(rows, ids=np.arange(a, b, dtype=np.int64))
                     if progress is not None:
                         progress(done_units, total_units, f"adding {stage}" if n_shards > 1 else "adding rows")
-                stages.done("reading and adding")
-                for t in range(start_batch, n_batches):
-                    qa, qb = t * query_batch, min(nq, (t + 1) * query_batch)
-                    q = queries[qa:qb]
-                    if radius is None:
-                        shard_d, shard_i = index.search(q, k)
-                        stages.done("searching")
-                        if s == 0:
-                            distances[qa:qb], ids[qa:qb] = shard_d, shard_i
-                        else:
-                            so_far = (distances[qa:qb], ids[qa:qb])
-                            distances[qa:qb], ids[qa:qb] = merge_knn([so_far, (shard_d, shard_i)], k, metric,
-                                                                     run.resolver(q))
-                            stages.done("merging")
-                    else:
-                        current.append(index.range_search(q, radius))
-                        stages.done("searching")
-                    done_units += (last - first) * (qb - qa) / nq
-                    if t + 1 < n_batches:
-                        save_state(s, t + 1)
-                    elif radius is not None:
-                        parts.append(_concat_ranges(current))
-                        current = []
-                        save_state(s + 1, 0)
-                    else:
-                        save_state(s + 1, 0)
-                    if progress is not None:
-                        progress(done_units, total_units, stage)
+            except BaseException:
+                index.close()
+                raise
+            stages.done("reading and adding")
+            first_batch = batch if s == shard else 0
+            searches.hand((s, stage, spans[s - shard][-1][1] - spans[s - shard][0][0]), index,
+                          [(t, t * query_batch, min(nq, (t + 1) * query_batch)) for t in range(first_batch, n_batches)])
+            # the answers of the shards handed so far (concurrently: all but this one, searched meanwhile),
+            # merged, saved and reported
+            for (done_shard, done_stage, rows_done), t, qa, qb, found in \
+                    searches.answers(keep=1 if searches.concurrent and s + 1 < n_shards else 0):
+                stages.done("searching")
+                answer.take(done_shard == 0, qa, qb, found)
+                if radius is None:
+                    stages.done("merging")
+                done_units += rows_done * (qb - qa) / nq
+                if t + 1 < n_batches:
+                    save_state(done_shard, t + 1)
+                else:
+                    answer.shard_done()
+                    save_state(done_shard + 1, 0)
+                if progress is not None:
+                    progress(done_units, total_units, done_stage)
     finally:
+        searches.close()
         reader.close()
 
-    if radius is None:
-        result = (distances, ids)
-    elif len(parts) == 1:
-        result = parts[0]
-    else:
-        result = merge_ranges(parts, metric, run.resolver(queries))
+    result = answer.result()
+    if radius is not None and len(answer.parts) > 1:
         stages.done("merging")
     if output is not None:
         write_output(run, result, output, format, k, radius, device, storage, base, n_shards,

@@ -6,6 +6,8 @@ an add rounds them; the arithmetic is tinyknn's own (`exact_distances`, the same
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..spec import numpy_dtype, parse_dtype
@@ -14,6 +16,7 @@ from ._internal import as_storage, exact_distances
 from .inputs import Source
 
 PAIR_CHUNK = 1 << 16                 # (query, id) pairs whose float64 distances are computed at a time
+INTEGER_EXACT = float(1 << 24)       # float32 holds every integer below it exactly
 
 
 def storage_dtype(source: Source, dtype) -> str:
@@ -45,6 +48,20 @@ class Exact:
             stop = start + PAIR_CHUNK
             out[start:stop] = exact_distances(query_rows[start:stop], self.stored_rows(ids[start:stop]), self.metric)
         return out
+
+    @functools.cached_property
+    def exact_below(self) -> float:
+        """INTEGER_EXACT where every float64 distance of the run is an integer (8-bit rows, integer queries,
+        l2 or ip, every sum below 2**53): a float32 distance below it is then its float64 distance, so
+        float32 ties there are exact ties, ordered by the smaller id without reading rows (tinyknn's merge,
+        `exact_below`); else 0.0 (every tie between shards is resolved in float64)."""
+        if self.dtype not in ("uint8", "int8") or self.metric not in ("l2", "ip") or not len(self.queries):
+            return 0.0
+        q = np.asarray(self.queries, dtype=np.float32)
+        if not np.array_equal(q, np.rint(q)):
+            return 0.0
+        largest = float(np.abs(q).max()) + 256.0           # |query - row| and |row| are below it
+        return INTEGER_EXACT if q.shape[1] * largest * largest < 2.0 ** 53 else 0.0
 
     def resolver(self, queries: np.ndarray):
         """resolve(query_numbers, ids, shard) for tinyknn's exact merge, query numbers into `queries`."""

@@ -17,6 +17,8 @@ operations in the same order, so the same bits as the CPU library, the GPU kerne
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 # resolve(query_numbers, ids, shards) -> the float64 contract distance of each (query, id) pair
@@ -77,46 +79,132 @@ def exact_order(query: np.ndarray, distance: np.ndarray, shard: np.ndarray, rank
     return first[np.lexsort((ids[first], second, key_sorted, q_sorted))]
 
 
-def knn(parts: list[tuple[np.ndarray, np.ndarray]], k: int, metric: str, resolve) -> tuple[np.ndarray, np.ndarray]:
+def sort_keys(distances: np.ndarray, larger: bool) -> np.ndarray:
+    """uint32 keys in the order of the float32 distances (nearest first: larger ones first when `larger`),
+    equal exactly where the floats are equal (-0.0 is +0.0); below PADDING_KEY, which padding gets."""
+    value = (-distances if larger else distances) + np.float32(0.0)     # the sum turns -0.0 into +0.0
+    bits = np.ascontiguousarray(value, dtype=np.float32).view(np.uint32)
+    flip = (bits.view(np.int32) >> 31).view(np.uint32) | np.uint32(0x80000000)  # negatives: every bit
+    return bits ^ flip
+
+
+PADDING_KEY = np.uint32(0xFFFFFFFF)
+_HIGH, _LOW = (1, 0) if sys.byteorder == "little" else (0, 1)     # where a uint64's halves lie in memory
+MERGE_BLOCK = 1 << 18      # candidates merged at a time: a block's arrays stay in cache (10,000 x 200: 2x faster)
+
+
+def knn(parts: list[tuple[np.ndarray, np.ndarray]], k: int, metric: str, resolve,
+        exact_below: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Merge the shards' (distances, ids) (n_queries, width each) into the k best of all: (distances, ids).
 
-    Vectorised per query: the parts side by side, one stable sort by float32 distance along each row
-    (padding, id -1, sorted last), so equal float32 distances keep part order, then rank order: right
-    wherever one part holds the whole group. Only groups of equal float32 distances that mix parts and
-    start within the first k are resolved in float64 (then the smaller id), each within its own positions;
-    `exact_order` gives the same order (the tests hold them to it) at the cost of one lexsort of everything.
+    Vectorised per query, MERGE_BLOCK candidates at a time: the parts side by side, each candidate one
+    uint64, its distance's sort key above its column, sorted along each row (NumPy's vectorised sort:
+    equal distances keep column order, part order then rank, as a stable sort would, at a fraction of an
+    argsort's cost); padding (id -1) last. That is right wherever one part holds a whole group of equal
+    float32 distances. Only groups of equal float32 distances that mix parts and start within the first k
+    are resolved in float64 (then the smaller id), each within its own positions; `exact_order` gives the
+    same order (the tests hold them to it) at the cost of one lexsort of everything.
+
+    exact_below: float32 distances smaller than this in magnitude are known to be their float64 distances
+    (integer inputs whose float64 distances are integers: 2**24), so a tie among them is an exact tie,
+    settled by the smaller id without asking `resolve`; where every candidate of a block is such, the
+    key's lower half is the id and the sort alone gives the contract's order.
     """
     larger = LARGER_IS_BETTER[metric]
-    distances = np.concatenate([np.asarray(d) for d, _ in parts], axis=1)
-    ids = np.concatenate([np.asarray(i, dtype=np.int64) for _, i in parts], axis=1)
-    part = np.repeat(np.arange(len(parts)), [np.shape(i)[1] for _, i in parts])
-    n_queries, width = ids.shape
-    key = -distances if larger else distances.copy()
-    key[ids < 0] = np.nan                                   # NumPy sorts NaN last: padding after every candidate
-    order = np.argsort(key, axis=1, kind="stable")
-    key = np.take_along_axis(key, order, axis=1)
-    if k < width:          # what can matter: the first k, and the rest of any group of equal distances at k - 1
-        reach = k + int((key[:, k:] == key[:, k - 1:k]).sum(axis=1).max(initial=0))
-        order, key = order[:, :reach], key[:, :reach]
-    tied = key[:, 1:] == key[:, :-1]                        # NaN never equals: padding never ties
-    cross = tied & (part[order[:, 1:]] != part[order[:, :-1]])
-    rows = np.flatnonzero(cross.any(axis=1))
-    if len(rows):
-        order[rows] = _resolved(order[rows], tied[rows], cross[rows], ids[rows], part, rows, k, larger, resolve)
-    taken = min(k, order.shape[1])
-    out_i = np.full((n_queries, k), -1, dtype=np.int64)
+    parts = [(np.ascontiguousarray(d, dtype=np.float32), np.ascontiguousarray(i, dtype=np.int64)) for d, i in parts]
+    n_queries, width = parts[0][1].shape[0], sum(i.shape[1] for _, i in parts)
     out_d = np.full((n_queries, k), -np.inf if larger else np.inf, dtype=np.float32)
-    out_i[:, :taken] = np.take_along_axis(ids, order[:, :taken], axis=1)
-    out_d[:, :taken] = np.take_along_axis(distances, order[:, :taken], axis=1)
-    padded = out_i < 0
-    out_i[padded] = -1
-    out_d[padded] = -np.inf if larger else np.inf
+    out_i = np.full((n_queries, k), -1, dtype=np.int64)
+    step = max(1, MERGE_BLOCK // max(1, width))
+    for a in range(0, n_queries, step):
+        block, out = [(d[a:a + step], i[a:a + step]) for d, i in parts], (out_d[a:a + step], out_i[a:a + step])
+        if exact_below > 0 and _ties_are_exact(block, exact_below):
+            _by_distance_and_id(block, k, larger, *out)
+        else:
+            asked = resolve if a == 0 else (lambda numbers, ids, shards, a=a: resolve(numbers + a, ids, shards))
+            _by_distance_then_float64(block, k, larger, asked, exact_below, *out)
     return out_d, out_i
 
 
-def _resolved(order, tied, cross, ids, part, rows, k: int, larger: bool, resolve) -> np.ndarray:
+def _ties_are_exact(parts, exact_below: float) -> bool:
+    """Whether every candidate's float32 distance is below `exact_below` in magnitude (so it is its float64
+    distance, and equal float32 distances are equal float64 ones) and every id fits in 32 bits."""
+    for d, i in parts:
+        valid = i >= 0
+        if not (np.max(d, where=valid, initial=-np.inf) < exact_below
+                and np.min(d, where=valid, initial=np.inf) > -exact_below and int(i.max(initial=0)) < 0xFFFFFFFF):
+            return False
+    return True
+
+
+def _packed(parts, larger: bool, low) -> tuple[np.ndarray, np.ndarray]:
+    """Each candidate as one uint64, its distance's sort key (padding: PADDING_KEY) above `low(column,
+    ids)`, written as two uint32 halves (no temporaries); and the halves' view, (rows, width, 2)."""
+    n_queries, width = parts[0][1].shape[0], sum(i.shape[1] for _, i in parts)
+    packed = np.empty((n_queries, width), dtype=np.uint64)
+    halves = packed.view(np.uint32).reshape(n_queries, width, 2)
+    column = 0
+    for d, i in parts:
+        key = sort_keys(d, larger)
+        key[i < 0] = PADDING_KEY
+        halves[:, column:column + i.shape[1], _HIGH] = key
+        halves[:, column:column + i.shape[1], _LOW] = low(column, i)
+        column += i.shape[1]
+    return packed, halves
+
+
+def _by_distance_and_id(parts, k: int, larger: bool, out_d, out_i) -> None:
+    """knn of a block where every tie is exact: the contract's order is (float32 distance, id), so the
+    lower half is the id's 32 bits (padding's -1: 0xFFFFFFFF, after every id) and the sort is the merge;
+    the distances come back from their keys, which are one to one."""
+    packed, halves = _packed(parts, larger, lambda _, i: i.view(np.uint32).reshape(*i.shape, 2)[..., _LOW])
+    packed.sort(axis=1)
+    taken = min(out_i.shape[1], packed.shape[1])
+    key = halves[:, :taken, _HIGH]
+    bits = key ^ ((key >> np.uint32(31)) - np.uint32(1) | np.uint32(0x80000000))   # sort_keys undone
+    value = bits.view(np.float32)
+    out_d[:, :taken] = (-value if larger else value) + np.float32(0.0)      # +0.0, as the contract's are
+    out_i[:, :taken] = halves[:, :taken, _LOW]
+    padded = key == PADDING_KEY
+    out_d[:, :taken][padded] = -np.inf if larger else np.inf
+    out_i[:, :taken][padded] = -1
+
+
+def _by_distance_then_float64(parts, k: int, larger: bool, resolve, exact_below: float, out_d, out_i) -> None:
+    """knn of a block: sorted by (distance, column), then the mixed groups within k put in float64 order."""
+    distances = np.concatenate([d for d, _ in parts], axis=1)
+    ids = np.concatenate([i for _, i in parts], axis=1)
+    part = np.repeat(np.arange(len(parts)), [i.shape[1] for _, i in parts])
+    n_queries, width = ids.shape
+    packed, halves = _packed(parts, larger, lambda column, i: np.arange(column, column + i.shape[1], dtype=np.uint32))
+    packed.sort(axis=1)
+    key = halves[..., _HIGH]
+    reach = width
+    if k < width:          # what can matter: the first k, and the rest of any group of equal distances at k - 1
+        same = (key[:, k:] == key[:, k - 1:k]) & (key[:, k - 1:k] != PADDING_KEY)
+        reach = k + int(same.sum(axis=1).max(initial=0))
+    order = halves[:, :reach, _LOW].astype(np.intp)
+    key = key[:, :reach]
+    tied = (key[:, 1:] == key[:, :-1]) & (key[:, 1:] != PADDING_KEY)     # padding never ties
+    cross = tied & (part[order[:, 1:]] != part[order[:, :-1]])
+    rows = np.flatnonzero(cross.any(axis=1))
+    if len(rows):
+        order[rows] = _resolved(order[rows], tied[rows], cross[rows], ids[rows], distances[rows], part, rows, k,
+                                larger, resolve, exact_below)
+    taken = min(k, reach)
+    flat = (order[:, :taken] + (np.arange(n_queries) * width)[:, None]).ravel()
+    out_i[:, :taken] = ids.reshape(-1)[flat].reshape(n_queries, taken)
+    out_d[:, :taken] = distances.reshape(-1)[flat].reshape(n_queries, taken)
+    padded = out_i < 0
+    out_i[padded] = -1
+    out_d[padded] = -np.inf if larger else np.inf
+
+
+def _resolved(order, tied, cross, ids, distances, part, rows, k: int, larger: bool, resolve,
+              exact_below: float) -> np.ndarray:
     """`order` (sorted by float32, stable) of the queries `rows` with each mixed group that starts within
-    the first k put in float64 order, then by the smaller id."""
+    the first k put in float64 order, then by the smaller id (float64 asked of `resolve` only for groups
+    at or beyond `exact_below`)."""
     order = np.ascontiguousarray(order)                     # its flat view below is the array itself
     n, width = order.shape
     starts = np.ones((n, width), dtype=bool)
@@ -135,7 +223,10 @@ def _resolved(order, tied, cross, ids, part, rows, k: int, larger: bool, resolve
     row = flat // width
     member = order.reshape(-1)[flat]
     member_ids = ids[row, member]
-    exact = resolve(rows[row], member_ids, part[member])
+    exact = distances[row, member].astype(np.float64)
+    asked = ~(np.abs(exact) < exact_below)
+    if asked.any():
+        exact[asked] = resolve(rows[row[asked]], member_ids[asked], part[member[asked]])
     within = np.lexsort((member_ids, -exact if larger else exact, group))
     order.reshape(-1)[flat] = member[within]
     return order
