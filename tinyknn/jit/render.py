@@ -76,7 +76,9 @@ SCAN_QUERY_SMEM = 16 * 1024     # shared memory for a scan block's queries
 SINGLE_WARPS = 16               # warps per single-query block (16: 0.057 ms on 100k x 128; 8: 0.073, 4: 0.13)
 SINGLE_MAX_ROWS = 2048          # rows per single-query slice (its keys in shared memory); more rows: more slices
 SINGLE_UNROLL = 2               # rows per lane whose loads are in flight together (1 for 8-bit rows: their
-                                # 16-element chunks unpack into too many registers at 2)
+                                # 16-element chunks unpack into too many registers at 2; 1 where a lane holds
+                                # more than SCAN_CHUNKS_PER_LANE chunks of a row, the lanes capped at 32: float32
+                                # rows past 1,024 dims, whose 2 x 12 chunks spilled beside bounded_gather)
 # The last block copies the lists to shared memory up to this many entries (170 slices of 18), beside
 # bounded_gather's scratch: together the 32 KB the copy alone took at 4,096 entries.
 SINGLE_COPY_MAX = 3072
@@ -270,7 +272,7 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
     if lanes is None:
         lanes = scan_params(streamed, dim, k)["lanes"]
     if unroll is None:
-        unroll = SINGLE_UNROLL if ITEMSIZE[streamed] > 1 else 1
+        unroll = SINGLE_UNROLL if ITEMSIZE[streamed] > 1 and -(-chunks // lanes) <= SCAN_CHUNKS_PER_LANE else 1
     query_bytes = _align16(_query_floats(chunks, stride, lanes) * 4) + 16
     slice_bytes = _align16(query_bytes + rmax * 8 + _sort_slots(kl) * 8 + _RADIX_BYTES) + _BOUNDED_BYTES
     verify_bytes = _align16(verify_params(kl, False)["smem"]) + cmax * 8 + _BOUNDED_BYTES   # lists, bounded_gather
