@@ -91,6 +91,7 @@ class RowOperations:
             else:
                 move(movers, holes, n_new)
             self._rebuild_host_batches()
+            self._stream.synchronize()    # the graphs' uploads and the tile bounds done here, not in the next search
             return movers, holes
 
     def _rebuild_host_batches(self) -> None:
