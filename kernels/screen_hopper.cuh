@@ -129,6 +129,40 @@ template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
   }
 };
 
+// The compare-only epilogue of one tile, this thread's part: acc[m][4 j + 2 h + bb] is query q_first + 64 m + 8 h
+// against row r_first + 8 j + bb; each row that survives its query's tq (the threshold with the tile's bound
+// folded in) is appended to the query's survivors. norm_s: the tile's |x|^2 lower bounds (l2).
+template <class Mma, bool IP, int BN, int MW, class Acc>
+TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[MW][2], const float* norm_s,
+                               int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
+                               int* __restrict__ survivors, int capacity) {
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const float2 nv = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * j + 2 * t4);
+    // element e = (m, h, bb): query q_first + 64 m + 8 h, row r_first + 8 j + bb
+    bool pass[MW * 4];
+    bool any = false;
+#pragma unroll
+    for (int e = 0; e < MW * 4; ++e) {
+      const int m = e >> 2, h = (e >> 1) & 1, bb = e & 1;
+      const float hi = Mma::high(acc[m][4 * j + 2 * h + bb]);
+      const float key = IP ? -hi : fma_down(-2.0f, hi, bb ? nv.y : nv.x);
+      pass[e] = !(key > tq[m][h]);
+      any |= pass[e];
+    }
+    if (any) {   // rare: append the survivors of this 8-row chunk
+#pragma unroll
+      for (int e = 0; e < MW * 4; ++e) {
+        const int q = q_first + 64 * (e >> 2) + 8 * ((e >> 1) & 1), r = r_first + 8 * j + (e & 1);
+        if (pass[e] && q < n_queries && r < n_rows) {
+          const int slot = atomicAdd(counts + q, 1);
+          if (slot < capacity) survivors[(long long)q * capacity + slot] = r;
+        }
+      }
+    }
+  }
+}
+
 constexpr int HOPPER_SCALAR_SLOTS = 8;   // per-tile |x|^2 buffers of BN floats each
 // Shared memory of a configuration (the host passes at least this): 1024 bytes of alignment slack, the
 // ring, the scalar ring, the mbarriers.
@@ -139,7 +173,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) 
 // tmap_q: the rounded queries (n_queries x row_bytes), tmap_x: the rows (n_rows x row_bytes), boxes of 128
 // bytes x (128 MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
-template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM>
+template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, bool OV = false>
 __global__ void __launch_bounds__(384, 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -155,7 +189,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   constexpr int NACC = BN / 2;
   constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES);
   static_assert(BN == 128 || BN == 256, "screen_hopper_kernel: BN is a wgmma N of 128 or 256");
-  static_assert(MW * NACC <= 128, "screen_hopper_kernel: at most 128 accumulators per thread");
+  static_assert(MW * NACC * (OV ? 2 : 1) <= 128, "screen_hopper_kernel: at most 128 accumulators per thread");
   static_assert(TILE_Q <= 256 && STAGES >= 2, "screen_hopper_kernel: a TMA box holds at most 256 rows");
   static_assert(NEED <= 232448, "screen_hopper_kernel: more shared memory than an sm_90 block gets");
   static_assert(SMEM >= NEED, "screen_hopper_kernel: SMEM is smaller than its shared memory layout");
@@ -228,6 +262,96 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       for (int j = 0; j < NACC; ++j) acc[m][j] = 0;
     auto release = [&](int s) { if (lane == 0) mbar_arrive(empty(s)); };   // one arrival per warp
 
+    if constexpr (OV) {
+      // Two sets of accumulators: a tile's products run on the tensor cores (its last k-block's group in
+      // flight) while the epilogue of the tile before reads the other set, so that short rows (a k-block or
+      // two, where the epilogue costs about what the products do) keep the tensor cores busy. Tiles go in
+      // pairs, so that each set is named, never indexed (registers).
+      Acc other[MW][NACC];
+#pragma unroll
+      for (int m = 0; m < MW; ++m)
+#pragma unroll
+        for (int j = 0; j < NACC; ++j) other[m][j] = 0;
+      struct Pending { int q_first, rt, i; float tq[MW][2]; };
+      int pos = 0;
+      auto issue = [&](Acc (&into)[MW][NACC], long long t, int i, Pending& p) {
+        const int qt = (int)(t % n_qt);
+        p.rt = (int)(t / n_qt);
+        p.i = i;
+        p.q_first = qt * TILE_Q + c * WG_Q + 16 * warp + g;
+        float thr[MW][2], esc[MW][2], eoff[MW][2];
+#pragma unroll
+        for (int m = 0; m < MW; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int q = p.q_first + 64 * m + 8 * h;
+            const bool ok = q < n_queries;
+            thr[m][h] = ok ? __ldg(thresholds + q) : -positive_infinity();
+            esc[m][h] = ok ? __ldg(err_scale + q) : 0.0f;
+            eoff[m][h] = ok ? __ldg(err_offset + q) : 0.0f;
+          }
+        const float rmax = __ldg(tile_rmax + p.rt);
+        for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
+          const int s = pos % STAGES;
+          mbar_wait(full(s), (pos / STAGES) & 1);
+          const unsigned a_base = ring + s * STAGE_BYTES + c * WG_Q * 128, b_base = ring + s * STAGE_BYTES + Q_BYTES;
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+#pragma unroll
+            for (int m = 0; m < MW; ++m)
+              Mma::template mma<BN>(into[m], sw128_desc(a_base + m * 64 * 128 + k * 32), sw128_desc(b_base + k * 32),
+                                    (kb | k) != 0);
+          }
+          wgmma_commit();
+          if (kb > 0) {
+            wgmma_wait<1>();
+            release((pos - 1) % STAGES);
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < MW; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) p.tq[m][h] = add_up(thr[m][h], fma_up(esc[m][h], rmax, eoff[m][h]));
+      };
+      auto finish = [&]() {      // the last group of the tile just issued done, its stage free
+        wgmma_wait<0>();
+        release((pos - 1) % STAGES);
+      };
+      auto epilogue = [&](Acc (&from)[MW][NACC], const Pending& p) {
+#pragma unroll
+        for (int m = 0; m < MW; ++m)
+#pragma unroll
+          for (int j = 0; j < NACC; ++j) Mma::keep(from[m][j]);   // read only after its group's wait
+        const int b = p.i % HOPPER_SCALAR_SLOTS;
+        mbar_wait(sfull(b), (p.i / HOPPER_SCALAR_SLOTS) & 1);
+        const float* norm_s = reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
+        hopper_epilogue<Mma, IP, BN, MW>(from, p.tq, norm_s, p.q_first, p.rt * BN + 2 * t4, t4, n_queries, n_rows,
+                                         counts, survivors, capacity);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncwarp();
+        if (lane == 0) mbar_arrive(sempty(b));
+      };
+      Pending first, second;
+      bool held = false;     // `other` holds a finished tile whose epilogue is still to come
+      int i = 0;
+      for (long long t = blockIdx.x; t < total; t += 2ll * gridDim.x, i += 2) {
+        issue(acc, t, i, first);
+        if (held) epilogue(other, second);
+        finish();
+        held = t + gridDim.x < total;
+        if (held) {
+          issue(other, t + gridDim.x, i + 1, second);
+          epilogue(acc, first);
+          finish();
+        } else {
+          epilogue(acc, first);
+        }
+      }
+      if (held) epilogue(other, second);
+      return;
+    }
+
     int i = 0;
     for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
       const int qt = (int)(t % n_qt), rt = (int)(t / n_qt);
@@ -282,32 +406,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       for (int m = 0; m < MW; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) tq[m][h] = add_up(thr[m][h], fma_up(esc[m][h], rmax, eoff[m][h]));
-      const int r_first = rt * BN + 2 * t4;            // + 8 j + bb
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const float2 nv = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * j + 2 * t4);
-        // element e = (m, h, bb): query q_first + 64 m + 8 h, row r_first + 8 j + bb
-        bool pass[MW * 4];
-        bool any = false;
-#pragma unroll
-        for (int e = 0; e < MW * 4; ++e) {
-          const int m = e >> 2, h = (e >> 1) & 1, bb = e & 1;
-          const float hi = Mma::high(acc[m][4 * j + 2 * h + bb]);
-          const float key = IP ? -hi : fma_down(-2.0f, hi, bb ? nv.y : nv.x);
-          pass[e] = !(key > tq[m][h]);
-          any |= pass[e];
-        }
-        if (any) {   // rare: append the survivors of this 8-row chunk
-#pragma unroll
-          for (int e = 0; e < MW * 4; ++e) {
-            const int q = q_first + 64 * (e >> 2) + 8 * ((e >> 1) & 1), r = r_first + 8 * j + (e & 1);
-            if (pass[e] && q < n_queries && r < n_rows) {
-              const int slot = atomicAdd(counts + q, 1);
-              if (slot < capacity) survivors[(long long)q * capacity + slot] = r;
-            }
-          }
-        }
-      }
+      hopper_epilogue<Mma, IP, BN, MW>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows, counts,
+                                       survivors, capacity);
       // the scalar slot is free (its generic reads done) for the producer's next bulk copy (async proxy)
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncwarp();

@@ -104,6 +104,10 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache):
     specs = [spec for combination in HOPPER for spec in render.hopper_specs(*combination, "sm_90a")]
     assert {(s.param("bn"), s.param("exact", 0)) for s in specs if s.variant == "screen_hopper"} == \
         {(128, 0), (256, 1), (256, 0)}
+    overlapped = [render_screen.hopper_spec(metric, dtype, stride, "sm_90a", overlap=True)
+                  for metric, dtype, stride in HOPPER]     # the probes' variant: two sets of accumulators
+    assert {(s.param("bn"), s.param("mw"), s.param("ov")) for s in overlapped} == {(128, 1, 1)}
+    specs += overlapped
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
     for spec in specs:
