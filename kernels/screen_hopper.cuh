@@ -261,6 +261,41 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
 #pragma unroll
       for (int j = 0; j < NACC; ++j) acc[m][j] = 0;
     auto release = [&](int s) { if (lane == 0) mbar_arrive(empty(s)); };   // one arrival per warp
+    // a tile's per-query terms, loaded before its k loop so that their latency hides behind it
+    auto load_terms = [&](int q_first, float (&thr)[MW][2], float (&esc)[MW][2], float (&eoff)[MW][2]) {
+#pragma unroll
+      for (int m = 0; m < MW; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int q = q_first + 64 * m + 8 * h;
+          const bool ok = q < n_queries;
+          thr[m][h] = ok ? __ldg(thresholds + q) : -positive_infinity();
+          esc[m][h] = ok ? __ldg(err_scale + q) : 0.0f;
+          eoff[m][h] = ok ? __ldg(err_offset + q) : 0.0f;
+        }
+    };
+    // a tile's products into `into`, a k-block at a time from ring position `pos` on (advanced past them); each
+    // stage is released once its group is done, but the last group is left in flight
+    auto products = [&](Acc (&into)[MW][NACC], int& pos) {
+      for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
+        const int s = pos % STAGES;
+        mbar_wait(full(s), (pos / STAGES) & 1);
+        const unsigned a_base = ring + s * STAGE_BYTES + c * WG_Q * 128, b_base = ring + s * STAGE_BYTES + Q_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+#pragma unroll
+          for (int m = 0; m < MW; ++m)
+            Mma::template mma<BN>(into[m], sw128_desc(a_base + m * 64 * 128 + k * 32), sw128_desc(b_base + k * 32),
+                                  (kb | k) != 0);
+        }
+        wgmma_commit();
+        if (kb > 0) {
+          wgmma_wait<1>();
+          release((pos - 1) % STAGES);
+        }
+      }
+    };
 
     if constexpr (OV) {
       // Two sets of accumulators: a tile's products run on the tensor cores (its last k-block's group in
@@ -280,35 +315,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         p.i = i;
         p.q_first = qt * TILE_Q + c * WG_Q + 16 * warp + g;
         float thr[MW][2], esc[MW][2], eoff[MW][2];
-#pragma unroll
-        for (int m = 0; m < MW; ++m)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int q = p.q_first + 64 * m + 8 * h;
-            const bool ok = q < n_queries;
-            thr[m][h] = ok ? __ldg(thresholds + q) : -positive_infinity();
-            esc[m][h] = ok ? __ldg(err_scale + q) : 0.0f;
-            eoff[m][h] = ok ? __ldg(err_offset + q) : 0.0f;
-          }
+        load_terms(p.q_first, thr, esc, eoff);
         const float rmax = __ldg(tile_rmax + p.rt);
-        for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
-          const int s = pos % STAGES;
-          mbar_wait(full(s), (pos / STAGES) & 1);
-          const unsigned a_base = ring + s * STAGE_BYTES + c * WG_Q * 128, b_base = ring + s * STAGE_BYTES + Q_BYTES;
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-#pragma unroll
-            for (int m = 0; m < MW; ++m)
-              Mma::template mma<BN>(into[m], sw128_desc(a_base + m * 64 * 128 + k * 32), sw128_desc(b_base + k * 32),
-                                    (kb | k) != 0);
-          }
-          wgmma_commit();
-          if (kb > 0) {
-            wgmma_wait<1>();
-            release((pos - 1) % STAGES);
-          }
-        }
+        products(into, pos);
 #pragma unroll
         for (int m = 0; m < MW; ++m)
 #pragma unroll
@@ -356,40 +365,13 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
     for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
       const int qt = (int)(t % n_qt), rt = (int)(t / n_qt);
       const int q_first = qt * TILE_Q + c * WG_Q + 16 * warp + g;   // + 64 m + 8 h
-      // per-query terms, loaded before the k loop so that their latency hides behind it
       float thr[MW][2], esc[MW][2], eoff[MW][2];
-#pragma unroll
-      for (int m = 0; m < MW; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int q = q_first + 64 * m + 8 * h;
-          const bool ok = q < n_queries;
-          thr[m][h] = ok ? __ldg(thresholds + q) : -positive_infinity();
-          esc[m][h] = ok ? __ldg(err_scale + q) : 0.0f;
-          eoff[m][h] = ok ? __ldg(err_offset + q) : 0.0f;
-        }
+      load_terms(q_first, thr, esc, eoff);
       const float rmax = __ldg(tile_rmax + rt);
 
       // ---- k loop ----
       int pos = i * k_blocks;
-      for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
-        const int s = pos % STAGES;
-        mbar_wait(full(s), (pos / STAGES) & 1);
-        const unsigned a_base = ring + s * STAGE_BYTES + c * WG_Q * 128, b_base = ring + s * STAGE_BYTES + Q_BYTES;
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-#pragma unroll
-          for (int m = 0; m < MW; ++m)
-            Mma::template mma<BN>(acc[m], sw128_desc(a_base + m * 64 * 128 + k * 32), sw128_desc(b_base + k * 32),
-                                  (kb | k) != 0);
-        }
-        wgmma_commit();
-        if (kb > 0) {
-          wgmma_wait<1>();
-          release((pos - 1) % STAGES);
-        }
-      }
+      products(acc, pos);
       wgmma_wait<0>();
       release((pos - 1) % STAGES);
 #pragma unroll
