@@ -304,7 +304,8 @@ def test_gpu_uint8_file_over_shards_equals_the_oracle(tmp_path, rng):
 @pytest.mark.parametrize("extension,readers", [(".u8bin", 1), (".fvecs", 1), (".npy", 1), (".u8bin", 3)])
 def test_read_ahead_batches_are_the_files_rows(tmp_path, rng, monkeypatch, extension, readers):
     """The add batches read ahead by reader threads (one pread for a big-ann file, a copy for others), cut
-    at the shards' boundaries, handed over in order however many read at once; none left after close."""
+    at the shards' boundaries, handed over in order however many read at once, each valid until the next is
+    asked for (their buffers are used again: at most read_ahead + 1 of them); none left after close."""
     from tinyknn.groundtruth import batches as batches_module
     from tinyknn.groundtruth.batches import Batches, spans_of
     from tinyknn.groundtruth.inputs import Source
@@ -318,11 +319,17 @@ def test_read_ahead_batches_are_the_files_rows(tmp_path, rng, monkeypatch, exten
     spans = spans_of(300, 1000, 300, 128)
     assert spans == [[(300, 428), (428, 556), (556, 600)], [(600, 728), (728, 856), (856, 900)], [(900, 1000)]]
     reader = Batches(source, [span for shard in spans for span in shard], read_ahead=2)
-    batches = list(reader)
+    got, buffers = [], set()
+    for a, b, rows in reader:
+        assert not isinstance(rows, np.memmap)          # read into memory of their own
+        np.testing.assert_array_equal(rows, x[a:b])
+        got.append((a, b, rows.copy()))
+        buffers.add(id(rows.base))
     reader.close()
     assert not _readers()
-    np.testing.assert_array_equal(np.concatenate([rows for _, _, rows in batches]), x[300:])
-    assert not any(isinstance(rows, np.memmap) for _, _, rows in batches)    # read into memory of their own
+    assert [(a, b) for a, b, _ in got] == [span for shard in spans for span in shard]
+    np.testing.assert_array_equal(np.concatenate([rows for _, _, rows in got]), x[300:])
+    assert len(buffers) <= 3, len(buffers)
     source.close()
 
 
@@ -388,10 +395,10 @@ def test_a_failed_read_stops_the_run_and_its_reader(tmp_path, rng, overlapped, m
     tio.write_vectors(tmp_path / "b.u8bin", x)
     real = Source.read
 
-    def read(self, start, stop):
+    def read(self, start, stop, into=None):
         if start >= 300:
             raise OSError(f"cannot read rows {start}..{stop}")
-        return real(self, start, stop)
+        return real(self, start, stop, into)
 
     monkeypatch.setattr(Source, "read", read)
     with pytest.raises(OSError, match="cannot read rows 300..364"):

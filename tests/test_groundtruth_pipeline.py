@@ -65,9 +65,9 @@ def _instrument(monkeypatch, hold: bool, fail: int | None = None):
     real_read, real_add, real_search, real_close = Source.read, Index.add, Index.search, Index.close
     real_new = compute._new_index
 
-    def read(self, start, stop):
+    def read(self, start, stop, into=None):
         events("read start", start // SHARD_ROWS)
-        rows = real_read(self, start, stop)
+        rows = real_read(self, start, stop, into)
         events("read end", start // SHARD_ROWS)
         return rows
 

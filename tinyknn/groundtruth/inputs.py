@@ -47,12 +47,16 @@ class Source:
     def rows(self, start: int, stop: int) -> np.ndarray:
         return np.asarray(self.array[start:stop])
 
-    def read(self, start: int, stop: int) -> np.ndarray:
+    def read(self, start: int, stop: int, into: np.ndarray | None = None) -> np.ndarray:
         """Rows start..stop in memory of their own: a memory-mapped file's by one pread (the kernel's
-        sequential read-ahead, no page faults in the caller), anything else copied."""
+        sequential read-ahead, no page faults in the caller), anything else copied. into: a (>= stop - start,
+        dim) array of the source's dtype to read them into (its first stop - start rows are returned)."""
         array = self.array
+        if into is not None:
+            out = into[:stop - start]
         if isinstance(array, np.memmap) and array.flags.c_contiguous and getattr(array, "filename", None):
-            out = np.empty((stop - start, self.shape[1]), dtype=self.dtype)
+            if into is None:
+                out = np.empty((stop - start, self.shape[1]), dtype=self.dtype)
             view, offset = memoryview(out).cast("B"), array.offset + start * self.shape[1] * self.dtype.itemsize
             with open(array.filename, "rb", buffering=0) as handle:
                 while len(view):
@@ -60,6 +64,9 @@ class Source:
                     if got <= 0:
                         raise ValueError(f"{self.name} ended early: rows {start:,}..{stop:,} could not be read")
                     view, offset = view[got:], offset + got
+            return out
+        if into is not None:
+            np.copyto(out, self.rows(start, stop))
             return out
         return np.array(self.rows(start, stop))
 
