@@ -209,7 +209,7 @@ verify_survivors_kernel(const int* __restrict__ survivors, const int* __restrict
 }
 
 
-// Range search's step 4 (tinyknn/gpu/range_screen.py), one block per query: the screen ran with the query's
+// Range search's step 4 (tinyknn/gpu/range_screen.py): the screen ran with the query's
 // radius as its threshold (in key units, rounded so that every row strictly inside the radius survives), so
 // the rows strictly inside are among its survivors. Each survivor's contract distance (exact.cuh, as
 // range_kernel computes it) is a hit when its key is strictly inside: key < radius_key (l2: distance <
@@ -217,7 +217,9 @@ verify_survivors_kernel(const int* __restrict__ survivors, const int* __restrict
 // pool_hit; select.cuh groups and sorts it), hits[q] counting the query's. The survivor lists are
 // survivor_capacity apart, the screen's capacity argument (a runtime value: the host screens overflowed queries
 // again with room for all their survivors). A query whose survivors overflowed (counts[q] > survivor_capacity)
-// is skipped, hits[q] = 0: the host screens it again or searches it with range_kernel.
+// is skipped, hits[q] = 0: the host screens it again or searches it with range_kernel. Grid (queries, blocks a
+// query): a few queries screened again with thousands of survivors each are spread over many blocks (the hits'
+// order in the pool does not matter: the host sorts each query's).
 template <class Metric, class T>
 __global__ void __launch_bounds__(256, 1)
 range_survivors_kernel(const int* __restrict__ survivors, const int* __restrict__ counts, int survivor_capacity,
@@ -232,7 +234,7 @@ range_survivors_kernel(const int* __restrict__ survivors, const int* __restrict_
   const float* query = queries + (long long)q * row_stride;
   if (threadIdx.x == 0) query_qq = Metric::needs_norms ? exact_squares(query, dim) : 0.0;
   __syncthreads();
-  for (int i = threadIdx.x; i < count; i += blockDim.x) {
+  for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < count; i += gridDim.y * blockDim.x) {
     const int position = survivors[(long long)q * survivor_capacity + i];
     const double key = exact_key<Metric>(
         exact_distance_by_chunks<Metric>(query, data + (long long)position * row_stride, dim, query_qq));
