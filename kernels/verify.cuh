@@ -315,41 +315,34 @@ TINYKNN_D void verify_distances(const float* query, const int* sort_positions, c
   }
 }
 
-// bounded_scratch (BOUNDED_SHARED bytes of shared memory, or null): the KL best are gathered by the lists'
-// minima (merge.cuh's bounded_gather) where that can, else by gather_best.
-template <class Metric, class Bound, class T, int K, int KL, int WARPS>
-TINYKNN_D void verify_query(long long q, const float* keys, const int* positions, int n_lists,
-                            const long long* __restrict__ ids, float* __restrict__ out_distances,
-                            long long* __restrict__ out_ids, unsigned* bounds, const T* __restrict__ data,
-                            const float* __restrict__ queries, int row_stride, int dim,
-                            const unsigned* __restrict__ row_stats, int* __restrict__ status,
-                            double* __restrict__ threshold, float4* shared_space,
-                            unsigned long long* bounded_scratch = nullptr) {
-  static_assert(K < KL, "verify: the selection must keep more candidates than it returns");
-  constexpr int SORT = next_pow2(KL);
-  unsigned long long* exact_keys = reinterpret_cast<unsigned long long*>(shared_space);
-  long long* exact_ids = reinterpret_cast<long long*>(exact_keys + SORT);
-  float* sort_keys = reinterpret_cast<float*>(exact_ids + SORT);
-  int* sort_positions = reinterpret_cast<int*>(sort_keys + SORT);
-  unsigned* histogram = reinterpret_cast<unsigned*>(sort_positions + SORT);
-  double* query_qq = reinterpret_cast<double*>(histogram + 260);
+// verify_query's shared memory (shared_space, verify_shared_bytes<KL>() of it): the SORT candidates' float64
+// keys and ids, their float32 keys and positions, gather_best's histogram, the query's |q|^2.
+template <int KL> struct VerifyShared {
+  static constexpr int SORT = next_pow2(KL);
+  unsigned long long* exact_keys;
+  long long* exact_ids;
+  float* sort_keys;
+  int* sort_positions;
+  unsigned* histogram;
+  double* query_qq;
+  TINYKNN_D explicit VerifyShared(float4* shared_space)
+      : exact_keys(reinterpret_cast<unsigned long long*>(shared_space)),
+        exact_ids(reinterpret_cast<long long*>(exact_keys + SORT)),
+        sort_keys(reinterpret_cast<float*>(exact_ids + SORT)),
+        sort_positions(reinterpret_cast<int*>(sort_keys + SORT)),
+        histogram(reinterpret_cast<unsigned*>(sort_positions + SORT)),
+        query_qq(reinterpret_cast<double*>(histogram + 260)) {}
+};
 
-  const long long total = (long long)n_lists * KL;
-  unsigned kl_bits;
-  if (bounded_scratch == nullptr || total > (long long)BOUNDED_MAX_LISTS * KL ||
-      !bounded_gather<KL, SORT, KL>(keys, positions, (int)total, bounded_scratch, sort_keys, sort_positions,
-                                    kl_bits)) {
-    kl_bits = gather_best<KL, SORT>(keys, positions, total, sort_keys, sort_positions, histogram, histogram + 258);
-  }
-  const float* query = queries + q * row_stride;
-  const double qq = verify_query_squares<Metric, Bound>(query, dim, query_qq);
-  verify_distances<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys, exact_ids);
-  __syncthreads();
-  if constexpr (SORT <= 32) {
-    warp_sort_exact(exact_keys, exact_ids, SORT);
-  } else {
-    block_sort_exact(exact_keys, exact_ids, sort_positions, SORT);
-  }
+// verify_query's answer for query q from its sorted float64 candidates: the K first (padded with the empty
+// answer) into out_distances / out_ids, and, by thread 0, status[q] (0: proven, the KL-th float32 key's bound
+// above the K-th exact key), threshold[q] (that K-th key, the band search's limit when not proven) and
+// bounds[q] = 0 (the batch kernels' arrival counter, ready for the next search; null: none).
+template <class Metric, class Bound, int K, int WARPS>
+TINYKNN_D void verify_answer(long long q, const unsigned long long* exact_keys, const long long* exact_ids,
+                             unsigned kl_bits, double qq, int row_stride, const unsigned* __restrict__ row_stats,
+                             float* __restrict__ out_distances, long long* __restrict__ out_ids,
+                             int* __restrict__ status, double* __restrict__ threshold, unsigned* bounds) {
   for (int j = threadIdx.x; j < K; j += WARPS * 32) {
     const bool real = exact_keys[j] != EMPTY_KEY64;
     const double key = real ? from_ordered_bits64(exact_keys[j]) : 0.0;
@@ -369,6 +362,45 @@ TINYKNN_D void verify_query(long long q, const float* keys, const int* positions
     threshold[q] = kth;
     if (bounds != nullptr) bounds[q] = 0u;
   }
+}
+
+// bounded_scratch (BOUNDED_SHARED bytes of shared memory, or null): the KL best are gathered by the lists'
+// minima (merge.cuh's bounded_gather) where that can, else by gather_best.
+template <class Metric, class Bound, class T, int K, int KL, int WARPS>
+TINYKNN_D void verify_query(long long q, const float* keys, const int* positions, int n_lists,
+                            const long long* __restrict__ ids, float* __restrict__ out_distances,
+                            long long* __restrict__ out_ids, unsigned* bounds, const T* __restrict__ data,
+                            const float* __restrict__ queries, int row_stride, int dim,
+                            const unsigned* __restrict__ row_stats, int* __restrict__ status,
+                            double* __restrict__ threshold, float4* shared_space,
+                            unsigned long long* bounded_scratch = nullptr) {
+  static_assert(K < KL, "verify: the selection must keep more candidates than it returns");
+  constexpr int SORT = next_pow2(KL);
+  const VerifyShared<KL> v(shared_space);
+  unsigned long long* exact_keys = v.exact_keys;
+  long long* exact_ids = v.exact_ids;
+  float* sort_keys = v.sort_keys;
+  int* sort_positions = v.sort_positions;
+  unsigned* histogram = v.histogram;
+
+  const long long total = (long long)n_lists * KL;
+  unsigned kl_bits;
+  if (bounded_scratch == nullptr || total > (long long)BOUNDED_MAX_LISTS * KL ||
+      !bounded_gather<KL, SORT, KL>(keys, positions, (int)total, bounded_scratch, sort_keys, sort_positions,
+                                    kl_bits)) {
+    kl_bits = gather_best<KL, SORT>(keys, positions, total, sort_keys, sort_positions, histogram, histogram + 258);
+  }
+  const float* query = queries + q * row_stride;
+  const double qq = verify_query_squares<Metric, Bound>(query, dim, v.query_qq);
+  verify_distances<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys, exact_ids);
+  __syncthreads();
+  if constexpr (SORT <= 32) {
+    warp_sort_exact(exact_keys, exact_ids, SORT);
+  } else {
+    block_sort_exact(exact_keys, exact_ids, sort_positions, SORT);
+  }
+  verify_answer<Metric, Bound, K, WARPS>(q, exact_keys, exact_ids, kl_bits, qq, row_stride, row_stats, out_distances,
+                                         out_ids, status, threshold, bounds);
 }
 
 // ---- verify: one block per query ---------------------------------------------------------------------

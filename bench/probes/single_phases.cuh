@@ -171,12 +171,12 @@ TINYKNN_D void probe_tail(const float* keys, const int* positions, int n_lists, 
                           unsigned long long* stamps, int stamp_row) {
   static_assert(K < KL, "verify: the selection must keep more candidates than it returns");
   constexpr int SORT = next_pow2(KL);
-  unsigned long long* exact_keys = reinterpret_cast<unsigned long long*>(shared_space);
-  long long* exact_ids = reinterpret_cast<long long*>(exact_keys + SORT);
-  float* sort_keys = reinterpret_cast<float*>(exact_ids + SORT);
-  int* sort_positions = reinterpret_cast<int*>(sort_keys + SORT);
-  unsigned* histogram = reinterpret_cast<unsigned*>(sort_positions + SORT);
-  double* query_qq = reinterpret_cast<double*>(histogram + 260);
+  const VerifyShared<KL> v(shared_space);       // verify.cuh's layout
+  unsigned long long* exact_keys = v.exact_keys;
+  long long* exact_ids = v.exact_ids;
+  float* sort_keys = v.sort_keys;
+  int* sort_positions = v.sort_positions;
+  unsigned* histogram = v.histogram;
 
   unsigned kl_bits;
   if (GATHER == 1 && n_lists <= WARPS * 32 * 4) {
@@ -188,7 +188,7 @@ TINYKNN_D void probe_tail(const float* keys, const int* positions, int n_lists, 
   }
   probe_stamp<STAMP>(stamps, stamp_row, PROBE_GATHERED);
   const float* query = queries;
-  const double qq = verify_query_squares<Metric, Bound>(query, dim, query_qq);
+  const double qq = verify_query_squares<Metric, Bound>(query, dim, v.query_qq);
   verify_distances<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys, exact_ids);
   __syncthreads();
   probe_stamp<STAMP>(stamps, stamp_row, PROBE_DISTANCES);
@@ -198,24 +198,8 @@ TINYKNN_D void probe_tail(const float* keys, const int* positions, int n_lists, 
     block_sort_exact(exact_keys, exact_ids, sort_positions, SORT);
   }
   probe_stamp<STAMP>(stamps, stamp_row, PROBE_SORTED);
-  for (int j = threadIdx.x; j < K; j += WARPS * 32) {
-    const bool real = exact_keys[j] != EMPTY_KEY64;
-    const double key = real ? from_ordered_bits64(exact_keys[j]) : 0.0;
-    out_distances[j] = real ? __double2float_rn(Metric::larger_is_better ? -key : key)
-                            : from_key<Metric>(positive_infinity());
-    out_ids[j] = real ? exact_ids[j] : -1;
-  }
-  if (threadIdx.x == 0) {
-    const float kl_key = from_ordered_bits(kl_bits);
-    bool proven = !(kl_key < positive_infinity()) || exact_keys[K - 1] == EMPTY_KEY64;
-    double kth = 0.0;
-    if (!proven) {
-      kth = from_ordered_bits64(exact_keys[K - 1]);
-      proven = Bound::lowest(kl_key, row_stride, qq, stats_max_xx(row_stats), stats_min_xx(row_stats)) > kth;
-    }
-    status[0] = proven ? 0 : 1;
-    threshold[0] = kth;
-  }
+  verify_answer<Metric, Bound, K, WARPS>(0, exact_keys, exact_ids, kl_bits, qq, row_stride, row_stats, out_distances,
+                                         out_ids, status, threshold, nullptr);
   __syncthreads();
   probe_stamp<STAMP>(stamps, stamp_row, PROBE_DONE);
 }
