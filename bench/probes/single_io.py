@@ -10,7 +10,8 @@ equal to the library's, bit for bit.
 Variants (each timed end to end from the host: the query into pinned staging, the launch, the wait, the
 results copied into fresh arrays, the status read):
   api              Index.search (the library as it is)
-  copies           the library's graph: copy in, kernel, copy out
+  copies           the library's host batch as it is (its graph was copy in, kernel, copy out when this probe was
+                   written; since, copy in and the kernel writing the results, as out_direct)
   out_direct       a graph of copy in and the kernel, which writes the results into pinned memory
   all_direct       a graph of the kernel alone: it reads the query from pinned memory and writes its results there
   all_direct_plain all_direct without a graph (one cuLaunchKernel)

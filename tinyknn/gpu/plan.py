@@ -210,16 +210,20 @@ class SearchPlan:
         if self.verify is not None:
             self.verify.launch(self.n_queries, self.verify_block, self.verify_shared, stream)
 
+    def _outputs(self) -> tuple[PreparedLaunch, tuple[int, int, int, int]]:
+        """The launch that writes the results (verify, or the single-query kernel) and its output slots."""
+        return (self.main, OUTPUT_SLOTS["single"]) if self.verify is None else (self.verify, OUTPUT_SLOTS["verify"])
+
     @property
     def threshold_ptr(self) -> int:
         """Where the last launch writes each query's threshold (the band search reads it)."""
-        last, slots = (self.main, OUTPUT_SLOTS["single"]) if self.verify is None else (self.verify, OUTPUT_SLOTS["verify"])
+        last, slots = self._outputs()
         return last.values()[slots[3]]
 
     def set_outputs(self, distances_ptr: int, ids_ptr: int, status_ptr: int, threshold_ptr: int) -> None:
         """Point the verify step at other result arrays (device arrays of the caller's framework) and at
         another status and threshold array."""
-        last, slots = (self.main, OUTPUT_SLOTS["single"]) if self.verify is None else (self.verify, OUTPUT_SLOTS["verify"])
+        last, slots = self._outputs()
         for slot, value in zip(slots, (distances_ptr, ids_ptr, status_ptr, threshold_ptr)):
             last.set(slot, value)
 
@@ -234,8 +238,9 @@ def result_layout(n_queries: int, k: int) -> tuple[int, int, int]:
 
 class HostBatch:
     """A plan plus the copies around it for host queries: pinned stage -> device, the two launches,
-    device results -> pinned (one query: written there by the kernel). The NumPy views of the staging are made once. On its second use the
-    whole sequence is captured as a CUDA graph and replayed with one driver call."""
+    device results -> pinned (one query: written there by the kernel). The NumPy views of the staging are
+    made once. On its second use the whole sequence is captured as a CUDA graph and replayed with one driver
+    call."""
 
     GRAPH_AFTER_USES = 2
 

@@ -203,10 +203,11 @@ def _groups(which: np.ndarray, needed: np.ndarray) -> list:
     return groups
 
 
-def _blocks_a_query(searcher, nq: int, capacity: int) -> int:
+def _blocks_a_query(searcher, nq: int, capacity: int, threads: int) -> int:
     """Blocks of step 4 per query: one for a full batch; the few queries screened again, with thousands of
-    survivors each, spread over enough blocks for about two a multiprocessor (at most one per 256 survivors)."""
-    return max(1, min(-(-2 * searcher._sm_count // nq), -(-capacity // 256)))
+    survivors each, spread over enough blocks for about two a multiprocessor (at most one per `threads`
+    survivors, a survivor a thread)."""
+    return max(1, min(-(-2 * searcher._sm_count // nq), -(-capacity // threads)))
 
 
 def _screen_once(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_key: float, larger: bool,
@@ -223,6 +224,7 @@ def _screen_once(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_k
     step = s._kernel(rs.step_spec("range_survivors", s.metric, s.dtype, 0, s._arch))
     hits, total = s._device("range_hits", nq * 4), s._device("range_total", 8)
     wanted = max(POOL_FIRST, POOL_PER_QUERY * nq)
+    grid = (nq, _blocks_a_query(s, nq, capacity, step.threads), 1)
     while True:
         pool = s._device("range_pool", wanted * HIT_BYTES)
         room = pool.nbytes // HIT_BYTES           # keys, then ids, then queries
@@ -231,8 +233,7 @@ def _screen_once(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_k
         total.fill_bytes(0, 8, stream)
         step.prepare(s._pointer("screen_survivors"), s._pointer("screen_counts"), capacity, s._pointer("ids"),
                      s._pointer("data"), s._pointer("screen_q32"), s._stride, s.dim, radius_key, room, keys, ids,
-                     owners, hits.ptr, total.ptr).launch((nq, _blocks_a_query(s, nq, capacity), 1), step.threads, 0,
-                                                         stream)
+                     owners, hits.ptr, total.ptr).launch(grid, step.threads, 0, stream)
         found, n_hits = np.empty(nq, np.uint32), np.empty(1, np.uint64)
         hits.copy_to_host(found, nq * 4, stream)
         total.copy_to_host(n_hits, 8, stream)

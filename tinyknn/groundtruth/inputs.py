@@ -52,10 +52,9 @@ class Source:
         sequential read-ahead, no page faults in the caller), anything else copied. into: a (>= stop - start,
         dim) array of the source's dtype to read them into (its first stop - start rows are returned)."""
         array = self.array
-        if into is not None:
-            out = into[:stop - start]
+        out = None if into is None else into[:stop - start]
         if isinstance(array, np.memmap) and array.flags.c_contiguous and getattr(array, "filename", None):
-            if into is None:
+            if out is None:
                 out = np.empty((stop - start, self.shape[1]), dtype=self.dtype)
             view, offset = memoryview(out).cast("B"), array.offset + start * self.shape[1] * self.dtype.itemsize
             with open(array.filename, "rb", buffering=0) as handle:
@@ -65,10 +64,10 @@ class Source:
                         raise ValueError(f"{self.name} ended early: rows {start:,}..{stop:,} could not be read")
                     view, offset = view[got:], offset + got
             return out
-        if into is not None:
-            np.copyto(out, self.rows(start, stop))
-            return out
-        return np.array(self.rows(start, stop))
+        if out is None:
+            return np.array(self.rows(start, stop))
+        np.copyto(out, self.rows(start, stop))
+        return out
 
     def take(self, positions: np.ndarray) -> np.ndarray:
         """Rows at any positions (any order, repeats allowed), read in ascending order."""
