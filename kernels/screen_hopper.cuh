@@ -132,31 +132,50 @@ template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
 // The compare-only epilogue of one tile, this thread's part: acc[m][4 j + 2 h + bb] is query q_first + 64 m + 8 h
 // against row r_first + 8 j + bb; each row that survives its query's tq (the threshold with the tile's bound
 // folded in) is appended to the query's survivors. norm_s: the tile's |x|^2 lower bounds (l2).
-template <class Mma, bool IP, int BN, int MW, class Acc>
+// Chunks of 8 rows are taken HOPPER_EPI_GROUP at a time: their |x|^2 loaded together, one branch for the group,
+// and a survivor (rare) recomputes its key in the branch with the same arithmetic, so the fast path keeps only
+// one predicate per chunk. One chunk a branch (the first version) left each warp waiting on its shared load
+// and its branch: 4.5 instructions an element at an issue rate of 0.27 a cycle a scheduler (ncu, l2 uint8,
+// 10M x 128 x 2,048 on the H200).
+template <int MW> __host__ __device__ constexpr int hopper_epi_group() { return MW == 1 ? 4 : 2; }
+template <class Mma, bool IP, int BN, int MW, int G, class Acc>
 TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[MW][2], const float* norm_s,
                                int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
                                int* __restrict__ survivors, int capacity) {
+  static_assert((BN / 8) % G == 0, "hopper_epilogue: the chunks of a tile split into whole groups");
+  // element e = (m, h, bb) of chunk j: query q_first + 64 m + 8 h, row r_first + 8 j + bb
+  auto key = [&](int j, int e, const float2& nv) {
+    const int m = e >> 2, h = (e >> 1) & 1, bb = e & 1;
+    const float hi = Mma::high(acc[m][4 * j + 2 * h + bb]);
+    return IP ? -hi : fma_down(-2.0f, hi, bb ? nv.y : nv.x);
+  };
 #pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const float2 nv = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * j + 2 * t4);
-    // element e = (m, h, bb): query q_first + 64 m + 8 h, row r_first + 8 j + bb
-    bool pass[MW * 4];
-    bool any = false;
+  for (int j0 = 0; j0 < BN / 8; j0 += G) {
+    float2 nv[G];
 #pragma unroll
-    for (int e = 0; e < MW * 4; ++e) {
-      const int m = e >> 2, h = (e >> 1) & 1, bb = e & 1;
-      const float hi = Mma::high(acc[m][4 * j + 2 * h + bb]);
-      const float key = IP ? -hi : fma_down(-2.0f, hi, bb ? nv.y : nv.x);
-      pass[e] = !(key > tq[m][h]);
-      any |= pass[e];
+    for (int u = 0; u < G; ++u)
+      nv[u] = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * (j0 + u) + 2 * t4);
+    bool any[G];
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+      any[u] = false;
+#pragma unroll
+      for (int e = 0; e < MW * 4; ++e) any[u] |= !(key(j0 + u, e, nv[u]) > tq[e >> 2][(e >> 1) & 1]);
     }
-    if (any) {   // rare: append the survivors of this 8-row chunk
+    bool group = false;
 #pragma unroll
-      for (int e = 0; e < MW * 4; ++e) {
-        const int q = q_first + 64 * (e >> 2) + 8 * ((e >> 1) & 1), r = r_first + 8 * j + (e & 1);
-        if (pass[e] && q < n_queries && r < n_rows) {
-          const int slot = atomicAdd(counts + q, 1);
-          if (slot < capacity) survivors[(long long)q * capacity + slot] = r;
+    for (int u = 0; u < G; ++u) group |= any[u];
+    if (group) {   // rare: append the survivors of this group of chunks
+#pragma unroll
+      for (int u = 0; u < G; ++u) {
+#pragma unroll
+        for (int e = 0; e < MW * 4; ++e) {
+          const int j = j0 + u, m = e >> 2, h = (e >> 1) & 1;
+          const int q = q_first + 64 * m + 8 * h, r = r_first + 8 * j + (e & 1);
+          if (!(key(j, e, nv[u]) > tq[m][h]) && q < n_queries && r < n_rows) {
+            const int slot = atomicAdd(counts + q, 1);
+            if (slot < capacity) survivors[(long long)q * capacity + slot] = r;
+          }
         }
       }
     }
@@ -173,7 +192,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) 
 // tmap_q: the rounded queries (n_queries x row_bytes), tmap_x: the rows (n_rows x row_bytes), boxes of 128
 // bytes x (128 MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
-template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, bool OV = false>
+template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, bool OV = false, int EG = 0>
 __global__ void __launch_bounds__(384, 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -187,6 +206,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   constexpr int BK = Mma::BK;
   constexpr int SC_BYTES = BN * 4;
   constexpr int NACC = BN / 2;
+  constexpr int EPI_G = EG ? EG : hopper_epi_group<MW>();   // chunks of 8 rows per branch of the epilogue
   constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES);
   static_assert(BN == 128 || BN == 256, "screen_hopper_kernel: BN is a wgmma N of 128 or 256");
   static_assert(MW * NACC * (OV ? 2 : 1) <= 128, "screen_hopper_kernel: at most 128 accumulators per thread");
@@ -335,7 +355,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         const int b = p.i % HOPPER_SCALAR_SLOTS;
         mbar_wait(sfull(b), (p.i / HOPPER_SCALAR_SLOTS) & 1);
         const float* norm_s = reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
-        hopper_epilogue<Mma, IP, BN, MW>(from, p.tq, norm_s, p.q_first, p.rt * BN + 2 * t4, t4, n_queries, n_rows,
+        hopper_epilogue<Mma, IP, BN, MW, EPI_G>(from, p.tq, norm_s, p.q_first, p.rt * BN + 2 * t4, t4, n_queries, n_rows,
                                          counts, survivors, capacity);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncwarp();
@@ -388,7 +408,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       for (int m = 0; m < MW; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) tq[m][h] = add_up(thr[m][h], fma_up(esc[m][h], rmax, eoff[m][h]));
-      hopper_epilogue<Mma, IP, BN, MW>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows, counts,
+      hopper_epilogue<Mma, IP, BN, MW, EPI_G>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows, counts,
                                        survivors, capacity);
       // the scalar slot is free (its generic reads done) for the producer's next bulk copy (async proxy)
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");

@@ -25,7 +25,7 @@ def spans_of(first: int, last: int, shard_rows: int, batch_rows: int) -> list[li
 
 # Reads in flight at once (benchmarks may set it): one sequential stream by default; more keep more of a
 # disk's queue busy where that reads faster (bench/groundtruth_scale.py measures it).
-READERS = 1
+READERS = 4
 
 
 class Batches:
