@@ -281,8 +281,11 @@ WARM_SEARCHES = 3                # untimed searches of a shape before the timed 
 
 def removal(b: Bench) -> None:
     """Remove 1 % (random ids), then the first search of 1 and of 1,000 queries after it, against the same
-    search warm just before it (after WARM_SEARCHES untimed ones: the re-add of the previous round drops the
-    plans, and a shape's second search captures its graph); re-add."""
+    search warm just before it (after WARM_SEARCHES untimed ones of each shape: the re-add of the previous round
+    drops the plans, and a shape's second search captures its graph); re-add. The searches run in the same order
+    before and after, so each timed one follows the same kind of search: a 1-query search right after a batch
+    takes 15-25 us more on the H200 than one after another (bench/results/logs/removal_trace_*), which the
+    before-and-after ratio must not count as the removal's."""
     n, q1000 = b.args.rows, b.queries
     removes, before, after, second = [], {1: [], 1000: []}, {1: [], 1000: []}, {1: [], 1000: []}
     clock = time.perf_counter
@@ -291,6 +294,7 @@ def removal(b: Bench) -> None:
         for nq in (1, 1000):
             for _ in range(WARM_SEARCHES):
                 b.index.search(q1000[:nq], 10)
+        for nq in (1, 1000):        # 1 query after a batch, then a batch after 1 query: as after the removal
             t0 = clock()
             b.index.search(q1000[:nq], 10)
             before[nq].append(clock() - t0)
