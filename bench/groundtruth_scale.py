@@ -475,8 +475,8 @@ def parse_args(argv=None):
     parser.add_argument("--faiss-block", type=int, default=1_000_000, help="rows per block FAISS is handed")
     parser.add_argument("--check-queries", type=int, default=16, help="queries checked against float64")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--readers", default="1", help="comma-separated reads in flight for extra API runs of the "
-                        "file row, each from a cold cache (tinyknn.groundtruth.batches.READERS; default: 1, the "
+    parser.add_argument("--readers", default="4", help="comma-separated reads in flight for extra API runs of the "
+                        "file row, each from a cold cache (tinyknn.groundtruth.batches.READERS; default: 4, the "
                         "library's own, no extra run)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--cache", choices=("cold", "warm"), default="cold",
