@@ -132,13 +132,13 @@ template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
 // The compare-only epilogue of one tile, this thread's part: acc[m][4 j + 2 h + bb] is query q_first + 64 m + 8 h
 // against row r_first + 8 j + bb; each row that survives its query's tq (the threshold with the tile's bound
 // folded in) is appended to the query's survivors. norm_s: the tile's |x|^2 lower bounds (l2).
-// Chunks of 8 rows are taken HOPPER_EPI_GROUP at a time: their |x|^2 loaded together, one branch for the group,
+// Chunks of 8 rows are taken G at a time (hopper_epi_group, or the kernel's EG): their |x|^2 loaded together, one branch for the group,
 // and a survivor (rare) recomputes its key in the branch with the same arithmetic, so the fast path keeps only
 // one predicate per chunk. One chunk a branch (the first version) left each warp waiting on its shared load
 // and its branch: 4.5 instructions an element at an issue rate of 0.27 a cycle a scheduler (ncu, l2 uint8,
 // 10M x 128 x 2,048 on the H200).
 template <int MW> __host__ __device__ constexpr int hopper_epi_group() { return MW == 1 ? 4 : 2; }
-template <class Mma, bool IP, int BN, int MW, int G, class Acc>
+template <class Mma, bool IP, int BN, int MW, int G, bool SKIP, class Acc>
 TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[MW][2], const float* norm_s,
                                int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
                                int* __restrict__ survivors, int capacity) {
@@ -165,9 +165,10 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
     bool group = false;
 #pragma unroll
     for (int u = 0; u < G; ++u) group |= any[u];
-    if (group) {   // rare: append the survivors of this group of chunks
+    if (group) {   // rare: append the survivors of this group of chunks (SKIP: only of the chunks that have any)
 #pragma unroll
       for (int u = 0; u < G; ++u) {
+        if (SKIP && !any[u]) continue;
 #pragma unroll
         for (int e = 0; e < MW * 4; ++e) {
           const int j = j0 + u, m = e >> 2, h = (e >> 1) & 1;
@@ -192,7 +193,8 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) 
 // tmap_q: the rounded queries (n_queries x row_bytes), tmap_x: the rows (n_rows x row_bytes), boxes of 128
 // bytes x (128 MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
-template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, bool OV = false, int EG = 0>
+template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, bool OV = false, int EG = 0,
+          bool ES = false>
 __global__ void __launch_bounds__(384, 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -355,7 +357,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         const int b = p.i % HOPPER_SCALAR_SLOTS;
         mbar_wait(sfull(b), (p.i / HOPPER_SCALAR_SLOTS) & 1);
         const float* norm_s = reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
-        hopper_epilogue<Mma, IP, BN, MW, EPI_G>(from, p.tq, norm_s, p.q_first, p.rt * BN + 2 * t4, t4, n_queries, n_rows,
+        hopper_epilogue<Mma, IP, BN, MW, EPI_G, ES>(from, p.tq, norm_s, p.q_first, p.rt * BN + 2 * t4, t4, n_queries, n_rows,
                                          counts, survivors, capacity);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncwarp();
@@ -408,7 +410,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       for (int m = 0; m < MW; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) tq[m][h] = add_up(thr[m][h], fma_up(esc[m][h], rmax, eoff[m][h]));
-      hopper_epilogue<Mma, IP, BN, MW, EPI_G>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows, counts,
+      hopper_epilogue<Mma, IP, BN, MW, EPI_G, ES>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows, counts,
                                        survivors, capacity);
       // the scalar slot is free (its generic reads done) for the producer's next bulk copy (async proxy)
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");

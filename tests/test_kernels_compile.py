@@ -108,6 +108,10 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache):
                   for metric, dtype, stride in HOPPER]     # the probes' variant: two sets of accumulators
     assert {(s.param("bn"), s.param("mw"), s.param("ov")) for s in overlapped} == {(128, 1, 1)}
     specs += overlapped
+    grouped = [render_screen.hopper_spec(metric, dtype, stride, "sm_90a", epi_group=group, epi_skip=skip)
+               for metric, dtype, stride in HOPPER[2:] for group, skip in ((1, False), (8, False), (4, True))]
+    assert {(s.param("eg"), s.param("es", 0)) for s in grouped} == {(1, 0), (8, 0), (4, 1)}   # the probes' epilogues
+    specs += grouped
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
     for spec in specs:

@@ -6,7 +6,8 @@ for the threshold step's kept bounds per tile (KT) and sample step as knobs. By 
 `--overlap 0,1` times the Hopper screen as the library has it and with its epilogue overlapped with the next
 tile's products (render_screen.HOPPER_OVERLAP: 128 x 128 tiles, two sets of accumulators), a fresh index each,
 and checks that both give the same answers (ids and distance bits) on every shape; `--epi-groups 1,2,4` does the
-same for the chunks of 8 rows its epilogue tests before each branch (render_screen.HOPPER_EPI_GROUP).
+same for the chunks of 8 rows its epilogue tests before each branch (render_screen.HOPPER_EPI_GROUP), and
+`--epi-skip 0,1` for that branch appending from the chunks with a survivor only (HOPPER_EPI_SKIP).
 
     PYTHONPATH=$PWD python3 bench/probes/screen_steps.py --out $OUT/screen_steps.json
     PYTHONPATH=$PWD python3 bench/probes/screen_steps.py --n 10000000 --dtype uint8 --ks 10,100 \
@@ -59,14 +60,19 @@ def main() -> None:
     parser.add_argument("--epi-groups", type=numbers, default=[0],
                         help="chunks of 8 rows the Hopper epilogue tests per branch (0: the kernel's choice); "
                              "a fresh index each")
+    parser.add_argument("--epi-skip", type=numbers, default=[0],
+                        help="the Hopper epilogue's branch appends from the chunks with a survivor only (1) or "
+                             "tests every chunk of its group (0); a fresh index each")
     args = parser.parse_args()
     db, queries = data(args)
     rows, answers, differ = [], {}, []
     for overlap in args.overlap:
         for group in args.epi_groups:
-            render_screen.HOPPER_OVERLAP, render_screen.HOPPER_EPI_GROUP = bool(overlap), group or 0
-            rows += measure(args, db, queries, bool(overlap), answers, differ)
-    render_screen.HOPPER_OVERLAP, render_screen.HOPPER_EPI_GROUP = False, 0
+            for skip in args.epi_skip:
+                render_screen.HOPPER_OVERLAP, render_screen.HOPPER_EPI_GROUP = bool(overlap), group or 0
+                render_screen.HOPPER_EPI_SKIP = bool(skip)
+                rows += measure(args, db, queries, bool(overlap), answers, differ)
+    render_screen.HOPPER_OVERLAP, render_screen.HOPPER_EPI_GROUP, render_screen.HOPPER_EPI_SKIP = False, 0, False
     if args.out:
         args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows, "differ": differ}, indent=1))
     if differ:
@@ -107,6 +113,7 @@ def measure(args, db, queries, overlap: bool, answers: dict, differ: list) -> li
                         index._searcher._buffers["screen_counts"].copy_to_host(counts, nq * 4)
                         row = {"dtype": args.dtype, "n": args.n, "k": k, "queries": nq, "overlap": overlap,
                                "epi_group": render_screen.HOPPER_EPI_GROUP,
+                               "epi_skip": render_screen.HOPPER_EPI_SKIP,
                                "hopper": bool(screen.hopper), "hopper_spec": str(getattr(screen, "hopper_spec", "")),
                                "keep": render_screen.THRESHOLD_KEEP, "step": step or original_step(args.n, k),
                                "median_ms": round(float(np.median(samples)) * 1e3, 4), "steps_ms": steps,
