@@ -11,10 +11,8 @@ can get: C++ replaying the graph pays the graph launch and the wait only, Python
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import threading
-import time
 from collections import OrderedDict
 from pathlib import Path
 
@@ -70,14 +68,7 @@ def offline_searcher(n: int, dim: int):
 
 
 def median_us(fn, calls: int) -> float:
-    for _ in range(1000):
-        fn()
-    samples = []
-    for _ in range(calls):
-        started = time.perf_counter_ns()
-        fn()
-        samples.append(time.perf_counter_ns() - started)
-    return round(statistics.median(samples) / 1e3, 3)
+    return round(_common.median_us(_common.time_calls(fn, calls, warmup=1000)), 3)
 
 
 def main() -> int:
