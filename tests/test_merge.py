@@ -51,7 +51,11 @@ def _data(rng, kind: str, n: int, d: int, nq: int):
         q = (x[:nq] + rng.standard_normal((nq, d)).astype(np.float32) * np.float32(0.2)).astype(np.float32)
     elif kind == "uint8":
         x = np.minimum(rng.exponential(25.0, (n, d)), 255).astype(np.uint8).astype(np.float32)
+        twins = min(n // 10, nq)
+        x[n - twins:] = x[:twins]                  # duplicated rows, as in BIGANN: a twin is the same distance away
         q = x[rng.integers(0, n, nq)].copy()
+        q[:20] = x[:20]                            # ... and these queries' two nearest are a pair of twins: over
+        # several parts, some pair lies in two of them, so the merge must settle a tie across parts
     return x, q
 
 
@@ -68,11 +72,15 @@ class Resolver:
         return merge.exact_distances(self.q[numbers], self.by_id[ids], self.metric)
 
 
-def _parts(rng, x, q, metric, n_parts, width):
+def _parts(rng, x, q, metric, n_parts, width, equal=False):
     """Each part's exact answer (width columns, padded where a part has fewer rows) over a random split of
-    the rows, under shuffled ids (so the smaller id of a tie may sit in any part)."""
+    the rows (parts of random sizes, or of equal ones), under shuffled ids (so the smaller id of a tie may sit
+    in any part)."""
     ids = rng.permutation(len(x)).astype(np.int64)
-    cuts = np.sort(rng.choice(np.arange(1, len(x)), n_parts - 1, replace=False))
+    if equal:
+        cuts = np.arange(1, n_parts) * len(x) // n_parts
+    else:
+        cuts = np.sort(rng.choice(np.arange(1, len(x)), n_parts - 1, replace=False))
     pieces = np.split(rng.permutation(len(x)), cuts)
     parts = [exact_search(x[rows], q, width, metric, id_map=ids[rows]) for rows in pieces]
     return ids, parts
@@ -194,7 +202,7 @@ def test_blocks_of_rows_give_the_same_bits(rng, monkeypatch, kind):
     block's float64 questions asked with the queries' own numbers: the reference's bits, and so with ties
     settled by id where the distances are integers (exact_below)."""
     x, q = _data(rng, kind, n=500, d=8, nq=47)
-    ids, parts = _parts(rng, x, q, "l2", 3, 20)
+    ids, parts = _parts(rng, x, q, "l2", 3, 20, equal=True)     # ties across parts: asserted below
     want = reference_knn(parts, 20, "l2", Resolver(x, q, ids, "l2"))
     monkeypatch.setattr(merge, "MERGE_BLOCK", 3 * 60)
     for exact_below in (0.0, 2.0 ** 24) if kind != "near-ties" else (0.0,):
