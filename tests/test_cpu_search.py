@@ -432,18 +432,26 @@ def test_search_releases_the_gil(rng, threads):
     PyDLL the main thread only runs around the call's ends, at GIL switches; checked by hand)."""
     threads(1)
     db = rng.standard_normal((20000, 64)).astype(np.float32)
-    q = rng.standard_normal((1500, 64)).astype(np.float32)   # about 50 ms of work on one core
     index = build(db, "l2", "float32")
     timer = _CallTimer(index._searcher._library)
     index._searcher._library = timer
-    done, stamps = threading.Event(), []
-    worker = threading.Thread(target=lambda: (index.search(q, 5), done.set()))
-    worker.start()
-    while not done.is_set():
-        stamps.append(time.perf_counter())
-    worker.join()
-    start, end = timer.window
-    third = (end - start) / 3   # near the ends the main thread may run at a GIL switch even with a PyDLL
+
+    def search_while_counting(q):
+        done, stamps = threading.Event(), []
+        worker = threading.Thread(target=lambda: (index.search(q, 5), done.set()))
+        worker.start()
+        while not done.is_set():
+            stamps.append(time.perf_counter())
+        worker.join()
+        return timer.window, stamps
+
+    # 1,500 queries are ~30-70 ms of work on one core; twice as many until a call is long enough that its
+    # middle third lasts two GIL switch intervals (a fast, idle machine needs more)
+    for n_queries in (1500, 3000, 6000, 12000, 24000):
+        (start, end), stamps = search_while_counting(rng.standard_normal((n_queries, 64)).astype(np.float32))
+        third = (end - start) / 3   # near the ends the main thread may run at a GIL switch even with a PyDLL
+        if third > 2 * sys.getswitchinterval():
+            break
     assert third > 2 * sys.getswitchinterval(), f"the search took only {end - start:.4f} s; the test needs more"
     assert any(start + third < t < end - third for t in stamps), \
         "the main thread never ran during the middle third of the native search call"
