@@ -193,8 +193,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) 
 // tmap_q: the rounded queries (n_queries x row_bytes), tmap_x: the rows (n_rows x row_bytes), boxes of 128
 // bytes x (128 MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
-template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, bool OV = false, int EG = 0,
-          bool ES = false>
+template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, bool ES = false>
 __global__ void __launch_bounds__(384, 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -211,7 +210,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   constexpr int EPI_G = EG ? EG : hopper_epi_group<MW>();   // chunks of 8 rows per branch of the epilogue
   constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES);
   static_assert(BN == 128 || BN == 256, "screen_hopper_kernel: BN is a wgmma N of 128 or 256");
-  static_assert(MW * NACC * (OV ? 2 : 1) <= 128, "screen_hopper_kernel: at most 128 accumulators per thread");
+  static_assert(MW * NACC <= 128, "screen_hopper_kernel: at most 128 accumulators per thread");
   static_assert(TILE_Q <= 256 && STAGES >= 2, "screen_hopper_kernel: a TMA box holds at most 256 rows");
   static_assert(NEED <= 232448, "screen_hopper_kernel: more shared memory than an sm_90 block gets");
   static_assert(SMEM >= NEED, "screen_hopper_kernel: SMEM is smaller than its shared memory layout");
@@ -297,7 +296,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         }
     };
     // a tile's products into `into`, a k-block at a time from ring position `pos` on (advanced past them); each
-    // stage is released once its group is done, but the last group is left in flight
+    // stage is released once its group is done, but the last group is left in flight (the caller waits)
     auto products = [&](Acc (&into)[MW][NACC], int& pos) {
       for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
         const int s = pos % STAGES;
@@ -318,70 +317,6 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         }
       }
     };
-
-    if constexpr (OV) {
-      // Two sets of accumulators: a tile's products run on the tensor cores (its last k-block's group in
-      // flight) while the epilogue of the tile before reads the other set, so that short rows (a k-block or
-      // two, where the epilogue costs about what the products do) keep the tensor cores busy. Tiles go in
-      // pairs, so that each set is named, never indexed (registers).
-      Acc other[MW][NACC];
-#pragma unroll
-      for (int m = 0; m < MW; ++m)
-#pragma unroll
-        for (int j = 0; j < NACC; ++j) other[m][j] = 0;
-      struct Pending { int q_first, rt, i; float tq[MW][2]; };
-      int pos = 0;
-      auto issue = [&](Acc (&into)[MW][NACC], long long t, int i, Pending& p) {
-        const int qt = (int)(t % n_qt);
-        p.rt = (int)(t / n_qt);
-        p.i = i;
-        p.q_first = qt * TILE_Q + c * WG_Q + 16 * warp + g;
-        float thr[MW][2], esc[MW][2], eoff[MW][2];
-        load_terms(p.q_first, thr, esc, eoff);
-        const float rmax = __ldg(tile_rmax + p.rt);
-        products(into, pos);
-#pragma unroll
-        for (int m = 0; m < MW; ++m)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) p.tq[m][h] = add_up(thr[m][h], fma_up(esc[m][h], rmax, eoff[m][h]));
-      };
-      auto finish = [&]() {      // the last group of the tile just issued done, its stage free
-        wgmma_wait<0>();
-        release((pos - 1) % STAGES);
-      };
-      auto epilogue = [&](Acc (&from)[MW][NACC], const Pending& p) {
-#pragma unroll
-        for (int m = 0; m < MW; ++m)
-#pragma unroll
-          for (int j = 0; j < NACC; ++j) Mma::keep(from[m][j]);   // read only after its group's wait
-        const int b = p.i % HOPPER_SCALAR_SLOTS;
-        mbar_wait(sfull(b), (p.i / HOPPER_SCALAR_SLOTS) & 1);
-        const float* norm_s = reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
-        hopper_epilogue<Mma, IP, BN, MW, EPI_G, ES>(from, p.tq, norm_s, p.q_first, p.rt * BN + 2 * t4, t4, n_queries, n_rows,
-                                         counts, survivors, capacity);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncwarp();
-        if (lane == 0) mbar_arrive(sempty(b));
-      };
-      Pending first, second;
-      bool held = false;     // `other` holds a finished tile whose epilogue is still to come
-      int i = 0;
-      for (long long t = blockIdx.x; t < total; t += 2ll * gridDim.x, i += 2) {
-        issue(acc, t, i, first);
-        if (held) epilogue(other, second);
-        finish();
-        held = t + gridDim.x < total;
-        if (held) {
-          issue(other, t + gridDim.x, i + 1, second);
-          epilogue(acc, first);
-          finish();
-        } else {
-          epilogue(acc, first);
-        }
-      }
-      if (held) epilogue(other, second);
-      return;
-    }
 
     int i = 0;
     for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {

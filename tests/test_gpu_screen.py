@@ -3,8 +3,7 @@ bfloat16, int8, uint8 or float32 (through a float16 shadow), and cosine indexes 
 are screened on the tensor cores and their
 survivors verified in float64: every answer is the float64 oracle's, bit for bit, and a query the screen
 cannot settle (survivors beyond the capacity) is answered by the other kernels and counted. On compute
-capability 9.0 every case runs against both screens (TINYKNN_SCREEN=mma and wgmma), and the Hopper screen
-also with its epilogue overlapped with the next tile's products (render_screen.HOPPER_OVERLAP, a probe's knob)."""
+capability 9.0 every case runs against both screens (TINYKNN_SCREEN=mma and wgmma)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from reference import assert_exact
 pytestmark = pytest.mark.gpu
 DTYPES = ("float16", "bfloat16", "int8", "uint8", "float32")
 KS = (10, 100)
-SCREENS = ("mma", "wgmma", "wgmma-overlap")
+SCREENS = ("mma", "wgmma")
 
 
 @pytest.fixture(params=SCREENS)
@@ -27,11 +26,9 @@ def screen(request, monkeypatch):
     from tinyknn.gpu.device import current_device
     from tinyknn.jit import render_screen
 
-    hopper = request.param.startswith("wgmma")
-    if hopper and render_screen.hopper_arch(current_device().arch) is None:
+    if request.param == "wgmma" and render_screen.hopper_arch(current_device().arch) is None:
         pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
-    monkeypatch.setenv("TINYKNN_SCREEN", "wgmma" if hopper else request.param)
-    monkeypatch.setattr(render_screen, "HOPPER_OVERLAP", request.param == "wgmma-overlap")
+    monkeypatch.setenv("TINYKNN_SCREEN", request.param)
     reset_config()
     yield request.param
     monkeypatch.undo()
@@ -39,9 +36,7 @@ def screen(request, monkeypatch):
 
 
 def check_screen_used(index, screen):
-    state = index._searcher._screen
-    assert state.hopper is screen.startswith("wgmma")
-    assert not state.hopper or state.hopper_spec.param("ov", 0) == (screen == "wgmma-overlap")
+    assert index._searcher._screen.hopper is (screen == "wgmma")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -58,12 +53,6 @@ def warm_kernels():
     specs = {spec for metric in ("l2", "ip", "cosine") for dtype in DTYPES for k in KS
              for spec in render_screen.specs_for_screen(metric, dtype, k, arch) +
              render.specs_for_search(metric, dtype, 72, k, arch) + render.hopper_specs(metric, dtype, 72, arch)}
-    render_screen.HOPPER_OVERLAP = True
-    try:
-        specs |= {spec for metric in ("l2", "ip", "cosine") for dtype in DTYPES
-                  for spec in render.hopper_specs(metric, dtype, 72, arch)}
-    finally:
-        render_screen.HOPPER_OVERLAP = False
     with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(get_cubin, sorted(specs)))
 
@@ -208,7 +197,7 @@ def test_long_rows_and_several_query_tiles_are_exact(metric, dtype, rng, screen)
 
 def test_tile_bounds_cover_every_row(rng, screen):
     """tile_rmax: one float per tile of the Hopper screen, the largest r_x of its rows (after an add too)."""
-    if not screen.startswith("wgmma"):
+    if screen != "wgmma":
         pytest.skip("tile_rmax belongs to the Hopper screen")
     db = (rng.standard_normal((33000, 72)) * rng.uniform(0.1, 10, (33000, 1))).astype(np.float16)
     index = searcher_index(db[:20000], "l2", "float16")

@@ -104,10 +104,6 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache):
     specs = [spec for combination in HOPPER for spec in render.hopper_specs(*combination, "sm_90a")]
     assert {(s.param("bn"), s.param("exact", 0)) for s in specs if s.variant == "screen_hopper"} == \
         {(128, 0), (256, 1), (256, 0)}
-    overlapped = [render_screen.hopper_spec(metric, dtype, stride, "sm_90a", overlap=True)
-                  for metric, dtype, stride in HOPPER]     # the probes' variant: two sets of accumulators
-    assert {(s.param("bn"), s.param("mw"), s.param("ov")) for s in overlapped} == {(128, 1, 1)}
-    specs += overlapped
     grouped = [render_screen.hopper_spec(metric, dtype, stride, "sm_90a", epi_group=group, epi_skip=skip)
                for metric, dtype, stride in HOPPER[2:] for group, skip in ((1, False), (8, False), (4, True))]
     assert {(s.param("eg"), s.param("es", 0)) for s in grouped} == {(1, 0), (8, 0), (4, 1)}   # the probes' epilogues

@@ -3,17 +3,16 @@
 for the threshold step's kept bounds per tile (KT) and sample step as knobs. By default 100k x 128 float32
 (random normal), k = 10, 100 and 1,000 queries; `--dtype uint8` takes SIFT-like rows (bench/datasets.py) and
 `--ks 10,100 --queries 2048` the shapes whose k = 100 costs more than k = 10 (10M x 128 uint8 on the H200).
-`--overlap 0,1` times the Hopper screen as the library has it and with its epilogue overlapped with the next
-tile's products (render_screen.HOPPER_OVERLAP: 128 x 128 tiles, two sets of accumulators), a fresh index each,
-and checks that both give the same answers (ids and distance bits) on every shape; `--epi-groups 1,2,4` does the
-same for the chunks of 8 rows its epilogue tests before each branch (render_screen.HOPPER_EPI_GROUP), and
-`--epi-skip 0,1` for that branch appending from the chunks with a survivor only (HOPPER_EPI_SKIP).
+`--epi-groups 1,2,4` times the Hopper screen with its epilogue testing that many chunks of 8 rows before each
+branch (render_screen.HOPPER_EPI_GROUP; 0: the kernel's own), `--epi-skip 0,1` with that branch appending from
+the chunks with a survivor only (HOPPER_EPI_SKIP), a fresh index each, and checks that every setting gives the
+same answers (ids and distance bits) on every shape.
 
     PYTHONPATH=$PWD python3 bench/probes/screen_steps.py --out $OUT/screen_steps.json
     PYTHONPATH=$PWD python3 bench/probes/screen_steps.py --n 10000000 --dtype uint8 --ks 10,100 \
         --queries 2048 --keeps 2 --steps default --out $OUT/screen_steps_u8.json
     PYTHONPATH=$PWD python3 bench/probes/screen_steps.py --n 10000000 --dtype uint8 --ks 10,100 \
-        --queries 2048 --keeps default --steps default --overlap 0,1 --out $OUT/screen_overlap_u8.json
+        --queries 2048 --keeps default --steps default --epi-groups 1,4 --out $OUT/screen_groups_u8.json
 """
 import argparse
 import json
@@ -55,8 +54,6 @@ def main() -> None:
     parser.add_argument("--keeps", type=numbers, default=[2, 10], help="THRESHOLD_KEEP values (default: 2,10)")
     parser.add_argument("--steps", type=numbers, default=[None, 8, 32],
                         help="sample steps, 'default' for the library's (default: default,8,32)")
-    parser.add_argument("--overlap", type=numbers, default=[0],
-                        help="the Hopper screen's epilogue overlapped (1) or not (0); a fresh index each")
     parser.add_argument("--epi-groups", type=numbers, default=[0],
                         help="chunks of 8 rows the Hopper epilogue tests per branch (0: the kernel's choice); "
                              "a fresh index each")
@@ -66,23 +63,21 @@ def main() -> None:
     args = parser.parse_args()
     db, queries = data(args)
     rows, answers, differ = [], {}, []
-    for overlap in args.overlap:
-        for group in args.epi_groups:
-            for skip in args.epi_skip:
-                render_screen.HOPPER_OVERLAP, render_screen.HOPPER_EPI_GROUP = bool(overlap), group or 0
-                render_screen.HOPPER_EPI_SKIP = bool(skip)
-                rows += measure(args, db, queries, bool(overlap), answers, differ)
-    render_screen.HOPPER_OVERLAP, render_screen.HOPPER_EPI_GROUP, render_screen.HOPPER_EPI_SKIP = False, 0, False
+    for group in args.epi_groups:
+        for skip in args.epi_skip:
+            render_screen.HOPPER_EPI_GROUP, render_screen.HOPPER_EPI_SKIP = group or 0, bool(skip)
+            rows += measure(args, db, queries, answers, differ)
+    render_screen.HOPPER_EPI_GROUP, render_screen.HOPPER_EPI_SKIP = 0, False
     if args.out:
         args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows, "differ": differ}, indent=1))
     if differ:
-        print(f"FAILED: answers differ between the overlap or epilogue-group settings on {differ}")
+        print(f"FAILED: answers differ between the epilogue settings on {differ}")
         sys.exit(1)
 
 
-def measure(args, db, queries, overlap: bool, answers: dict, differ: list) -> list:
-    """The rows of one index (the Hopper screen's overlap as set): every (keep, step, k, queries); each shape's
-    answers compared with those of the same shape under an earlier overlap setting."""
+def measure(args, db, queries, answers: dict, differ: list) -> list:
+    """The rows of one index (the Hopper epilogue as set): every (keep, step, k, queries); each shape's answers
+    compared with those of the same shape under an earlier setting."""
     original_step, original_keep = screen_module.sample_step, render_screen.THRESHOLD_KEEP
     rows = []
     with tinyknn.Index(args.dim, "l2", args.dtype, device="cuda") as index:
@@ -111,7 +106,7 @@ def measure(args, db, queries, overlap: bool, answers: dict, differ: list) -> li
                         screen.timings = None
                         counts = np.zeros(nq, np.int32)
                         index._searcher._buffers["screen_counts"].copy_to_host(counts, nq * 4)
-                        row = {"dtype": args.dtype, "n": args.n, "k": k, "queries": nq, "overlap": overlap,
+                        row = {"dtype": args.dtype, "n": args.n, "k": k, "queries": nq,
                                "epi_group": render_screen.HOPPER_EPI_GROUP,
                                "epi_skip": render_screen.HOPPER_EPI_SKIP,
                                "hopper": bool(screen.hopper), "hopper_spec": str(getattr(screen, "hopper_spec", "")),

@@ -95,7 +95,6 @@ def step_spec(variant: str, metric: str, dtype: str, k: int, arch: str) -> Kerne
 HOPPER_ARCH = "sm_90a"
 HOPPER_DEVICE_ARCHES = ("sm_90", "sm_90a")      # compute capability 9.0 runs sm_90a code
 HOPPER_STAGES, HOPPER_KB, HOPPER_SCALAR_SLOTS = 4, 128, 8
-HOPPER_OVERLAP = False          # probes only, measured slower (bench/NOTES_HOPPER.md): hopper_spec's overlap
 HOPPER_EPI_GROUP = 0            # probes only: hopper_spec's epi_group (0: the kernel's own choice)
 HOPPER_EPI_SKIP = False         # probes only, not yet measured: hopper_spec's epi_skip
 HOPPER_THREADS = 384
@@ -144,22 +143,20 @@ def _hopper_arch_of(arch: str) -> str:
     return target
 
 
-def hopper_spec(metric: str, dtype: str, stride: int, arch: str, overlap: bool | None = None,
-                epi_group: int | None = None, epi_skip: bool | None = None) -> KernelSpec:
+def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int | None = None,
+                epi_skip: bool | None = None) -> KernelSpec:
     """The Hopper screen of a `dtype` index whose screened rows hold `stride` elements, for a device of `arch`
     (sm_90 or sm_90a; the spec's arch is sm_90a). The stride only decides the 8-bit conversion (exact or not).
-    overlap (default HOPPER_OVERLAP): 128 x 128 tiles with two sets of accumulators, a tile's epilogue run
-    while the next tile's products are (screen_hopper.cuh, OV). epi_group (default HOPPER_EPI_GROUP; 0: the
-    kernel's choice): chunks of 8 rows the epilogue tests before one branch (screen_hopper.cuh, EG); epi_skip
-    (default HOPPER_EPI_SKIP): that branch appends from the chunks that have a survivor only (ES)."""
+    epi_group (default HOPPER_EPI_GROUP; 0: the kernel's choice): chunks of 8 rows the epilogue tests before one
+    branch (screen_hopper.cuh, EG); epi_skip (default HOPPER_EPI_SKIP): that branch appends from the chunks that
+    have a survivor only (ES)."""
     element = element_of(metric, dtype)
-    overlap = HOPPER_OVERLAP if overlap is None else overlap
     epi_group = HOPPER_EPI_GROUP if epi_group is None else epi_group
     epi_skip = HOPPER_EPI_SKIP if epi_skip is None else epi_skip
-    bn, mw = (128, 1) if overlap else hopper_tile(element)
+    bn, mw = hopper_tile(element)
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
-              "smem": hopper_smem(bn, mw), **({"ov": 1} if overlap else {}),
-              **({"eg": epi_group} if epi_group else {}), **({"es": 1} if epi_skip else {})}
+              "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}),
+              **({"es": 1} if epi_skip else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
@@ -181,10 +178,8 @@ def name_expression(spec: KernelSpec) -> str:
     if spec.variant == "screen_hopper":
         flag = lambda v: "true" if v else "false"   # noqa: E731
         args = [element, flag(spec.metric != "l2"), flag(p("exact")), p("bn"), p("mw"), p("stages"), p("smem")]
-        optional = [flag(p("ov", 0)), p("eg", 0), flag(p("es", 0))]      # OV, EG, ES: given up to the last set
-        while optional and optional[-1] in ("false", 0):
-            optional.pop()
-        args += optional
+        if p("eg", 0) or p("es", 0):                                      # EG, ES: the probes' epilogues
+            args += [p("eg", 0), flag(p("es", 0))]
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         flag = lambda v: "true" if v else "false"   # noqa: E731
