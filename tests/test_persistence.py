@@ -9,6 +9,7 @@ import io
 import json
 import os
 import pickle
+import struct
 import threading
 import tracemalloc
 import zipfile
@@ -714,6 +715,142 @@ def test_indexes_with_zip64_end_records_load_one_after_another(rng, monkeypatch)
     for built in indexes:
         assert_same(built, tinyknn.Index.load(stream))
     assert stream.tell() == len(stream.getvalue())
+
+
+def _strict_zip64_reader(monkeypatch) -> list:
+    """zipfile made to read zip64 end records as newer CPython does (3.13.9, 3.14, patched 3.12): the
+    locator's offset, taken as it stands in the file zipfile reads, may not pass the place just before the
+    locator, and there (or, failing that, just before the locator) must be a zip64 end record whose central
+    directory ends at that offset. Older readers (3.11) read the record just before the locator whatever
+    the offset says, so without this a test passes there on code the newer ones refuse; the list returned
+    collects the offsets checked."""
+    real, checked = zipfile._EndRecData64, []
+
+    def strict(fpin, offset, endrec):
+        end_at = offset if offset >= 0 else fpin.seek(0, io.SEEK_END) + offset    # 3.11 counts from the end
+        locator_at = end_at - zipfile.sizeEndCentDir64Locator
+        before = locator_at - zipfile.sizeEndCentDir64
+        fpin.seek(max(locator_at, 0))
+        locator = fpin.read(zipfile.sizeEndCentDir64Locator)
+        if before >= 0 and locator[:4] == zipfile.stringEndArchive64Locator:
+            reloff = struct.unpack(zipfile.structEndArchive64Locator, locator)[2]
+            checked.append(reloff)
+            if reloff > before:
+                raise zipfile.BadZipFile("Corrupt zip64 end of central directory locator")
+            fpin.seek(reloff)
+            record = fpin.read(zipfile.sizeEndCentDir64)
+            if record[:4] != zipfile.stringEndArchive64 and reloff != before:
+                fpin.seek(before)
+                record = fpin.read(zipfile.sizeEndCentDir64)
+            if record[:4] != zipfile.stringEndArchive64:
+                raise zipfile.BadZipFile("Zip64 end of central directory record not found")
+            directory_size, directory_offset = struct.unpack(zipfile.structEndArchive64, record)[8:]
+            if directory_offset + directory_size != reloff:
+                raise zipfile.BadZipFile("Corrupt zip64 end of central directory record")
+        return real(fpin, offset, endrec)
+
+    monkeypatch.setattr(zipfile, "_EndRecData64", strict)
+    return checked
+
+
+def _two_zip64_indexes(rng, monkeypatch):
+    """Two indexes saved one after the other into one stream, with zip64 end records; and where the second
+    starts."""
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 64)
+    indexes = [tinyknn.Index(4), tinyknn.Index(2, metric="cosine")]
+    indexes[0].add(rng.standard_normal((20, 4)))
+    indexes[1].add(rng.standard_normal((3, 2)), labels=[1, 2, 3])
+    stream = io.BytesIO()
+    indexes[0].save(stream)
+    start = stream.tell()
+    indexes[1].save(stream)
+    return indexes, stream, start
+
+
+def test_indexes_with_zip64_end_records_load_one_after_another_under_the_strict_zip64_reader(rng, monkeypatch):
+    """The second index's zip64 locator gives its zip64 end record's stream position (zipfile writes
+    positions in the stream): read through a window that began at the index, a newer zipfile found that
+    offset past the record and refused the file ("Corrupt zip64 end of central directory locator")."""
+    indexes, stream, start = _two_zip64_indexes(rng, monkeypatch)
+    checked = _strict_zip64_reader(monkeypatch)
+    stream.seek(0)
+    for built in indexes:
+        assert_same(built, tinyknn.Index.load(stream))
+    assert stream.tell() == len(stream.getvalue())
+    assert checked == [stream.getvalue().rfind(b"PK\x06\x06", 0, start), stream.getvalue().rfind(b"PK\x06\x06")]
+
+
+@pytest.mark.parametrize("zip64", [True, False])
+def test_an_index_copied_whole_after_other_bytes_loads(rng, monkeypatch, zip64):
+    """An index saved alone and its bytes then copied after others: its offsets count from its own start
+    (not from the stream's), and it loads, followed by one saved in place (offsets from the stream's)."""
+    if zip64:
+        monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 64)
+    checked = _strict_zip64_reader(monkeypatch)
+    copied, in_place = tinyknn.Index(3, metric="ip"), tinyknn.Index(2)
+    copied.add(rng.standard_normal((9, 3)), labels=np.arange(9))
+    in_place.add(rng.standard_normal((4, 2)))
+    alone = io.BytesIO()
+    copied.save(alone)
+    stream = io.BytesIO()
+    stream.write(b"other bytes" * 7)
+    start = stream.tell()
+    stream.write(alone.getvalue())
+    middle = stream.tell()
+    in_place.save(stream)
+    assert stream.getvalue().count(b"PK\x06\x06") == (2 if zip64 else 0)
+    stream.seek(start)
+    assert_same(copied, tinyknn.Index.load(stream))
+    assert stream.tell() == middle
+    assert_same(in_place, tinyknn.Index.load(stream))
+    assert stream.tell() == len(stream.getvalue())
+    assert len(checked) == (2 if zip64 else 0)
+
+
+@pytest.mark.parametrize("lie, text", [
+    (lambda at, start: at + 1, "locator gives offset {lie} for the zip64 end record at byte {at}: offsets counted "
+                               "from byte -1, before the data's start"),
+    (lambda at, start: at - start - 1, "locator gives offset {lie} for the zip64 end record at byte {at}: offsets "
+                                       "counted from byte {start1}, after the index's start \\(byte {start}\\)"),
+    (lambda at, start: at - 5, "puts the central directory at byte {directory5} \\(offset {directory} from byte 5, "
+                               "where its locator counts from\\); it is at byte {directory}"),
+], ids=["before-the-data", "after-the-index-start", "directory-elsewhere"])
+def test_a_zip64_locator_that_lies_is_refused_and_the_stream_stays(rng, monkeypatch, lie, text):
+    """The locator's offset says where the archive's offsets count from: not before the stream's first
+    byte, not after the index's start, and the zip64 end record's directory offset counting from there
+    too (newer zipfile readers require it; older ones would read the archive shifted)."""
+    indexes, stream, start = _two_zip64_indexes(rng, monkeypatch)
+    data = bytearray(stream.getvalue())
+    record_at, locator_at = data.rfind(b"PK\x06\x06"), data.rfind(b"PK\x06\x07")
+    assert struct.unpack_from("<Q", data, locator_at + 8)[0] == record_at
+    struct.pack_into("<Q", data, locator_at + 8, lie(record_at, start))
+    directory = struct.unpack_from("<Q", data, record_at + 48)[0]
+    stream = io.BytesIO(bytes(data))
+    stream.seek(start)
+    text = text.format(lie=lie(record_at, start), at=record_at, start=start, start1=start + 1, directory=directory,
+                       directory5=directory + 5)
+    with pytest.raises(ValueError, match=f"the data is not a valid tinyknn index file: its zip64 end record {text}"):
+        tinyknn.Index.load(stream)
+    assert stream.tell() == start
+
+
+def test_a_central_directory_pointing_before_the_index_is_refused(rng, monkeypatch):
+    """A member's offset that points into the index before it (whose header.npy zipfile would read and
+    find named as asked) is refused, and the stream stays where it was."""
+    indexes, stream, start = _two_zip64_indexes(rng, monkeypatch)
+    data = bytearray(stream.getvalue())
+    entry = data.find(b"PK\x01\x02", start)
+    name_length, extra_length = struct.unpack_from("<HH", data, entry + 28)
+    assert data[entry + 46:entry + 46 + name_length] == b"header.npy"
+    offset_at = entry + 46 + name_length + extra_length - 8          # the zip64 extra field's local header offset
+    assert struct.unpack_from("<Q", data, offset_at)[0] == start
+    struct.pack_into("<Q", data, offset_at, 0)                       # the first index's header.npy
+    stream = io.BytesIO(bytes(data))
+    stream.seek(start)
+    with pytest.raises(ValueError, match=f"its central directory puts header.npy at byte 0, before the index's "
+                                         f"start \\(byte {start}\\)"):
+        tinyknn.Index.load(stream)
+    assert stream.tell() == start
 
 
 _MEMORY_PROGRAM = """

@@ -1,7 +1,9 @@
 """Where an index's bytes are: only regular files are opened (os.stat first: a device or a FIFO would be
 read without end or block); a file object is read through a window from where it stands to the end of the
 archive that starts there, found by walking the zip headers forward, never by reading the zip directory at
-the end of the stream, which is the last index's (so indexes saved one after another load in turn)."""
+the end of the stream, which is the last index's (so indexes saved one after another load in turn). The
+window begins where the archive's zip offsets count from: zipfile writes stream positions into an archive
+written at a nonzero position, and newer zipfile readers take a zip64 locator's offset as it stands."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import stat
 import struct
 import zipfile
+from typing import NamedTuple
 
 
 class Damaged(ValueError):
@@ -120,12 +123,26 @@ MAX_MEMBERS = 16                   # tinyknn writes 3 or 5
 _FULL = 0xFFFFFFFF                 # a 32-bit zip field whose value is in the zip64 extra field
 
 
-def archive_end(handle, start: int, size: int) -> int | None:
+class Extent(NamedTuple):
+    """Where an archive ends, and the stream byte its zip offsets count from (zipfile reads it through a
+    window that begins there)."""
+    end: int
+    base: int
+
+
+def archive_end(handle, start: int, size: int) -> Extent | None:
     """Where the zip archive that starts at byte `start` ends: its local headers (each member's data
     skipped by the size its header gives), central directory and end records are walked forward, reading
     only those headers. None when a member's sizes follow its data (a data descriptor: the archive was
     written to an unseekable stream); the caller then takes the archive to run to the end of the stream.
-    The end record must agree with the central directory walked (so zipfile reads exactly that one)."""
+    The end record must agree with the central directory walked (so zipfile reads exactly that one).
+
+    The base is the stream byte the archive's zip offsets count from: `start`, unless it has zip64 end
+    records. Their locator gives the zip64 end record's offset: its stream position when the archive was
+    written where it stands (zipfile counts from the stream's byte 0), its position in the archive when the
+    archive was copied there whole. Newer zipfile readers (3.13.9, 3.14, patched 3.12) take that offset,
+    and the zip64 end record's directory offset, as they stand in the file they read; so both must count
+    from one base between byte 0 and `start` (then every zipfile reads the same archive)."""
     at = start
 
     def record(layout: str, signature: bytes | None, what: str) -> tuple:
@@ -179,24 +196,35 @@ def archive_end(handle, start: int, size: int) -> int | None:
             raise Damaged(f"its central directory lists more than {MAX_MEMBERS} members")
         skip(entry[12] + entry[13] + entry[14], "a central directory entry")
     directory = (at - directory_start, entries)
+    base, directory_offset = start, None
     handle.seek(at)
     if handle.read(4) == zipfile.stringEndArchive64:
+        record_at = at
         end64 = record(zipfile.structEndArchive64, zipfile.stringEndArchive64, "zip64 end record")
         skip(end64[1] + 12 - struct.calcsize(zipfile.structEndArchive64), "the zip64 end record")
-        record(_END64_LOCATOR, zipfile.stringEndArchive64Locator, "zip64 end record locator")
-        claimed = (end64[8], end64[7])
+        located = record(_END64_LOCATOR, zipfile.stringEndArchive64Locator, "zip64 end record locator")[2]
+        base = record_at - located
+        if not 0 <= base <= start:
+            raise Damaged(f"its zip64 end record locator gives offset {located} for the zip64 end record at byte "
+                          f"{record_at}: offsets counted from byte {base}, " +
+                          ("before the data's start" if base < 0 else f"after the index's start (byte {start})"))
+        claimed, directory_offset = (end64[8], end64[7]), end64[9]
         end = record(_END, zipfile.stringEndArchive, "zip end record")
     else:
         end = record(_END, zipfile.stringEndArchive, "zip end record")
         claimed = (end[5], end[4])
-    # (zipfile finds the central directory just before the end records, as walked here; the offset the end
-    # record gives only shifts every member's offset, which zipfile then checks against each local header:
-    # it is absolute in a stream an index was written into at another position)
+    # (zipfile finds the central directory just before the end records, as walked here; without zip64
+    # records the offset the end record gives only shifts every member's offset, which zipfile then checks
+    # against each local header: it is absolute in a stream an index was written into at another position)
     if claimed != directory:
         raise Damaged(f"its zip end record gives a central directory of {claimed[1]} entries in {claimed[0]} bytes; "
                        f"the one before it holds {directory[1]} entries in {directory[0]} bytes")
+    if directory_offset is not None and directory_offset != directory_start - base:
+        raise Damaged(f"its zip64 end record puts the central directory at byte {base + directory_offset} (offset "
+                      f"{directory_offset} from byte {base}, where its locator counts from); it is at byte "
+                      f"{directory_start}")
     skip(end[7], "the zip comment")
-    return at
+    return Extent(at, base)
 
 
 def _zip64_size(extra: bytes, after_uncompressed: bool, at: int) -> int:

@@ -148,19 +148,24 @@ def load(source, make_index):
     try:
         with _as_value_errors(name):
             size = handle.seek(0, io.SEEK_END)
-            end = archive_end(handle, start, size)
-            if whole and end is not None and end != size:
+            extent = archive_end(handle, start, size)
+            end, base = (size, start) if extent is None else extent
+            if whole and end != size:
                 raise Damaged(f"it holds {size - end} bytes after the index's end (byte {end}); a path holds one "
                                "index: to read indexes saved one after another into one file, open it and call "
                                "Index.load on the open file once for each")
-            window = Window(handle, start, size if end is None else end)
+            window = Window(handle, base, end)
             archive = zipfile.ZipFile(window)
         with archive:
             with _as_value_errors(name):
-                if end is None and min((info.header_offset for info in archive.infolist()), default=0) != 0:
+                first = min(archive.infolist(), key=lambda info: info.header_offset, default=None)
+                if extent is None and first is not None and first.header_offset != start - base:
                     raise Damaged(f"cannot tell where the index at byte {start} ends: its members' sizes follow "
                                    "their data (it was written to an unseekable stream) and another archive "
                                    "follows it; such an index loads from a file that holds it alone")
+                if first is not None and first.header_offset < start - base:     # zipfile would read it there
+                    raise Damaged(f"its central directory puts {first.filename} at byte {base + first.header_offset}, "
+                                  f"before the index's start (byte {start})")
                 size = window.size
                 header = _read_header(archive, size)
                 ntotal, dim, dtype = header["ntotal"], header["dim"], numpy_dtype(header["dtype"])
@@ -177,7 +182,7 @@ def load(source, make_index):
                 index.close()
                 raise
         if not whole:
-            handle.seek(start + window.size)
+            handle.seek(end)
         return index
     except BaseException:
         if not whole:
