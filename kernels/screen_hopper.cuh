@@ -31,6 +31,15 @@
 // Survivors as screen.cuh: counts[q] += 1 (atomic), survivors[q * capacity + slot] = r for slot <
 // capacity; past it the count still grows, so the host sees the overflow.
 //
+// ---- Threshold mode (KT > 0) ------------------------------------------------------------------------
+// screen.cuh's threshold mode on the same pipeline: the rows are a sample of n_tiles x BN rows, tile t holding
+// the rows t, t + n_tiles, t + 2 n_tiles, ... of a strided sample (tmap_x a 3-D map: elements, tile, row of the
+// tile, so a cluster of rows stored together spreads over many tiles), sq_norms the sample's |x|^2 UPPER
+// bounds in that tile order and tile_rmax its tiles' largest r_x (sample_terms_kernel). Per (query, tile) the
+// KT smallest upper bounds key~ + RU(e_q rmax + f_q) (key~ rounded up: the dot rounded down) go to
+// out_upper[(q n_tiles + t) KT + j], ascending (+inf where NaN); threshold_kernel then takes each query's k-th.
+// The KT smallest keys are found first and the tile's bound added to them alone (add.rp is monotone).
+//
 // A wait on an mbarrier that lasts 2^35 clocks (~19 s) is a broken pipeline: the kernel traps (the launch
 // fails with an error; it never returns a wrong answer).
 #pragma once
@@ -71,6 +80,11 @@ TINYKNN_D void tma_load_2d(unsigned dst, const TensorMap* map, int c0, int c1, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
       ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
+TINYKNN_D void tma_load_3d(unsigned dst, const TensorMap* map, int c0, int c1, int c2, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+      ::"r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
 TINYKNN_D void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
@@ -104,6 +118,7 @@ template <bool EXACT> struct HopperMma<ScreenF16, EXACT> {
     if constexpr (N == 256) wgmma_f16_n256(d, a, b, s); else wgmma_f16_n128(d, a, b, s);
   }
   TINYKNN_D static float high(float c) { return c; }
+  TINYKNN_D static float low(float c) { return c; }
   TINYKNN_D static void keep(float& c) { asm volatile("" : "+f"(c)::"memory"); }
 };
 template <bool EXACT> struct HopperMma<ScreenBF16, EXACT> : HopperMma<ScreenF16, EXACT> {
@@ -116,6 +131,7 @@ template <bool EXACT> struct HopperMma8 {
   typedef int Acc;
   static constexpr int BK = 128;
   TINYKNN_D static float high(int c) { return EXACT ? s32_to_float_rn(c) : s32_to_float_ru(c); }
+  TINYKNN_D static float low(int c) { return EXACT ? s32_to_float_rn(c) : s32_to_float_rd(c); }
   TINYKNN_D static void keep(int& c) { asm volatile("" : "+r"(c)::"memory"); }
 };
 template <bool EXACT> struct HopperMma<ScreenU8, EXACT> : HopperMma8<EXACT> {
@@ -133,12 +149,13 @@ template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
 // against row r_first + 8 j + bb; each row that survives its query's tq (the threshold with the tile's bound
 // folded in) is appended to the query's survivors. norm_s: the tile's |x|^2 lower bounds (l2).
 // Chunks of 8 rows are taken G at a time (hopper_epi_group, or the kernel's EG): their |x|^2 loaded together, one branch for the group,
-// and a survivor (rare) recomputes its key in the branch with the same arithmetic, so the fast path keeps only
-// one predicate per chunk. One chunk a branch (the first version) left each warp waiting on its shared load
+// and a survivor (rare) recomputes its key in the branch with the same arithmetic, only in the chunks that
+// have one, so the fast path keeps only one predicate per chunk (appending from every chunk of the group
+// measured 14.1 / 30.0 ms at k = 10 / 100 on 10M x 128 uint8 x 2,048, against 12.7 / 23.3 this way). One chunk a branch (the first version) left each warp waiting on its shared load
 // and its branch: 4.5 instructions an element at an issue rate of 0.27 a cycle a scheduler (ncu, l2 uint8,
 // 10M x 128 x 2,048 on the H200).
 template <int MW> __host__ __device__ constexpr int hopper_epi_group() { return MW == 1 ? 4 : 2; }
-template <class Mma, bool IP, int BN, int MW, int G, bool SKIP, class Acc>
+template <class Mma, bool IP, int BN, int MW, int G, class Acc>
 TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[MW][2], const float* norm_s,
                                int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
                                int* __restrict__ survivors, int capacity) {
@@ -165,10 +182,10 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
     bool group = false;
 #pragma unroll
     for (int u = 0; u < G; ++u) group |= any[u];
-    if (group) {   // rare: append the survivors of this group of chunks (SKIP: only of the chunks that have any)
+    if (group) {   // rare: append the survivors of the chunks of this group that have any
 #pragma unroll
       for (int u = 0; u < G; ++u) {
-        if (SKIP && !any[u]) continue;
+        if (!any[u]) continue;
 #pragma unroll
         for (int e = 0; e < MW * 4; ++e) {
           const int j = j0 + u, m = e >> 2, h = (e >> 1) & 1;
@@ -183,6 +200,60 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
   }
 }
 
+TINYKNN_D float max_nan(float a, float b) { float d; asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d; }
+
+// Threshold mode's epilogue: per query of this thread (q_first + 64 m + 8 h) the KT smallest keys rounded up
+// over its BN / 4 rows (a NaN key is never kept: fminf drops it, max.NaN keeps it from the second place),
+// merged over the quad that shares the query (every row of the tile), plus the tile's bound; lane t4 = 0 writes.
+template <class Mma, bool IP, int BN, int MW, int KT, class Acc>
+TINYKNN_D void hopper_threshold_epilogue(const Acc (&acc)[MW][BN / 2], const float (&bound)[MW][2], const float* norm_s,
+                                         int q_first, int tile, int n_tiles, int t4, int n_queries,
+                                         float* __restrict__ out_upper) {
+  static_assert(KT == 1 || KT == 2, "hopper_threshold_epilogue: one or two bounds per (query, tile)");
+  float best[MW][2][2];
+#pragma unroll
+  for (int m = 0; m < MW; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) best[m][h][0] = best[m][h][1] = positive_infinity();
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const float2 nv = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * j + 2 * t4);
+#pragma unroll
+    for (int m = 0; m < MW; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb) {
+          const float lo = Mma::low(acc[m][4 * j + 2 * h + bb]);
+          const float key = IP ? -lo : fma_up(-2.0f, lo, bb ? nv.y : nv.x);
+          if (KT == 2) best[m][h][1] = fminf(best[m][h][1], max_nan(best[m][h][0], key));
+          best[m][h][0] = fminf(best[m][h][0], key);
+        }
+  }
+#pragma unroll
+  for (int m = 0; m < MW; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float b0 = best[m][h][0], b1 = best[m][h][1];
+#pragma unroll
+      for (int offset = 1; offset <= 2; offset *= 2) {
+        const float o0 = __shfl_xor_sync(FULL_WARP, b0, offset), o1 = __shfl_xor_sync(FULL_WARP, b1, offset);
+        b1 = fminf(fmaxf(b0, o0), fminf(b1, o1));
+        b0 = fminf(b0, o0);
+      }
+      const int q = q_first + 64 * m + 8 * h;
+      if (t4 == 0 && q < n_queries) {
+        float* to = out_upper + ((long long)q * n_tiles + tile) * KT;
+        const float u0 = add_up(b0, bound[m][h]);
+        to[0] = u0 == u0 ? u0 : positive_infinity();
+        if (KT == 2) {
+          const float u1 = add_up(b1, bound[m][h]);
+          to[1] = u1 == u1 ? u1 : positive_infinity();
+        }
+      }
+    }
+}
+
 constexpr int HOPPER_SCALAR_SLOTS = 8;   // per-tile |x|^2 buffers of BN floats each
 // Shared memory of a configuration (the host passes at least this): 1024 bytes of alignment slack, the
 // ring, the scalar ring, the mbarriers.
@@ -193,13 +264,15 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) 
 // tmap_q: the rounded queries (n_queries x row_bytes), tmap_x: the rows (n_rows x row_bytes), boxes of 128
 // bytes x (128 MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
-template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, bool ES = false>
+// KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
+template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0>
 __global__ void __launch_bounds__(384, 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
                      int n_queries, int row_bytes, const float* __restrict__ thresholds,
                      const float* __restrict__ err_scale, const float* __restrict__ err_offset,
-                     int* __restrict__ counts, int* __restrict__ survivors, int capacity) {
+                     int* __restrict__ counts, int* __restrict__ survivors, int capacity,
+                     float* __restrict__ out_upper) {
   typedef HopperMma<E, EXACT> Mma;
   typedef typename Mma::Acc Acc;
   constexpr int WG_Q = 64 * MW, TILE_Q = 2 * WG_Q;
@@ -267,7 +340,10 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
           mbar_wait(empty(s), ((pos / STAGES) & 1) ^ 1);
           mbar_expect_tx(full(s), STAGE_BYTES);
           tma_load_2d(ring + s * STAGE_BYTES, &tmap_q, kb * BK, qt * TILE_Q, full(s));
-          tma_load_2d(ring + s * STAGE_BYTES + Q_BYTES, &tmap_x, kb * BK, rt * BN, full(s));
+          if constexpr (KT > 0)
+            tma_load_3d(ring + s * STAGE_BYTES + Q_BYTES, &tmap_x, kb * BK, rt, 0, full(s));
+          else
+            tma_load_2d(ring + s * STAGE_BYTES + Q_BYTES, &tmap_x, kb * BK, rt * BN, full(s));
         }
       }
     }
@@ -290,7 +366,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         for (int h = 0; h < 2; ++h) {
           const int q = q_first + 64 * m + 8 * h;
           const bool ok = q < n_queries;
-          thr[m][h] = ok ? __ldg(thresholds + q) : -positive_infinity();
+          thr[m][h] = ok && KT == 0 ? __ldg(thresholds + q) : -positive_infinity();
           esc[m][h] = ok ? __ldg(err_scale + q) : 0.0f;
           eoff[m][h] = ok ? __ldg(err_offset + q) : 0.0f;
         }
@@ -344,9 +420,15 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
 #pragma unroll
       for (int m = 0; m < MW; ++m)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) tq[m][h] = add_up(thr[m][h], fma_up(esc[m][h], rmax, eoff[m][h]));
-      hopper_epilogue<Mma, IP, BN, MW, EPI_G, ES>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows, counts,
-                                       survivors, capacity);
+        for (int h = 0; h < 2; ++h) {
+          const float bound = fma_up(esc[m][h], rmax, eoff[m][h]);
+          tq[m][h] = KT > 0 ? bound : add_up(thr[m][h], bound);
+        }
+      if constexpr (KT > 0)
+        hopper_threshold_epilogue<Mma, IP, BN, MW, KT>(acc, tq, norm_s, q_first, rt, n_rt, t4, n_queries, out_upper);
+      else
+        hopper_epilogue<Mma, IP, BN, MW, EPI_G>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows,
+                                                counts, survivors, capacity);
       // the scalar slot is free (its generic reads done) for the producer's next bulk copy (async proxy)
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncwarp();
@@ -374,6 +456,30 @@ tile_rmax_kernel(const float* __restrict__ r_x, long long n_rows, long long firs
     most = other > most || other != other ? other : most;
   }
   if (lane == 0) tile_rmax[t] = most;
+}
+
+// The threshold mode's sample (KT > 0 above): tile t of n_tiles holds the rows (t + j n_tiles) step, j < BN,
+// of the index; sample_sq[t BN + j] is that row's |x|^2 upper bound, sample_rmax[t] the tile's largest r_x
+// (NaN sticks, as in tile_rmax_kernel). One warp per tile.
+template <int BN>
+__global__ void __launch_bounds__(256)
+sample_terms_kernel(const float* __restrict__ sq_hi, const float* __restrict__ r_x, long long step, int n_tiles,
+                    float* __restrict__ sample_sq, float* __restrict__ sample_rmax) {
+  const int lane = threadIdx.x & 31;
+  const long long t = (long long)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  if (t >= n_tiles) return;
+  float most = 0.0f;
+  for (int j = lane; j < BN; j += 32) {
+    const long long row = (t + (long long)j * n_tiles) * step;
+    sample_sq[t * BN + j] = sq_hi[row];
+    const float v = r_x[row];
+    most = v > most || v != v ? v : most;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(FULL_WARP, most, offset);
+    most = other > most || other != other ? other : most;
+  }
+  if (lane == 0) sample_rmax[t] = most;
 }
 
 }  // namespace tinyknn

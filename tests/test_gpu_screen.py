@@ -63,6 +63,14 @@ def searcher_index(db, metric, dtype, ids=None):
     return index
 
 
+def near_rows(rng, db, count, dtype):
+    """`count` rows of db as float32 queries, moved a little off the rows where the dtype has fractions."""
+    queries = db[rng.choice(len(db), count)].astype(np.float32)
+    if dtype not in ("int8", "uint8"):
+        queries = queries + rng.standard_normal(queries.shape).astype(np.float32) * 0.1
+    return queries
+
+
 def data(rng, kind, n, dim, dtype):
     if dtype in ("int8", "uint8"):
         low, high = (-128, 128) if dtype == "int8" else (0, 256)
@@ -92,9 +100,7 @@ def data(rng, kind, n, dim, dtype):
 def test_screened_batches_are_exact(dtype, metric, kind, rng, screen):
     n, dim = 20000, 72
     db = data(rng, kind, n, dim, dtype)
-    queries = db[rng.choice(n, 100)].astype(np.float32)
-    if dtype not in ("int8", "uint8"):
-        queries = queries + rng.standard_normal(queries.shape).astype(np.float32) * 0.1
+    queries = near_rows(rng, db, 100, dtype)
     index = searcher_index(db, metric, dtype, ids=rng.permutation(n))
     check_screen_used(index, screen)
     ids_of_rows = index._searcher.export()[1]
@@ -122,7 +128,7 @@ def stored_by_cluster(rng, n, dim, dtype):
 
 @pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("ip", "uint8"), ("cosine", "float32")])
 def test_large_k_on_rows_stored_by_cluster(metric, dtype, rng, screen):
-    """k = 100 and 128 on 280,000 rows: a sample of >= k tiles (step 16), so each keeps fewer bounds than k
+    """k = 100 and 128 on 280,000 rows: a sample of >= k tiles (step 8), so each keeps fewer bounds than k
     (render_screen.threshold_keep); the interleaved tiles spread a cluster's rows, so T stays tight and no query
     overflows the survivors' capacity (where the bound's band is narrow)."""
     from tinyknn.gpu.screen import sample_step
@@ -146,6 +152,41 @@ def test_large_k_on_rows_stored_by_cluster(metric, dtype, rng, screen):
     assert screen_state.queries == 2 * len(queries)
     if metric != "cosine":      # a narrow band (uint8: none); cosine's 16-bit band is wide against clustered angles
         assert screen_state.fallbacks == 0
+    index.close()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("metric", ["l2", "ip", "cosine"])
+@pytest.mark.parametrize("kind", ["normal", "stored_by_cluster", "near_ties", "far"])
+def test_hopper_threshold_mode_is_exact(dtype, metric, kind, rng, screen):
+    """The Hopper screen's threshold mode (one or two bounds per tile of a sample of whole tiles, k = 1 and 10):
+    60,000 rows give the sample enough tiles; rows stored cluster by cluster (the tiles' interleave), pairs one
+    float32 step apart, rows far from the origin (a loose bound: handed back, counted); answers exact."""
+    if screen != "wgmma":
+        pytest.skip("the threshold mode of the Hopper screen")
+    n, dim = 60000, 40
+    if kind == "stored_by_cluster":
+        from tinyknn.spec import numpy_dtype
+
+        db = stored_by_cluster(rng, n, dim, "uint8" if dtype in ("int8", "uint8") else "float32")
+        db = (db.astype(np.int16) - 128).astype(np.int8) if dtype == "int8" else db.astype(numpy_dtype(dtype))
+    elif kind == "far":
+        db = data(rng, "normal", n, dim, dtype)
+        if dtype not in ("int8", "uint8"):
+            db = (db.astype(np.float32) + 300.0).astype(db.dtype)
+    else:
+        db = data(rng, kind, n, dim, dtype)
+    queries = near_rows(rng, db, 130, dtype)
+    index = searcher_index(db, metric, dtype, ids=rng.permutation(n))
+    check_screen_used(index, screen)
+    ids_of_rows = index._searcher.export()[1]
+    for k in (1, 10):
+        d, i = index._searcher.search(queries, k)
+        assert_exact(d, i, db, queries, k, metric, dtype, id_map=ids_of_rows)
+    state = index._searcher._screen
+    assert state.hopper_thresholds == 2 and state.queries == 2 * len(queries)
+    if kind == "normal":
+        assert state.fallbacks == 0
     index.close()
 
 
@@ -183,9 +224,7 @@ def test_long_rows_and_several_query_tiles_are_exact(metric, dtype, rng, screen)
     conversion (uint8 stride 304: 65025 x 304 >= 2^24); 600 queries: several query tiles and a partial one."""
     n, dim = 30000, 300
     db = data(rng, "clustered", n, dim, dtype)
-    queries = db[rng.choice(n, 600)].astype(np.float32)
-    if dtype not in ("int8", "uint8"):
-        queries = queries + rng.standard_normal(queries.shape).astype(np.float32) * 0.1
+    queries = near_rows(rng, db, 600, dtype)
     index = searcher_index(db, metric, dtype)
     check_screen_used(index, screen)
     for k in KS:

@@ -76,13 +76,26 @@ def test_tensor_map_arguments():
     from tinyknn.gpu.tensor_map import tensor_map_args
 
     args = tensor_map_args(0x7f0000000100, 1000, 1536, 2, 128)
-    assert args.dims == (768, 1000) and args.row_pitch == 1536 and args.box == (64, 128)
+    assert args.dims == (768, 1000) and args.pitches == (1536,) and args.box == (64, 128)
     assert tensor_map_args(0x1000, 10, 144, 1, 256).box == (128, 256)
     for bad, match in [((0x1008, 10, 144, 1, 256), "16-byte"), ((0x1000, 10, 136, 2, 128), "16-byte"),
                        ((0x1000, 0, 144, 2, 128), "rows"), ((0x1000, 10, 144, 2, 512), "box"),
                        ((0x1000, 10, 144, 4, 128), "1- or 2-byte")]:
         with pytest.raises(ValueError, match=match):
             tensor_map_args(*bad)
+
+
+
+def test_sample_map_arguments():
+    """Tile t's row j is row (t + j tiles) step: pitches step rows and tiles x step rows."""
+    from tinyknn.gpu.tensor_map import sample_map_args
+
+    args = sample_map_args(0x1000, 100, 16, 144, 1, 256)
+    assert args.dims == (144, 100, 256) and args.pitches == (16 * 144, 100 * 16 * 144) and args.box == (128, 1, 256)
+    with pytest.raises(ValueError, match="out of the screen's range"):
+        sample_map_args(0x1000, 1 << 20, 16, 144, 1, 256)
+    with pytest.raises(ValueError, match="16-byte"):
+        sample_map_args(0x1008, 10, 16, 144, 1, 256)
 
 
 def test_row_terms_are_padded_to_whole_tiles():

@@ -234,19 +234,21 @@ def test_screen_keeps_every_row_within_the_threshold(gpu_screens, elem, metric):
 
 
 def test_the_threshold_sample_keeps_large_k_survivors_within_capacity():
-    """k x step (the survivors the sample's threshold lets through, before the bound's band) stays within a
-    quarter of the capacity: k = 100 on 1M rows samples every 8th row, not every 64th."""
+    """k x step (the survivors the sample's threshold lets through, before the bound's band) stays within
+    half the capacity; every 16th row from 320,000 rows a neighbour, every 8th below."""
     pytest.importorskip("cuda.bindings")
     from tinyknn.gpu import screen
     from tinyknn.jit import render_screen
 
-    for n, default in ((20_000, 16), (2_000_000, 64)):
+    for n in (20_000, 2_000_000, 10_000_000):
         for k in (1, 10, 32, 100, 128):
+            default = 16 if n >= screen.SAMPLE_DENSE_BELOW * k else 8
             step = screen.sample_step(n, k)
             assert 1 <= step <= default and (step & (step - 1)) == 0
             assert k * step * screen.SURVIVOR_HEADROOM <= render_screen.SURVIVOR_CAPACITY
             assert step == default or k * 2 * step * screen.SURVIVOR_HEADROOM > render_screen.SURVIVOR_CAPACITY
-    assert screen.sample_step(2_000_000, 100) == 16 and screen.sample_step(2_000_000, 10) == 64
+    assert [screen.sample_step(n, k) for n, k in ((10_000_000, 10), (10_000_000, 100), (1_000_000, 10),
+                                                 (100_000, 10), (2_000_000, 128))] == [16, 8, 8, 8, 8]
 
 
 # ---- fewer bounds per tile (render_screen.threshold_keep), on a NumPy model of the threshold step ------

@@ -11,7 +11,7 @@ METRICS = ("l2", "ip", "cosine")
 DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8")
 VARIANTS = ("norms", "scan", "single", "tiled", "verify", "band", "rows", "range", "select", "scatter", "segment_sort",
             "screen", "screen_queries", "screen_rows", "threshold", "survivors", "range_survivors", "screen_hopper",
-            "screen_tiles")
+            "screen_tiles", "screen_sample")
 MAX_K = 2048
 MAX_DIM = 65536
 

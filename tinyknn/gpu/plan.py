@@ -83,10 +83,12 @@ ARGUMENTS = {
     #                    status)
     "screen_rows": (_P, _I, _L, _L, _I, _P, _I, _I, _P, _P, _P, _P),
     # screen_hopper_kernel(tmap_q, tmap_x, n_rows, sq_norms, tile_rmax, n_queries, row_bytes, thresholds, err_scale,
-    #                      err_offset, counts, survivors, capacity)
-    "screen_hopper": (TensorMapArg, TensorMapArg, _I, _P, _P, _I, _I, _P, _P, _P, _P, _P, _I),
+    #                      err_offset, counts, survivors, capacity, out_upper)
+    "screen_hopper": (TensorMapArg, TensorMapArg, _I, _P, _P, _I, _I, _P, _P, _P, _P, _P, _I, _P),
     # tile_rmax_kernel(r_x, n_rows, first_tile, last_tile, tile_rmax)
     "screen_tiles": (_P, _L, _L, _L, _P),
+    # sample_terms_kernel(sq_hi, r_x, step, n_tiles, sample_sq, sample_rmax)
+    "screen_sample": (_P, _P, _L, _I, _P, _P),
     # threshold_kernel(upper, per_query, threshold)
     "threshold": (_P, _I, _P),
     # verify_survivors_kernel(survivors, counts, ids, data, queries, row_stride, dim, out_distances, out_ids, status)

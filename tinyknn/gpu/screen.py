@@ -9,7 +9,8 @@ their norms, the query divided by its own):
 1. the queries are rounded to the screen's element type, with the error terms of its rigorous bound;
 2. the threshold mode runs over a strided sample of rows, each row tile keeping its KT smallest upper bounds
    of each query's key (render_screen.threshold_keep): the k-th smallest of them, bounds of k distinct rows,
-   is an upper bound of the query's true k-th key, T;
+   is an upper bound of the query's true k-th key, T (on compute capability 9.0, where step 3 is the Hopper
+   screen and KT <= 2, the Hopper screen's threshold mode over whole tiles of the sample);
 3. the screen runs over every row on the tensor cores: a row survives a query when its lower bound is
    within T, so every row whose key is within T, the true k nearest among them, survives;
 4. the survivors get their float64 distances (exactness contract), sorted by (distance, id), k written.
@@ -34,7 +35,7 @@ from ..inputs.validate import check_values
 from ..jit import render, render_screen as rs
 from .memory import DeviceBuffer, Event, PinnedBuffer
 from .plan import TensorMapArg
-from .tensor_map import as_bytes, encode, tensor_map_args
+from .tensor_map import as_bytes, encode, sample_map_args, tensor_map_args
 
 SCREEN_MIN_QUERIES = 64         # smaller batches: the scan and tiled kernels (the screen's tiles hold 128)
 SCREEN_MAX_K = 128              # survivors grow with k (about k x sample_step)
@@ -46,6 +47,7 @@ WAVES = 8                       # screen grid: about this many waves of resident
 ROW_PAD = 256                   # row terms are allocated in whole multiples of this many rows: the Hopper
                                 # screen's bulk copies read a whole tile of |x|^2 (BN <= 256)
 STAGES = ("queries", "threshold", "screen", "verify")   # what `timings` records, in order
+SAMPLE_DENSE_BELOW = 320_000    # rows a neighbour under which the sample takes every 8th row (sample_step)
 SURVIVOR_HEADROOM = 2           # the sample keeps k x step (the survivors within T, before the bound's band)
                                 # at most 1/2 of the survivor capacity: 10M x 128 uint8, k = 100, 2,048 queries
                                 # at step 8 (1/4) had 803 survivors on average, 1,078 at most (H200), so
@@ -79,10 +81,12 @@ def padded_rows(n: int) -> int:
 
 def sample_step(n_rows: int, k: int) -> int:
     """Rows between the threshold mode's samples: survivors grow with it (about k x step), the threshold
-    pass's cost shrinks (H200 probe: 100k x 128 at 16, 1M x 768 at 64). Large k samples more densely so
-    that its survivors fit: 1M x 768 at k = 100 and step 64 (~6,400 survivors) overflowed the 4,096; step 16
-    there keeps about 1,600."""
-    step = 16 if n_rows < 1_000_000 else 64
+    pass's cost shrinks. H200, with the Hopper threshold mode (bench/NOTES_HOPPER.md): every 16th row is best
+    at a million rows a neighbour (10M x 128 uint8, k = 10: 10.0 ms, 11.0 at 64), every 8th at 10^5 (10M,
+    k = 100: 13.1 ms, 15.6 at 16; 1M x 768 float32, k = 10, 1,000 queries: 3.48 ms, 4.54 at 64) and about
+    every 8th at 10^4 (1M x 768, k = 100; 100k x 128, k = 10). Large k samples more densely so that its
+    survivors fit the capacity."""
+    step = 16 if n_rows >= SAMPLE_DENSE_BELOW * k else 8
     while step > 1 and k * step * SURVIVOR_HEADROOM > rs.SURVIVOR_CAPACITY:
         step //= 2
     return step
@@ -99,6 +103,7 @@ class Screen:
         self.queries = 0            # queries the screen answered or handed back
         self.range_fallbacks = 0    # range search: queries range_kernel answered (memory refused, overflowed again)
         self.range_queries = 0      # range search: queries screened (answered or handed back)
+        self.hopper_thresholds = 0  # batches whose threshold step ran the Hopper threshold mode
         self.range_rescreens = 0    # range search: queries whose survivors overflowed the capacity, to be screened
                                     # again with room for all (once each; refused memory: range_fallbacks too)
         element = rs.element_of(searcher.metric, searcher.dtype)
@@ -192,11 +197,12 @@ class Screen:
         nq, n, stream = len(queries), s._n, s._stream
         step = sample_step(n, k)
         n_sample = -(-n // step)
-        sample_tiles = -(-n_sample // rs.SCREEN_BN)
-        kept = rs.threshold_keep(k, sample_tiles)
-        self._allocate(nq, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4)
-        ptr = s._pointer
         hopper = self._hopper_for(nq)
+        on_hopper, sample_tiles, kept = self._threshold_shape(n_sample, k, hopper)
+        sample = {"screen_sample_sq": sample_tiles * self.tile_rows * 4, "screen_sample_rmax": sample_tiles * 4}
+        self._allocate(nq, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4,
+                       **(sample if on_hopper else {}))
+        ptr = s._pointer
         marks = self._marks()
         self._upload(queries)
         marks.record(s._stream)
@@ -204,7 +210,11 @@ class Screen:
         marks.record(stream)
         rows = self._screened_rows()
         # 2. threshold mode over the sample (KT bounds per tile), then each query's k-th upper bound of them
-        self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"), sample_tiles)
+        if on_hopper:
+            self._threshold_hopper(rows, nq, sample_tiles, step, kept)
+        else:
+            self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"),
+                         sample_tiles)
         s._kernel(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch)).prepare(
             ptr("screen_upper"), sample_tiles * kept, ptr("screen_t")).launch(nq, 256, 0, stream)
         marks.record(stream)
@@ -266,6 +276,37 @@ class Screen:
         n = self.searcher._n
         return self.hopper and n < (1 << 31) - 256 and (self.forced or hopper_pays(nq, n))
 
+    def _threshold_shape(self, n_sample: int, k: int, hopper: bool) -> tuple[bool, int, int]:
+        """(on the Hopper screen, sample tiles, bounds kept per tile) of step 2. The Hopper threshold mode reads
+        whole tiles only (the sample's last n_sample mod BN rows are left out: a smaller sample is still a
+        sample) and keeps at most HOPPER_MAX_KEEP bounds a tile; elsewhere mma.sync's threshold mode."""
+        if hopper:
+            tiles = n_sample // self.tile_rows
+            kept = rs.threshold_keep(k, tiles) if tiles else 0
+            if 1 <= kept <= rs.HOPPER_MAX_KEEP:
+                return True, tiles, kept
+        tiles = -(-n_sample // rs.SCREEN_BN)
+        return False, tiles, rs.threshold_keep(k, tiles)
+
+    def _threshold_hopper(self, rows: int, nq: int, tiles: int, step: int, kept: int) -> None:
+        """Step 2 on sm_90a: the sample's terms in tile order, then the Hopper screen's threshold mode."""
+        s = self.searcher
+        self.hopper_thresholds += 1
+        ptr, bn = s._pointer, self.tile_rows
+        s._kernel(rs.sample_spec(bn, s._arch)).prepare(
+            ptr("screen_sq_hi"), ptr("screen_rx"), step, tiles, ptr("screen_sample_sq"),
+            ptr("screen_sample_rmax")).launch(math.ceil(tiles / 8), 256, 0, s._stream)
+        loaded = s._kernel(rs.hopper_spec(s.metric, s.dtype, self.stride, s._arch, keep=kept))
+        tile_q = 128 * self.hopper_spec.param("mw")
+        sample_map = self._tensor_map("sample", (rows, tiles, step, bn), lambda: sample_map_args(
+            rows, tiles, step, self.row_bytes, self.element_bytes, bn))
+        query_map = self._query_map(nq, tile_q)
+        launch = loaded.prepare(query_map, sample_map, tiles * bn,
+                                ptr("screen_sample_sq") if s.metric == "l2" else 0, ptr("screen_sample_rmax"), nq,
+                                self.row_bytes, 0, ptr("screen_e"), ptr("screen_f"), 0, 0, 0, ptr("screen_upper"))
+        launch.launch(max(1, min(-(-nq // tile_q) * tiles, s._sm_count)), loaded.threads, loaded.shared_bytes,
+                      s._stream)
+
     def _screened_rows(self) -> int:
         s = self.searcher
         return s._pointer("screen_shadow") if self.shadow else s._pointer("data")
@@ -316,14 +357,19 @@ class Screen:
     def _marks(self) -> "StageMarks":
         return StageMarks(self.timings is not None)
 
-    def _tensor_map(self, name: str, address: int, rows: int, box_rows: int) -> TensorMapArg:
-        """The kept map of `name`, encoded again when what it maps (address, rows, box) changed."""
-        what = (address, rows, box_rows)
+    def _tensor_map(self, name: str, what: tuple, make_args) -> TensorMapArg:
+        """The kept map of `name`, encoded again (from make_args()) when what it maps changed."""
         kept = self._maps.get(name)
         if kept is None or kept[0] != what:
-            args = tensor_map_args(address, rows, self.row_bytes, self.element_bytes, box_rows)
-            kept = self._maps[name] = (what, TensorMapArg.from_buffer_copy(as_bytes(encode(args))))
+            kept = self._maps[name] = (what, TensorMapArg.from_buffer_copy(as_bytes(encode(make_args()))))
         return kept[1]
+
+    def _rows_map(self, name: str, address: int, rows: int, box_rows: int) -> TensorMapArg:
+        return self._tensor_map(name, (address, rows, box_rows), lambda: tensor_map_args(
+            address, rows, self.row_bytes, self.element_bytes, box_rows))
+
+    def _query_map(self, nq: int, tile_q: int) -> TensorMapArg:
+        return self._rows_map("queries", self.searcher._pointer("screen_q"), nq, tile_q)
 
     def _screen_hopper(self, rows: int, n_rows: int, nq: int, capacity: int) -> None:
         """Step 3 on sm_90a: the persistent Hopper screen, one CTA per SM."""
@@ -332,12 +378,12 @@ class Screen:
         loaded = s._kernel(spec)
         bn, tile_q = spec.param("bn"), 128 * spec.param("mw")
         ptr = s._pointer
-        row_map = self._tensor_map("rows", rows, n_rows, bn)
-        query_map = self._tensor_map("queries", ptr("screen_q"), nq, tile_q)
+        row_map = self._rows_map("rows", rows, n_rows, bn)
+        query_map = self._query_map(nq, tile_q)
         tiles = -(-nq // tile_q) * -(-n_rows // bn)
         launch = loaded.prepare(query_map, row_map, n_rows, ptr("screen_sq_lo") if s.metric == "l2" else 0,
                                 ptr("screen_tile_rmax"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
-                                ptr("screen_f"), ptr("screen_counts"), ptr("screen_survivors"), capacity)
+                                ptr("screen_f"), ptr("screen_counts"), ptr("screen_survivors"), capacity, 0)
         launch.launch(max(1, min(tiles, s._sm_count)), loaded.threads, loaded.shared_bytes, s._stream)
 
     def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, nq: int,

@@ -55,7 +55,7 @@ from ..spec import KernelSpec, parse_arch, parse_dim, parse_dtype, parse_k, pars
 from . import render_screen
 
 _SCREEN_VARIANTS = ("screen", "screen_queries", "screen_rows", "threshold", "survivors", "range_survivors",
-                    "screen_hopper", "screen_tiles")
+                    "screen_hopper", "screen_tiles", "screen_sample")
 
 ENTRY_HEADER = "search.cuh"
 OPTIONS = ("-std=c++17",)
@@ -470,7 +470,10 @@ def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpe
         return []
     stride = row_layout(dim, render_screen.element_of(metric, dtype))[1]
     main = render_screen.hopper_spec(metric, dtype, stride, arch)
-    return [main, render_screen.tiles_spec(main.param("bn"), arch)]
+    bn = main.param("bn")
+    return [main, render_screen.tiles_spec(bn, arch),
+            render_screen.hopper_spec(metric, dtype, stride, arch, keep=render_screen.HOPPER_MAX_KEEP),
+            render_screen.sample_spec(bn, arch)]
 
 
 __all__ = [

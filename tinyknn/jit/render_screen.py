@@ -10,7 +10,8 @@ kernels/screen_steps.cuh); render.name_expression hands these variants here. Pur
 - "survivors":      the survivors verified in float64 (the exactness contract), the k best written.
 - "range_survivors": a range search's survivors verified in float64, the hits into range search's pool.
 - "screen_hopper":  screen_hopper_kernel (kernels/screen_hopper.cuh): the screen mode on sm_90a (wgmma fed by
-                    TMA), compiled only for sm_90a; "screen_tiles": its per-tile bound of r_x (tile_rmax).
+                    TMA), compiled only for sm_90a, and (kt > 0) its threshold mode; "screen_tiles": its per-tile
+                    bound of r_x (tile_rmax); "screen_sample": the threshold mode's sample terms.
 """
 
 from __future__ import annotations
@@ -96,10 +97,10 @@ HOPPER_ARCH = "sm_90a"
 HOPPER_DEVICE_ARCHES = ("sm_90", "sm_90a")      # compute capability 9.0 runs sm_90a code
 HOPPER_STAGES, HOPPER_KB, HOPPER_SCALAR_SLOTS = 4, 128, 8
 HOPPER_EPI_GROUP = 0            # probes only: hopper_spec's epi_group (0: the kernel's own choice)
-HOPPER_EPI_SKIP = False         # probes only, not yet measured: hopper_spec's epi_skip
 HOPPER_THREADS = 384
 HOPPER_ENTRY = "screen_hopper.cuh"
-_HOPPER_VARIANTS = ("screen_hopper", "screen_tiles")
+_HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
+HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds per (query, tile); more: mma.sync's
 _DOT_LIMIT = 1 << 24            # float32 holds every integer below this exactly
 _LARGEST_PRODUCT = {"uint8": 255 * 255, "int8": 128 * 128}
 
@@ -144,25 +145,29 @@ def _hopper_arch_of(arch: str) -> str:
 
 
 def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int | None = None,
-                epi_skip: bool | None = None) -> KernelSpec:
+                keep: int = 0) -> KernelSpec:
     """The Hopper screen of a `dtype` index whose screened rows hold `stride` elements, for a device of `arch`
     (sm_90 or sm_90a; the spec's arch is sm_90a). The stride only decides the 8-bit conversion (exact or not).
     epi_group (default HOPPER_EPI_GROUP; 0: the kernel's choice): chunks of 8 rows the epilogue tests before one
-    branch (screen_hopper.cuh, EG); epi_skip (default HOPPER_EPI_SKIP): that branch appends from the chunks that
-    have a survivor only (ES)."""
+    branch (screen_hopper.cuh, EG). keep 1 or 2: its threshold mode keeping that many bounds per (query, tile)."""
     element = element_of(metric, dtype)
     epi_group = HOPPER_EPI_GROUP if epi_group is None else epi_group
-    epi_skip = HOPPER_EPI_SKIP if epi_skip is None else epi_skip
     bn, mw = hopper_tile(element)
+    if not 0 <= keep <= HOPPER_MAX_KEEP:
+        raise ValueError(f"the Hopper threshold mode keeps 1 to {HOPPER_MAX_KEEP} bounds per tile; got {keep}")
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
-              "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}),
-              **({"es": 1} if epi_skip else {})}
+              "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}), **({"kt": keep} if keep else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
 def tiles_spec(bn: int, arch: str) -> KernelSpec:
     """tile_rmax_kernel: the largest r_x of each tile of `bn` rows (the Hopper screen's per-tile bound)."""
     return KernelSpec("l2", "float32", 1, 0, "screen_tiles", _hopper_arch_of(arch), (("bn", bn),))
+
+
+def sample_spec(bn: int, arch: str) -> KernelSpec:
+    """sample_terms_kernel: the Hopper threshold mode's sample of tiles of `bn` rows (|x|^2, largest r_x)."""
+    return KernelSpec("l2", "float32", 1, 0, "screen_sample", _hopper_arch_of(arch), (("bn", bn),))
 
 
 def entry_header(spec: KernelSpec) -> str | None:
@@ -174,12 +179,14 @@ def name_expression(spec: KernelSpec) -> str:
     p = spec.param
     if spec.variant == "screen_tiles":
         return f"tinyknn::tile_rmax_kernel<{p('bn')}>"
+    if spec.variant == "screen_sample":
+        return f"tinyknn::sample_terms_kernel<{p('bn')}>"
     element = SCREEN_ELEMENTS[element_of(spec.metric, spec.dtype)]
     if spec.variant == "screen_hopper":
         flag = lambda v: "true" if v else "false"   # noqa: E731
         args = [element, flag(spec.metric != "l2"), flag(p("exact")), p("bn"), p("mw"), p("stages"), p("smem")]
-        if p("eg", 0) or p("es", 0):                                      # EG, ES: the probes' epilogues
-            args += [p("eg", 0), flag(p("es", 0))]
+        if p("eg", 0) or p("kt", 0):                  # EG: the probes' epilogues; KT: the threshold mode
+            args += [p("eg", 0), p("kt", 0)]
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         flag = lambda v: "true" if v else "false"   # noqa: E731
