@@ -49,7 +49,7 @@ def warmed(tmp_path_factory):
 
 
 @pytest.mark.nvrtc
-def test_warm_compiles_every_variant_for_each_arch(warmed):
+def test_warm_compiles_every_variant_for_each_arch(warmed, spill_free_nvrtc):
     from tinyknn.jit.render import specs_for_search
 
     cache_dir, summary = warmed

@@ -77,7 +77,7 @@ def kernel_cache():
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_manifest_kernels_need_no_local_memory(arch, kernel_cache):
+def test_manifest_kernels_need_no_local_memory(arch, kernel_cache, spill_free_nvrtc):
     specs = _specs(arch)
     assert len(specs) > 200            # the manifest is the full default one
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))

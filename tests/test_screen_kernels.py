@@ -39,7 +39,7 @@ def _configs():
 
 @pytest.mark.nvrtc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_screen_kernels_need_no_local_memory(arch):
+def test_screen_kernels_need_no_local_memory(arch, spill_free_nvrtc):
     configs = _configs()
     cubins = ts.compile_screens(configs, arch)
     for config in configs:

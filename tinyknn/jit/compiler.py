@@ -78,6 +78,10 @@ def _check(result, call: str):
     return values[0] if len(values) == 1 else tuple(values)
 
 
+SPILL_FREE_NVRTC = (13, 1)      # every kernel compiles without local memory from this NVRTC on (13.0.48 and
+                                # 13.0.88 spill 8 bytes in four sm_80 kernels; 13.1-13.5 none): the cuda extra's floor
+
+
 @functools.lru_cache(maxsize=1)
 def nvrtc_version() -> tuple[int, int]:
     """(major, minor) of the NVRTC library this process loads (loading it costs ~50-100 ms)."""
