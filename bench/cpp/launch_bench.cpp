@@ -8,8 +8,10 @@
 #include <cuda.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace {
 
@@ -150,6 +152,37 @@ int lb_replay(const lb_op* ops, int n_ops, int reps, double* out_total_ns, doubl
         out_issue_ns[r] = total - sync_ns;
     }
     return 0;
+}
+
+// A prepared one-query search as one native call (a probe of what Python could get by handing a repeated
+// search to native code): the query copied into the pinned stage, the search's graph launched, the query's
+// values checked while it runs (|x| <= max_abs, NaN failing the test: tinyknn's check_values), the wait,
+// the results copied from the pinned staging into the caller's arrays. Returns a CUresult, -1 where a value
+// is refused (nothing written), -2 where the search could not prove its answer (the caller's slow path).
+struct lb_search {
+    CUgraphExec graph;
+    CUstream stream;
+    float* stage;            // pinned, dim floats (the graph copies it to the device)
+    const float* distances;  // pinned staging the graph writes: k floats, k int64 ids, one int32 status
+    const long long* ids;
+    const int* status;
+    int dim;
+    int k;
+    float max_abs;
+};
+
+int lb_search_one(const lb_search* s, const float* query, float* out_distances, long long* out_ids) {
+    std::memcpy(s->stage, query, sizeof(float) * s->dim);
+    CUresult err = cuGraphLaunch(s->graph, s->stream);
+    if (err != CUDA_SUCCESS) return static_cast<int>(err);
+    bool good = true;
+    for (int i = 0; i < s->dim; ++i) good &= std::fabs(query[i]) <= s->max_abs;
+    err = cuStreamSynchronize(s->stream);
+    if (err != CUDA_SUCCESS) return static_cast<int>(err);
+    if (!good) return -1;
+    std::memcpy(out_distances, s->distances, sizeof(float) * s->k);
+    std::memcpy(out_ids, s->ids, sizeof(long long) * s->k);
+    return s->status[0] ? -2 : 0;
 }
 
 }  // extern "C"

@@ -32,6 +32,12 @@ class LbOp(ctypes.Structure):
                 ("event", ctypes.c_void_p)]
 
 
+class LbSearch(ctypes.Structure):
+    _fields_ = [("graph", ctypes.c_void_p), ("stream", ctypes.c_void_p), ("stage", ctypes.c_void_p),
+                ("distances", ctypes.c_void_p), ("ids", ctypes.c_void_p), ("status", ctypes.c_void_p),
+                ("dim", ctypes.c_int), ("k", ctypes.c_int), ("max_abs", ctypes.c_float)]
+
+
 def build(out_dir: Path) -> Path:
     """Compile liblaunch_bench.so into out_dir with build.sh; raises with the compiler's output."""
     done = subprocess.run(["bash", str(HERE / "build.sh"), str(out_dir)], capture_output=True, text=True)
@@ -66,6 +72,8 @@ class CppLauncher:
         lib.lb_sustained.argtypes = [ctypes.POINTER(LbLaunch), ctypes.c_longlong, ctypes.POINTER(ctypes.c_double)]
         lib.lb_graph_bursts.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                         ctypes.POINTER(ctypes.c_double)]
+        lib.lb_search_one.argtypes = [ctypes.POINTER(LbSearch)] + [ctypes.c_void_p] * 3
+        lib.lb_search_one.restype = ctypes.c_int
         lib.lb_replay.argtypes = [ctypes.POINTER(LbOp), ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double),
                                   ctypes.POINTER(ctypes.c_double)]
 

@@ -16,7 +16,7 @@ import numpy as np
 from tinyknn.gpu import launcher, memory
 
 import _common
-from launch_bench import KINDS, LbOp, make_launch
+from launch_bench import KINDS, LbOp, LbSearch, make_launch
 
 _DEVICE_WORK = {"h2d", "d2h", "launch", "graph", "memset", "d2d"}
 
@@ -269,7 +269,8 @@ def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
     targets = np.empty((len(queries), k), np.float32), np.empty((len(queries), k), np.int64)
     out["tinyknn_prepared_out"] = _common.summary_us(_common.time_calls(lambda: prepared(queries, out=targets), reps, 5))
     prepared.close()
-    modes = {**modes, "tinyknn_prepared_out": True}
+    out["native_one_call_probe"] = native_one_call(index, queries, k, cpp, reps)
+    modes = {**modes, "tinyknn_prepared_out": True, "native_one_call_probe": True}
     for name, key in (("cpp_one_by_one", "one_by_one"), ("cpp_replaying_tinyknn_calls", "default")):
         ops, appended = _with_sync(trace[key])
         array = to_ops(ops)
@@ -279,9 +280,42 @@ def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
                      "issue_only": _common.summary_us(issue), "sync_appended": appended}
     floor = out["cpp_one_by_one"]["total"]["median_us"]
     for name in modes:
-        if name in out:
+        if "median_us" in out.get(name, {}):
             out[name]["ratio_to_cpp_one_by_one"] = out[name]["median_us"] / floor
             out[name]["minus_cpp_one_by_one_us"] = out[name]["median_us"] - floor
             out[name]["ratio_to_cpp_replaying_graph"] = \
                 out[name]["median_us"] / out["cpp_replaying_tinyknn_calls"]["total"]["median_us"]
     return out
+
+
+def native_one_call(index, queries, k: int, cpp, reps: int) -> dict:
+    """A probe, not the library's path: a prepared one-query search handed whole to native code
+    (lb_search_one: the query into the pinned stage, the search's graph, its values checked while it runs,
+    the wait, the results into the caller's arrays), called from Python with the three arrays' addresses.
+    What a search costs when Python's share is one ctypes call; its answers must equal Index.search's."""
+    from tinyknn.inputs.validate import MAX_ABS_VALUE
+
+    searcher = index._searcher
+    token = searcher.prepare_search(len(queries), k)
+    for _ in range(3):                                   # bound to the token, its graph captured
+        searcher.search(queries, k, prepared=token)
+    batch = token.batch
+    if len(queries) != 1 or batch is None or batch.graph is None or not batch.direct:
+        return {"skipped": "one query whose batch has a graph and writes its results into the pinned staging"}
+    record = LbSearch(int(batch.graph.handle), int(searcher._stream.handle), batch.stage.ctypes.data,
+                      batch.distances.ctypes.data, batch.ids.ctypes.data, batch.status.ctypes.data, index.dim, k,
+                      MAX_ABS_VALUE)
+    distances, ids = np.empty((1, k), np.float32), np.empty((1, k), np.int64)
+    search_one, pointer = cpp.cdll.lb_search_one, ctypes.byref(record)
+
+    def call():
+        code = search_one(pointer, queries.ctypes.data, distances.ctypes.data, ids.ctypes.data)
+        if code:
+            raise RuntimeError(f"lb_search_one returned {code}")
+
+    summary = _common.summary_us(_common.time_calls(call, reps, 5))
+    expected = index.search(queries, k)
+    call()
+    summary["answers_equal_index_search"] = bool(np.array_equal(distances.view(np.int32), expected[0].view(np.int32))
+                                                 and np.array_equal(ids, expected[1]))
+    return summary
