@@ -98,8 +98,6 @@ TINYKNN_D void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "mem
 TINYKNN_D void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
 TINYKNN_D void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-TINYKNN_D void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
-TINYKNN_D void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
 template <int R> TINYKNN_D void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R)); }
 template <int R> TINYKNN_D void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R)); }
 
@@ -267,10 +265,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) 
 // bytes x (128 MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
-// PP (probes): the two consumer warpgroups take turns at the tensor cores, tile by tile (named barriers 1 and
-// 2 pass the turn once a warpgroup's products are done), so that one's epilogue runs while the other's
-// products do; without it both issue their products at once and then both run their epilogues.
-template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0, bool PP = false>
+template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0>
 __global__ void __launch_bounds__(384, 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -409,11 +404,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
 
       // ---- k loop ----
       int pos = i * k_blocks;
-      if (PP && (c == 1 || i > 0)) named_sync(1 + c, 256);          // my turn: the other's products are done
       products(acc, pos);
       wgmma_wait<0>();
-      if (PP && (c == 0 || t + gridDim.x < total)) named_arrive(2 - c, 256);   // the other's turn (none after
-      release((pos - 1) % STAGES);                                             // the last tile)
+      release((pos - 1) % STAGES);
 #pragma unroll
       for (int m = 0; m < MW; ++m)
 #pragma unroll

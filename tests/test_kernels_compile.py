@@ -107,8 +107,6 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache):
     grouped = [render_screen.hopper_spec(metric, dtype, stride, "sm_90a", epi_group=group)
                for metric, dtype, stride in HOPPER[2:] for group in (1, 8)]
     assert {s.param("eg") for s in grouped} == {1, 8}                  # the probes' epilogues
-    grouped += [render_screen.hopper_spec(metric, dtype, stride, "sm_90a", keep=keep, pingpong=True)
-                for metric, dtype, stride in HOPPER[2:] for keep in (0, 2)]   # the probes' turn-taking consumers
     specs += grouped
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]

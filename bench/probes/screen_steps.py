@@ -4,9 +4,8 @@ for the threshold step's kept bounds per tile (KT) and sample step as knobs. By 
 (random normal), k = 10, 100 and 1,000 queries; `--dtype uint8` takes SIFT-like rows (bench/datasets.py) and
 `--ks 10,100 --queries 2048` the shapes whose k = 100 costs more than k = 10 (10M x 128 uint8 on the H200).
 `--epi-groups 1,2,4` times the Hopper screen with its epilogue testing that many chunks of 8 rows before each
-branch (render_screen.HOPPER_EPI_GROUP; 0: the kernel's own), `--pingpong 0,1` with its consumer warpgroups
-taking turns at the tensor cores (HOPPER_PINGPONG), a fresh index each, and checks that every setting gives
-the same answers (ids and distance bits) on every shape.
+branch (render_screen.HOPPER_EPI_GROUP; 0: the kernel's own), a fresh index each, and checks that every setting
+gives the same answers (ids and distance bits) on every shape.
 
     PYTHONPATH=$PWD python3 bench/probes/screen_steps.py --out $OUT/screen_steps.json
     PYTHONPATH=$PWD python3 bench/probes/screen_steps.py --n 10000000 --dtype uint8 --ks 10,100 \
@@ -57,17 +56,13 @@ def main() -> None:
     parser.add_argument("--epi-groups", type=numbers, default=[0],
                         help="chunks of 8 rows the Hopper epilogue tests per branch (0: the kernel's choice); "
                              "a fresh index each")
-    parser.add_argument("--pingpong", type=numbers, default=[0],
-                        help="1: the Hopper screen's consumer warpgroups take turns at the tensor cores; a fresh "
-                             "index each")
     args = parser.parse_args()
     db, queries = data(args)
     rows, answers, differ = [], {}, []
     for group in args.epi_groups:
-        for pingpong in args.pingpong:
-            render_screen.HOPPER_EPI_GROUP, render_screen.HOPPER_PINGPONG = group or 0, bool(pingpong)
-            rows += measure(args, db, queries, answers, differ)
-    render_screen.HOPPER_EPI_GROUP, render_screen.HOPPER_PINGPONG = 0, False
+        render_screen.HOPPER_EPI_GROUP = group or 0
+        rows += measure(args, db, queries, answers, differ)
+    render_screen.HOPPER_EPI_GROUP = 0
     if args.out:
         args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows, "differ": differ}, indent=1))
     if differ:
@@ -108,7 +103,6 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                         index._searcher._buffers["screen_counts"].copy_to_host(counts, nq * 4)
                         row = {"dtype": args.dtype, "n": args.n, "k": k, "queries": nq,
                                "epi_group": render_screen.HOPPER_EPI_GROUP,
-                               "pingpong": render_screen.HOPPER_PINGPONG,
                                "hopper": bool(screen.hopper), "hopper_spec": str(getattr(screen, "hopper_spec", "")),
                                "keep": render_screen.THRESHOLD_KEEP, "step": step or original_step(args.n, k),
                                "median_ms": round(float(np.median(samples)) * 1e3, 4), "steps_ms": steps,

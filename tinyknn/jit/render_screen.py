@@ -97,7 +97,6 @@ HOPPER_ARCH = "sm_90a"
 HOPPER_DEVICE_ARCHES = ("sm_90", "sm_90a")      # compute capability 9.0 runs sm_90a code
 HOPPER_STAGES, HOPPER_KB, HOPPER_SCALAR_SLOTS = 4, 128, 8
 HOPPER_EPI_GROUP = 0            # probes only: hopper_spec's epi_group (0: the kernel's own choice)
-HOPPER_PINGPONG = False         # probes only: hopper_spec's pingpong (the consumers take turns at the tensor cores)
 HOPPER_THREADS = 384
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
@@ -146,21 +145,18 @@ def _hopper_arch_of(arch: str) -> str:
 
 
 def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int | None = None,
-                keep: int = 0, pingpong: bool | None = None) -> KernelSpec:
+                keep: int = 0) -> KernelSpec:
     """The Hopper screen of a `dtype` index whose screened rows hold `stride` elements, for a device of `arch`
     (sm_90 or sm_90a; the spec's arch is sm_90a). The stride only decides the 8-bit conversion (exact or not).
     epi_group (default HOPPER_EPI_GROUP; 0: the kernel's choice): chunks of 8 rows the epilogue tests before one
-    branch (screen_hopper.cuh, EG). keep 1 or 2: its threshold mode keeping that many bounds per (query, tile).
-    pingpong (default HOPPER_PINGPONG): the two consumer warpgroups take turns at the tensor cores (PP)."""
+    branch (screen_hopper.cuh, EG). keep 1 or 2: its threshold mode keeping that many bounds per (query, tile)."""
     element = element_of(metric, dtype)
     epi_group = HOPPER_EPI_GROUP if epi_group is None else epi_group
-    pingpong = HOPPER_PINGPONG if pingpong is None else pingpong
     bn, mw = hopper_tile(element)
     if not 0 <= keep <= HOPPER_MAX_KEEP:
         raise ValueError(f"the Hopper threshold mode keeps 1 to {HOPPER_MAX_KEEP} bounds per tile; got {keep}")
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
-              "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}), **({"kt": keep} if keep else {}),
-              **({"pp": 1} if pingpong else {})}
+              "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}), **({"kt": keep} if keep else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
@@ -189,8 +185,8 @@ def name_expression(spec: KernelSpec) -> str:
     if spec.variant == "screen_hopper":
         flag = lambda v: "true" if v else "false"   # noqa: E731
         args = [element, flag(spec.metric != "l2"), flag(p("exact")), p("bn"), p("mw"), p("stages"), p("smem")]
-        if p("eg", 0) or p("kt", 0) or p("pp", 0):     # EG, PP: the probes'; KT: the threshold mode
-            args += [p("eg", 0), p("kt", 0)] + ([flag(1)] if p("pp", 0) else [])
+        if p("eg", 0) or p("kt", 0):                  # EG: the probes' epilogues; KT: the threshold mode
+            args += [p("eg", 0), p("kt", 0)]
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         flag = lambda v: "true" if v else "false"   # noqa: E731
