@@ -190,6 +190,30 @@ def test_hopper_threshold_mode_is_exact(dtype, metric, kind, rng, screen):
     index.close()
 
 
+@pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("l2", "uint8"), ("cosine", "float32")])
+def test_hopper_threshold_beside_the_mma_screen_is_exact(metric, dtype, rng, monkeypatch):
+    """THRESHOLD_ON_HOPPER = "always": a batch too small for the Hopper screen (100 queries) still takes its
+    threshold from the Hopper threshold mode, its screen from mma.sync, both under the larger error count."""
+    from tinyknn.gpu import screen as screen_module
+    from tinyknn.gpu.device import current_device
+    from tinyknn.jit import render_screen
+
+    if render_screen.hopper_arch(current_device().arch) is None:
+        pytest.skip(f"the Hopper threshold mode needs compute capability 9.0; this device is {current_device().arch}")
+    monkeypatch.setattr(screen_module, "THRESHOLD_ON_HOPPER", "always")
+    n, dim = 60000, 40
+    db = data(rng, "clustered", n, dim, dtype)
+    queries = near_rows(rng, db, 100, dtype)
+    index = searcher_index(db, metric, dtype)
+    state = index._searcher._screen
+    assert state.hopper and not state._hopper_for(len(queries))
+    for k in (1, 10):
+        d, i = index._searcher.search(queries, k)
+        assert_exact(d, i, db, queries, k, metric, dtype)
+    assert state.hopper_thresholds == 2 and state.queries == 2 * len(queries)
+    index.close()
+
+
 def test_far_data_falls_back_and_stays_exact(rng, screen):
     """Rows far from the origin make the bound loose: survivors overflow, the other kernels answer."""
     db = (rng.standard_normal((20000, 72)) + 300.0).astype(np.float16)

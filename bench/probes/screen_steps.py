@@ -56,7 +56,11 @@ def main() -> None:
     parser.add_argument("--epi-groups", type=numbers, default=[0],
                         help="chunks of 8 rows the Hopper epilogue tests per branch (0: the kernel's choice); "
                              "a fresh index each")
+    parser.add_argument("--threshold-on-hopper", default="with-screen", choices=("with-screen", "always"),
+                        help="screen.THRESHOLD_ON_HOPPER: 'always' runs step 2 on the Hopper threshold mode "
+                             "whatever step 3 runs (compute capability 9.0)")
     args = parser.parse_args()
+    screen_module.THRESHOLD_ON_HOPPER = args.threshold_on_hopper
     db, queries = data(args)
     rows, answers, differ = [], {}, []
     for group in args.epi_groups:
@@ -104,6 +108,8 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                         row = {"dtype": args.dtype, "n": args.n, "k": k, "queries": nq,
                                "epi_group": render_screen.HOPPER_EPI_GROUP,
                                "hopper": bool(screen.hopper), "hopper_spec": str(getattr(screen, "hopper_spec", "")),
+                               "threshold_on_hopper": screen_module.THRESHOLD_ON_HOPPER,
+                               "hopper_thresholds_so_far": screen.hopper_thresholds,
                                "keep": render_screen.THRESHOLD_KEEP, "step": step or original_step(args.n, k),
                                "median_ms": round(float(np.median(samples)) * 1e3, 4), "steps_ms": steps,
                                "survivors_mean": float(counts.mean()), "survivors_max": int(counts.max()),

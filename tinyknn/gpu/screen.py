@@ -55,6 +55,8 @@ SURVIVOR_HEADROOM = 2           # the sample keeps k x step (the survivors withi
                                 # (16.4 of that search's 36.2 ms)
 
 
+THRESHOLD_ON_HOPPER = "with-screen"   # step 2 on the Hopper screen's threshold mode where step 3 runs the Hopper
+                                      # screen; "always" (probes): on compute capability 9.0 whatever step 3 runs
 HOPPER_MIN_QUERIES = 256          # auto: the Hopper screen only where it measured faster on the H200 (2026-12-01,
 HOPPER_MIN_PRODUCTS = 1 << 28     # bench/results/hopper_screen_check_...): 1M x 768 at 1,000 queries 5.12 against
                                   # 9.04 ms; slower at 1M x 768 x 100 (1.62 / 1.40) and 100k x 128 x 1,000 (0.67 / 0.59)
@@ -198,7 +200,8 @@ class Screen:
         step = sample_step(n, k)
         n_sample = -(-n // step)
         hopper = self._hopper_for(nq)
-        on_hopper, sample_tiles, kept = self._threshold_shape(n_sample, k, hopper)
+        on_hopper, sample_tiles, kept = self._threshold_shape(
+            n_sample, k, hopper or (THRESHOLD_ON_HOPPER == "always" and self._hopper_rows()))
         sample = {"screen_sample_sq": sample_tiles * self.tile_rows * 4, "screen_sample_rmax": sample_tiles * 4}
         self._allocate(nq, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4,
                        **(sample if on_hopper else {}))
@@ -206,7 +209,7 @@ class Screen:
         marks = self._marks()
         self._upload(queries)
         marks.record(s._stream)
-        self._round_queries(nq, hopper)
+        self._round_queries(nq, hopper or on_hopper)
         marks.record(stream)
         rows = self._screened_rows()
         # 2. threshold mode over the sample (KT bounds per tile), then each query's k-th upper bound of them
@@ -273,8 +276,11 @@ class Screen:
 
     def _hopper_for(self, nq: int) -> bool:
         """Whether step 3 of a batch of nq queries runs the Hopper screen."""
-        n = self.searcher._n
-        return self.hopper and n < (1 << 31) - 256 and (self.forced or hopper_pays(nq, n))
+        return self._hopper_rows() and (self.forced or hopper_pays(nq, self.searcher._n))
+
+    def _hopper_rows(self) -> bool:
+        """Whether the Hopper kernels can read this index's rows (compute capability 9.0, under 2^31 rows)."""
+        return self.hopper and self.searcher._n < (1 << 31) - 256
 
     def _threshold_shape(self, n_sample: int, k: int, hopper: bool) -> tuple[bool, int, int]:
         """(on the Hopper screen, sample tiles, bounds kept per tile) of step 2. The Hopper threshold mode reads
@@ -313,7 +319,7 @@ class Screen:
 
     def _round_queries(self, nq: int, hopper: bool) -> None:
         """1. queries rounded, error terms (gamma's n: instructions per dot product, zero-filled ones included;
-        the Hopper screen's count is the larger, and its bound holds for the threshold mode's too)."""
+        hopper: a Hopper kernel runs step 2 or 3, whose count, the larger, then holds for both)."""
         s = self.searcher
         ptr = s._pointer
         loaded = s._kernel(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch))
