@@ -49,7 +49,7 @@ def warmed(tmp_path_factory):
 
 
 @pytest.mark.nvrtc
-def test_warm_compiles_every_variant_for_each_arch(warmed, spill_free_nvrtc):
+def test_warm_compiles_every_variant_for_each_arch(warmed):
     from tinyknn.jit.render import specs_for_search
 
     cache_dir, summary = warmed
@@ -60,7 +60,11 @@ def test_warm_compiles_every_variant_for_each_arch(warmed, spill_free_nvrtc):
     rows = as_json(tinyknn("cache", "list", "--json", cache_dir=cache_dir))["entries"]
     assert {(r["variant"], r["arch"]) for r in rows} == {(s.variant, s.arch) for s in expected}
     assert len(rows) == len(expected)
-    assert all(r["stack_bytes"] == 0 and r["spill_bytes"] == 0 and r["registers"] > 0 for r in rows), rows
+    assert all(r["registers"] > 0 for r in rows), rows
+    from tinyknn.jit.compiler import SPILL_FREE_NVRTC, nvrtc_version
+
+    if nvrtc_version() >= SPILL_FREE_NVRTC:     # an older NVRTC spills a few bytes in some sm_80 kernels
+        assert all(r["stack_bytes"] == 0 and r["spill_bytes"] == 0 for r in rows), rows
     assert all(r["created"].endswith("+00:00") and r["size"] > 1000 for r in rows)
 
 

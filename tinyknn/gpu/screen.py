@@ -50,9 +50,8 @@ STAGES = ("queries", "threshold", "screen", "verify")   # what `timings` records
 SAMPLE_DENSE_BELOW = 320_000    # rows a neighbour under which the sample takes every 8th row (sample_step)
 SURVIVOR_HEADROOM = 2           # the sample keeps k x step (the survivors within T, before the bound's band)
                                 # at most 1/2 of the survivor capacity: 10M x 128 uint8, k = 100, 2,048 queries
-                                # at step 8 (1/4) had 803 survivors on average, 1,078 at most (H200), so
-                                # step 16 keeps ~2.2x headroom under 4,096 and halves the threshold pass
-                                # (16.4 of that search's 36.2 ms)
+                                # at step 8 (1/4) had 803 survivors on average, 1,078 at most (H200): step 16
+                                # (~2.2x headroom under 4,096) is the most a sample of k = 100 may skip
 
 
 THRESHOLD_ON_HOPPER = "with-screen"   # step 2 on the Hopper screen's threshold mode where step 3 runs the Hopper
@@ -119,7 +118,7 @@ class Screen:
         self.hopper_spec = (rs.hopper_spec(searcher.metric, searcher.dtype, self.stride, searcher._arch)
                             if self.hopper else None)
         self.tile_rows = self.hopper_spec.param("bn") if self.hopper else 0
-        self._maps: dict[str, tuple] = {}     # "rows" / "queries": (what it maps, TensorMapArg)
+        self._maps: dict[str, tuple] = {}     # "rows" / "queries" / "sample": (what it maps, TensorMapArg)
         self.timings: dict[str, list] | None = None   # benchmarks: set to {} to get each step's milliseconds
 
     def forget_rows(self) -> None:

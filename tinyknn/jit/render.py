@@ -471,9 +471,9 @@ def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpe
     stride = row_layout(dim, render_screen.element_of(metric, dtype))[1]
     main = render_screen.hopper_spec(metric, dtype, stride, arch)
     bn = main.param("bn")
-    return [main, render_screen.tiles_spec(bn, arch),
-            render_screen.hopper_spec(metric, dtype, stride, arch, keep=render_screen.HOPPER_MAX_KEEP),
-            render_screen.sample_spec(bn, arch)]
+    threshold_modes = [render_screen.hopper_spec(metric, dtype, stride, arch, keep=keep)
+                       for keep in range(1, render_screen.HOPPER_MAX_KEEP + 1)]    # k = 1, and larger k
+    return [main, render_screen.tiles_spec(bn, arch), *threshold_modes, render_screen.sample_spec(bn, arch)]
 
 
 __all__ = [

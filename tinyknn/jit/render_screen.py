@@ -154,7 +154,8 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
     epi_group = HOPPER_EPI_GROUP if epi_group is None else epi_group
     bn, mw = hopper_tile(element)
     if not 0 <= keep <= HOPPER_MAX_KEEP:
-        raise ValueError(f"the Hopper threshold mode keeps 1 to {HOPPER_MAX_KEEP} bounds per tile; got {keep}")
+        raise ValueError(f"keep is 0 (the screen) or 1 to {HOPPER_MAX_KEEP} (its threshold mode's bounds per tile); "
+                         f"got {keep}")
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
               "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}), **({"kt": keep} if keep else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
@@ -207,11 +208,13 @@ def name_expression(spec: KernelSpec) -> str:
 
 def specs_for_screen(metric: str, dtype: str, k: int, arch: str, stride: int | None = None) -> list[KernelSpec]:
     """Every kernel a screened search of (metric, dtype, k) launches; on sm_90 / sm_90a (given the screened rows'
-    stride) also the Hopper screen's two."""
+    stride) also the Hopper screen's: the screen, its tile bounds, its threshold mode for k and the sample's terms."""
     hopper = []
     if hopper_arch(arch) and stride is not None:
         spec = hopper_spec(metric, dtype, stride, arch)
-        hopper = [spec, tiles_spec(spec.param("bn"), arch)]
+        bn = spec.param("bn")
+        hopper = [spec, tiles_spec(bn, arch), hopper_spec(metric, dtype, stride, arch, keep=min(k, HOPPER_MAX_KEEP)),
+                  sample_spec(bn, arch)]
     return hopper + [screen_spec(metric, dtype, k, arch, threshold=True), screen_spec(metric, dtype, k, arch, threshold=False),
             step_spec("screen_queries", metric, dtype, k, arch), step_spec("screen_rows", metric, dtype, k, arch),
             step_spec("threshold", metric, dtype, k, arch), step_spec("survivors", metric, dtype, k, arch)]
