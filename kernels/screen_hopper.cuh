@@ -437,6 +437,14 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   }
 }
 
+// The larger of a running largest r_x and v, NaN once either is (a NaN r_x makes every row of its tile survive);
+// and that over a warp. Shared by the screen's tile bounds and the threshold mode's sample.
+TINYKNN_D float max_keeping_nan(float most, float v) { return v > most || v != v ? v : most; }
+TINYKNN_D float warp_max_keeping_nan(float most) {
+  for (int offset = 16; offset > 0; offset /= 2) most = max_keeping_nan(most, __shfl_xor_sync(FULL_WARP, most, offset));
+  return most;
+}
+
 // tile_rmax[t] = the largest r_x of rows [t * BN, min((t + 1) * BN, n_rows)), NaN if any is NaN (then every
 // row of the tile survives), for the tiles t in [first_tile, last_tile). One warp per tile.
 template <int BN>
@@ -447,20 +455,14 @@ tile_rmax_kernel(const float* __restrict__ r_x, long long n_rows, long long firs
   const long long t = first_tile + (long long)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
   if (t >= last_tile) return;
   float most = 0.0f;
-  for (long long r = t * BN + lane; r < (t + 1) * BN && r < n_rows; r += 32) {
-    const float v = r_x[r];
-    most = v > most || v != v ? v : most;              // NaN sticks
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other = __shfl_xor_sync(FULL_WARP, most, offset);
-    most = other > most || other != other ? other : most;
-  }
+  for (long long r = t * BN + lane; r < (t + 1) * BN && r < n_rows; r += 32) most = max_keeping_nan(most, r_x[r]);
+  most = warp_max_keeping_nan(most);
   if (lane == 0) tile_rmax[t] = most;
 }
 
 // The threshold mode's sample (KT > 0 above): tile t of n_tiles holds the rows (t + j n_tiles) step, j < BN,
 // of the index; sample_sq[t BN + j] is that row's |x|^2 upper bound, sample_rmax[t] the tile's largest r_x
-// (NaN sticks, as in tile_rmax_kernel). One warp per tile.
+// (NaN sticks). One warp per tile.
 template <int BN>
 __global__ void __launch_bounds__(256)
 sample_terms_kernel(const float* __restrict__ sq_hi, const float* __restrict__ r_x, long long step, int n_tiles,
@@ -472,13 +474,9 @@ sample_terms_kernel(const float* __restrict__ sq_hi, const float* __restrict__ r
   for (int j = lane; j < BN; j += 32) {
     const long long row = (t + (long long)j * n_tiles) * step;
     sample_sq[t * BN + j] = sq_hi[row];
-    const float v = r_x[row];
-    most = v > most || v != v ? v : most;
+    most = max_keeping_nan(most, r_x[row]);
   }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other = __shfl_xor_sync(FULL_WARP, most, offset);
-    most = other > most || other != other ? other : most;
-  }
+  most = warp_max_keeping_nan(most);
   if (lane == 0) sample_rmax[t] = most;
 }
 
