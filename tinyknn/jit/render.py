@@ -469,11 +469,8 @@ def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpe
     if metric not in ("l2", "ip", "cosine") or dim < 16 or render_screen.hopper_arch(arch) is None:
         return []
     stride = row_layout(dim, render_screen.element_of(metric, dtype))[1]
-    main = render_screen.hopper_spec(metric, dtype, stride, arch)
-    bn = main.param("bn")
-    threshold_modes = [render_screen.hopper_spec(metric, dtype, stride, arch, keep=keep)
-                       for keep in range(1, render_screen.HOPPER_MAX_KEEP + 1)]    # k = 1, and larger k
-    return [main, render_screen.tiles_spec(bn, arch), *threshold_modes, render_screen.sample_spec(bn, arch)]
+    keeps = range(1, render_screen.HOPPER_MAX_KEEP + 1)      # k = 1, and larger k
+    return render_screen.hopper_kernels(metric, dtype, stride, arch, keeps)
 
 
 __all__ = [

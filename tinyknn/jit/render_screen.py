@@ -171,6 +171,15 @@ def sample_spec(bn: int, arch: str) -> KernelSpec:
     return KernelSpec("l2", "float32", 1, 0, "screen_sample", _hopper_arch_of(arch), (("bn", bn),))
 
 
+def hopper_kernels(metric: str, dtype: str, stride: int, arch: str, keeps) -> list[KernelSpec]:
+    """The Hopper kernels of a screened search: the screen, its tile bounds, its threshold mode for each of
+    `keeps` (bounds kept per tile) and the threshold mode's sample terms."""
+    main = hopper_spec(metric, dtype, stride, arch)
+    bn = main.param("bn")
+    return [main, tiles_spec(bn, arch), *(hopper_spec(metric, dtype, stride, arch, keep=keep) for keep in keeps),
+            sample_spec(bn, arch)]
+
+
 def entry_header(spec: KernelSpec) -> str | None:
     """The kernels/ header that holds `spec`'s template when it is not search.cuh (the sm_90a-only ones)."""
     return HOPPER_ENTRY if spec.variant in _HOPPER_VARIANTS else None
@@ -211,10 +220,7 @@ def specs_for_screen(metric: str, dtype: str, k: int, arch: str, stride: int | N
     stride) also the Hopper screen's: the screen, its tile bounds, its threshold mode for k and the sample's terms."""
     hopper = []
     if hopper_arch(arch) and stride is not None:
-        spec = hopper_spec(metric, dtype, stride, arch)
-        bn = spec.param("bn")
-        hopper = [spec, tiles_spec(bn, arch), hopper_spec(metric, dtype, stride, arch, keep=min(k, HOPPER_MAX_KEEP)),
-                  sample_spec(bn, arch)]
+        hopper = hopper_kernels(metric, dtype, stride, arch, keeps=(min(k, HOPPER_MAX_KEEP),))
     return hopper + [screen_spec(metric, dtype, k, arch, threshold=True), screen_spec(metric, dtype, k, arch, threshold=False),
             step_spec("screen_queries", metric, dtype, k, arch), step_spec("screen_rows", metric, dtype, k, arch),
             step_spec("threshold", metric, dtype, k, arch), step_spec("survivors", metric, dtype, k, arch)]
