@@ -115,6 +115,30 @@ def test_screened_batches_are_exact(dtype, metric, kind, rng, screen):
     index.close()
 
 
+def test_the_survivors_room_is_one_number_for_the_screen_and_the_verify(rng, screen, monkeypatch):
+    """The screen writes each query's survivors with the room the verify kernel reads them with, both taken
+    from render_screen.SURVIVOR_CAPACITY when the search runs, never from a value kept earlier: here 64 (a
+    range-search test sets it so), under which every query at k = 100 overflows and is handed back, and the
+    answers stay exact at both k. (A room bound when gpu/screen.py was first imported once made the screen
+    write 64 a query while the verify read 4,096: an illegal address, seen only after that test.)"""
+    from tinyknn.jit import render_screen
+
+    db = data(rng, "clustered", 20000, 72, "float32")
+    queries = near_rows(rng, db, 100, "float32")
+    index = searcher_index(db, "l2", "float32")
+    check_screen_used(index, screen)
+    monkeypatch.setattr(render_screen, "SURVIVOR_CAPACITY", 64)
+    state = index._searcher._screen
+    for k in KS:
+        before = state.fallbacks
+        d, i = index._searcher.search(queries, k)
+        assert_exact(d, i, db, queries, k, "l2", "float32")
+        if k > 64:
+            assert state.fallbacks - before == len(queries)
+    assert state.queries == len(KS) * len(queries)
+    index.close()
+
+
 def stored_by_cluster(rng, n, dim, dtype):
     """Rows of 40 clusters stored cluster by cluster, each row twice (the copies side by side)."""
     labels = np.sort(rng.integers(0, 40, n // 2))

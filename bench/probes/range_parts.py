@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common  # noqa: E402
 import tinyknn  # noqa: E402
 from tinyknn.gpu import range_screen, ranges  # noqa: E402
+from tinyknn.jit import render_screen  # noqa: E402
 from tinyknn.csr import offsets  # noqa: E402
 from tinyknn.gpu.hit_pool import merge_answers  # noqa: E402
 
@@ -60,8 +61,9 @@ def main() -> int:
             thresholds = range_screen.radius_thresholds(s.metric, q, args.radius, 0.0)
             ms["thresholds"] = median_ms(lambda: range_screen.radius_thresholds(s.metric, q, args.radius, 0.0),
                                          args.reps)
-            ms["screen_within"] = median_ms(lambda: (s._screen.screen_within(q, thresholds),
-                                                     s._stream.synchronize()), args.reps)
+            ms["screen_within"] = median_ms(lambda: (
+                s._screen.screen_within(q, thresholds, render_screen.SURVIVOR_CAPACITY), s._stream.synchronize()),
+                args.reps)
             ms["screened"] = median_ms(lambda: range_screen.screened(s, q, args.radius), args.reps)
             again = s._screen.range_rescreens
             counts, distances, ids, back = range_screen.screened(s, q, args.radius)

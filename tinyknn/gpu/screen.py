@@ -202,7 +202,10 @@ class Screen:
         on_hopper, sample_tiles, kept = self._threshold_shape(
             n_sample, k, hopper or (THRESHOLD_ON_HOPPER == "always" and self._hopper_rows()))
         sample = {"screen_sample_sq": sample_tiles * self.tile_rows * 4, "screen_sample_rmax": sample_tiles * 4}
-        self._allocate(nq, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4,
+        # the survivors' room a query is the verify kernel's, read from its spec: one number for both steps
+        verify = s._kernel(rs.step_spec("survivors", s.metric, s.dtype, k, s._arch))
+        capacity = verify.spec.param("cap")
+        self._allocate(nq, capacity, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4,
                        **(sample if on_hopper else {}))
         ptr = s._pointer
         marks = self._marks()
@@ -220,10 +223,9 @@ class Screen:
         s._kernel(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch)).prepare(
             ptr("screen_upper"), sample_tiles * kept, ptr("screen_t")).launch(nq, 256, 0, stream)
         marks.record(stream)
-        self._screen_every_row(nq, hopper)
+        self._screen_every_row(nq, hopper, capacity)
         marks.record(stream)
         # 4. the survivors in float64
-        verify = s._kernel(rs.step_spec("survivors", s.metric, s.dtype, k, s._arch))
         out = ptr("screen_out")
         verify.prepare(ptr("screen_survivors"), ptr("screen_counts"), ptr("ids"), ptr("data"), ptr("screen_q32"),
                        s._stride, s.dim, out, out + nq * k * 4, out + nq * k * 12).launch(
@@ -244,8 +246,7 @@ class Screen:
         self.queries += nq
         return distances, ids, unproven
 
-    def screen_within(self, queries: np.ndarray, thresholds: np.ndarray,
-                      capacity: int = rs.SURVIVOR_CAPACITY) -> bool:
+    def screen_within(self, queries: np.ndarray, thresholds: np.ndarray, capacity: int) -> bool:
         """Steps 1 and 3 of a batch with the caller's thresholds (float32, key units, one per query) in place
         of step 2's: every row whose lower bound is within its query's threshold goes to screen_survivors
         (`capacity` a query, counts in screen_counts, past it still counted), the queries stay in screen_q32.
@@ -264,7 +265,7 @@ class Screen:
         self._screen_every_row(nq, hopper, capacity)
         return True
 
-    def _allocate(self, nq: int, capacity: int = rs.SURVIVOR_CAPACITY, **more: int) -> None:
+    def _allocate(self, nq: int, capacity: int, **more: int) -> None:
         """The per-batch device buffers of steps 1 and 3 (and `more`, name=bytes, of the others)."""
         s = self.searcher
         sizes = {"screen_q32": nq * s._stride * 4, "screen_q": nq * self.row_bytes, "screen_e": nq * 4,
@@ -330,7 +331,7 @@ class Screen:
                        int(self.shadow), int(self.normalize), 2.0 if s.metric == "l2" else 1.0, ptr("screen_e"),
                        ptr("screen_f")).launch(max(1, math.ceil(nq / 8)), 256, 0, s._stream)
 
-    def _screen_every_row(self, nq: int, hopper: bool, capacity: int = rs.SURVIVOR_CAPACITY) -> None:
+    def _screen_every_row(self, nq: int, hopper: bool, capacity: int) -> None:
         """3. the screen over every row against screen_t: survivors (`capacity` a query) and their counts."""
         s = self.searcher
         ptr = s._pointer
@@ -393,7 +394,9 @@ class Screen:
 
     def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, nq: int,
                 counts: int, survivors: int, upper: int, sample_tiles: int | None = None,
-                capacity: int = rs.SURVIVOR_CAPACITY) -> None:
+                capacity: int = 0) -> None:
+        """mma.sync's screen: threshold mode (bounds into `upper`, no survivors: capacity 0) or step 3 (survivors
+        with `capacity` room a query, the verify kernel's)."""
         s = self.searcher
         loaded = s._kernel(rs.screen_spec(s.metric, s.dtype, k, s._arch, threshold=threshold,
                                           sample_tiles=sample_tiles))
