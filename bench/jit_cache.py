@@ -78,7 +78,7 @@ def _python(code: str, *args: str, env: dict | None = None) -> dict:
 
 def _compile(spec):
     from tinyknn.jit.compiler import compile_cubin
-    from tinyknn.jit.render import render_source
+    from tinyknn.jit.cuda_source import render_source
 
     start = time.perf_counter()
     compile_cubin(render_source(spec), spec.arch, spec=spec)

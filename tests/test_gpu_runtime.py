@@ -296,14 +296,14 @@ def test_specs_that_render_to_one_image_share_a_module_and_find_each_kernel():
     once, and each spec's kernel is found whichever was loaded first."""
     from tinyknn.gpu.device import current_device
     from tinyknn.gpu.launcher import load_module
-    from tinyknn.jit import render
+    from tinyknn.jit import cuda_source, render
     from tinyknn.jit.cache import get_cubin
 
     arch = current_device().arch
     specs = [render.selection_spec(v, arch) for v in ("scatter", "select", "segment_sort")] + [render.rows_spec(arch)]
     modules = [load_module(get_cubin(spec)) for spec in specs]
     for spec, module in zip(specs, modules):
-        assert module.kernel(render.name_expression(spec)).handle is not None, spec
+        assert module.kernel(cuda_source.name_expression(spec)).handle is not None, spec
 
 
 @pytest.mark.gpu

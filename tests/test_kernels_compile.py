@@ -21,7 +21,7 @@ import os
 
 import pytest
 
-from tinyknn.jit import render
+from tinyknn.jit import cuda_source, render
 from tinyknn.config import get_config
 from tinyknn.jit.cache import CubinCache
 from tinyknn.jit.compiler import compile_cubin
@@ -50,7 +50,7 @@ def _specs(arch: str) -> list:
     dims = sorted({c[2] for c in combinations})
 
     def specs(metric, dtype, dim, k) -> dict:
-        return {render.name_expression(spec): spec for spec in render.specs_for_search(metric, dtype, dim, k, arch)}
+        return {cuda_source.name_expression(spec): spec for spec in render.specs_for_search(metric, dtype, dim, k, arch)}
 
     found: dict = {}
     for metric, dtype, dim, k in combinations:
@@ -67,7 +67,7 @@ def _specs(arch: str) -> list:
 
 
 def _names(arch: str) -> list[str]:
-    return [render.name_expression(spec) for spec in _specs(arch)]
+    return [cuda_source.name_expression(spec) for spec in _specs(arch)]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_manifest_kernels_need_no_local_memory(arch, kernel_cache, spill_free_nv
     reports = {}
     for spec in specs:
         cubin = kernel_cache.get(spec)
-        name = render.name_expression(spec)
+        name = cuda_source.name_expression(spec)
         assert name in cubin.reports, (name, sorted(cubin.reports))
         reports[name] = cubin.reports[name]
     bad = {name: r for name, r in reports.items()
@@ -111,7 +111,7 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache):
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
     for spec in specs:
-        report = kernel_cache.get(spec).reports[render.name_expression(spec)]
+        report = kernel_cache.get(spec).reports[cuda_source.name_expression(spec)]
         assert (report.stack_bytes, report.spill_store_bytes, report.spill_load_bytes) == (0, 0, 0), (spec, report)
         if spec.variant == "screen_hopper":   # __launch_bounds__(384, 1): the consumers raise theirs (setmaxnreg)
             assert report.registers <= 168 and spec.param("smem") == render_screen.hopper_smem(spec.param("bn"),
@@ -126,7 +126,7 @@ def test_a_compile_error_names_the_spec_and_log():
     good = render.scan_spec("l2", "float32", 64, 10, "sm_90")
     spec = KernelSpec("l2", "float32", 64, 10, "scan", "sm_90", tuple({**dict(good.params), "lanes": 3}.items()))
     with pytest.raises(CompileError, match="lanes per row") as caught:
-        compile_cubin(render.render_source(spec), "sm_90", spec=spec)
+        compile_cubin(cuda_source.render_source(spec), "sm_90", spec=spec)
     assert "lanes=3" in str(caught.value)
 
 
@@ -148,7 +148,7 @@ def test_the_two_arches_compile_different_thirds_and_every_dim_free_kernel():
     dims_of: dict[str, set] = {}
     for combination in combinations:
         for spec in render.specs_for_search(*combination, "sm_90"):
-            dims_of.setdefault(render.name_expression(spec), set()).add(combination[2])
+            dims_of.setdefault(cuda_source.name_expression(spec), set()).add(combination[2])
     chosen = set(_names("sm_90"))
     dim_free = {name for name, dims in dims_of.items() if len(dims) > 1}
     assert dim_free and dim_free <= chosen and len(chosen) < len(dims_of)

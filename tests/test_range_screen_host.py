@@ -12,7 +12,7 @@ import pytest
 
 from reference import contract_distances, searched, stored
 from tinyknn.gpu import hit_pool, range_screen
-from tinyknn.jit import render, render_screen
+from tinyknn.jit import cuda_source, render_screen
 
 
 def exact_key(metric: str, q: np.ndarray, x: np.ndarray):
@@ -147,7 +147,7 @@ def test_merge_answers_puts_each_query_in_csr_order(rng):
 
 def test_range_survivors_spec_names_its_kernel():
     spec = render_screen.step_spec("range_survivors", "cosine", "float16", 0, "sm_90")
-    assert render.name_expression(spec) == "tinyknn::range_survivors_kernel<tinyknn::Cosine, tinyknn::half_bits>"
+    assert cuda_source.name_expression(spec) == "tinyknn::range_survivors_kernel<tinyknn::Cosine, tinyknn::half_bits>"
     specs = render_screen.specs_for_range_screen("l2", "float32", "sm_90", stride=128)
     assert [s.variant for s in specs] == ["screen_hopper", "screen_tiles", "screen", "screen_queries", "screen_rows",
                                           "range_survivors"]
@@ -164,7 +164,7 @@ def test_range_survivors_kernel_needs_no_local_memory(arch):
     for metric in ("l2", "ip", "cosine"):
         for dtype in ("float32", "float16", "bfloat16", "int8", "uint8"):
             spec = render_screen.step_spec("range_survivors", metric, dtype, 0, arch)
-            report = get_cubin(spec).reports[render.name_expression(spec)]
+            report = get_cubin(spec).reports[cuda_source.name_expression(spec)]
             assert (report.stack_bytes, report.spill_bytes) == (0, 0), (metric, dtype, report)
 
 

@@ -6,12 +6,12 @@ import re
 
 import pytest
 
-from tinyknn.jit import render
+from tinyknn.jit import cuda_source, render
 from tinyknn.spec import KernelSpec
 
 
 def test_source_is_self_contained():
-    source = render.kernel_source()
+    source = cuda_source.kernel_source()
     assert '#include "' not in source
     assert not re.search(r"#\s*pragma\s+once", source)
     for header in ("common.cuh", "metrics.cuh", "distance.cuh", "topk.cuh", "search.cuh"):
@@ -24,8 +24,8 @@ def test_source_is_self_contained():
 
 def test_render_source_names_the_instantiation():
     spec = render.scan_spec("cosine", "float16", 130, 37, "sm_90")
-    rendered = render.render_source(spec)
-    assert rendered.source == render.kernel_source()        # only the name expression differs per spec
+    rendered = cuda_source.render_source(spec)
+    assert rendered.source == cuda_source.kernel_source()        # only the name expression differs per spec
     (name,) = rendered.name_expressions
     p = dict(spec.params)
     assert name == (f"tinyknn::scan_kernel<tinyknn::Cosine, tinyknn::half_bits, 130, {render.list_length(37)}, "
@@ -38,15 +38,15 @@ def test_render_source_names_the_instantiation():
 def test_dim_independent_kernels_share_one_name():
     a = render.tiled_spec("l2", "float32", 64, 10, "sm_90")
     b = render.tiled_spec("l2", "float32", 1536, 10, "sm_90")
-    assert a != b and render.name_expression(a) == render.name_expression(b)
-    assert render.name_expression(render.norms_spec("float16", 3, "sm_90")) == "tinyknn::ingest_kernel<tinyknn::half_bits>"
+    assert a != b and cuda_source.name_expression(a) == cuda_source.name_expression(b)
+    assert cuda_source.name_expression(render.norms_spec("float16", 3, "sm_90")) == "tinyknn::ingest_kernel<tinyknn::half_bits>"
     verify = render.verify_spec(render.scan_spec("ip", "float32", 64, 10, "sm_80"))
     assert verify == render.verify_spec(render.scan_spec("ip", "float32", 1536, 10, "sm_80"))
-    assert render.name_expression(verify).startswith(
+    assert cuda_source.name_expression(verify).startswith(
         "tinyknn::verify_kernel<tinyknn::InnerProduct, tinyknn::KeyBound<tinyknn::InnerProduct>, float, 10, 12,")
     filtered = render.verify_spec(render.tiled_spec("l2", "float16", 64, 10, "sm_80"))
-    assert "tinyknn::FilterKeyBound, tinyknn::half_bits" in render.name_expression(filtered)
-    assert render.name_expression(render.band_spec("cosine", "float16", "sm_80")) == \
+    assert "tinyknn::FilterKeyBound, tinyknn::half_bits" in cuda_source.name_expression(filtered)
+    assert cuda_source.name_expression(render.band_spec("cosine", "float16", "sm_80")) == \
         "tinyknn::band_kernel<tinyknn::Cosine, tinyknn::half_bits>"
 
 
@@ -102,10 +102,10 @@ def test_listed_kernels_are_their_own_specs_and_cache_warm_lists_them():
     plain = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True)
     listed = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, listed=True)
     assert "listed" not in dict(plain.params) and listed.param("listed") == 1
-    assert render.name_expression(listed) == render.name_expression(plain)[:-1] + ", true>"
+    assert cuda_source.name_expression(listed) == cuda_source.name_expression(plain)[:-1] + ", true>"
     for make in (lambda **kw: render.scan_spec("ip", "float16", 96, 10, "sm_90", n_queries=3, **kw),
                  lambda **kw: render.tiled_spec("l2", "int8", 96, 10, "sm_90", n_queries=1000, **kw)):
-        assert render.name_expression(make(listed=True)) == render.name_expression(make())[:-1] + ", true>"
+        assert cuda_source.name_expression(make(listed=True)) == cuda_source.name_expression(make())[:-1] + ", true>"
         assert render.verify_spec(make(listed=True)) == render.verify_spec(make())
     every = set(render.specs_for_search("cosine", "float16", 96, 10, "sm_90"))
     assert set(render.listed_specs("cosine", "float16", 96, 10, "sm_90")) <= every
@@ -170,15 +170,15 @@ def test_include_cycles_and_missing_headers_are_reported(tmp_path, monkeypatch):
     (tmp_path / "a.cuh").write_text('#include "b.cuh"\n')
     (tmp_path / "b.cuh").write_text('#include "a.cuh"\n')
     (tmp_path / "c.cuh").write_text('#include "missing.cuh"\n')
-    monkeypatch.setattr(render, "kernels_dir", lambda: tmp_path)
-    render.kernel_source.cache_clear()
+    monkeypatch.setattr(cuda_source, "kernels_dir", lambda: tmp_path)
+    cuda_source.kernel_source.cache_clear()
     try:
         with pytest.raises(ValueError, match="includes itself"):
-            render.kernel_source("a.cuh")
+            cuda_source.kernel_source("a.cuh")
         with pytest.raises(FileNotFoundError, match="missing.cuh"):
-            render.kernel_source("c.cuh")
+            cuda_source.kernel_source("c.cuh")
     finally:
-        render.kernel_source.cache_clear()
+        cuda_source.kernel_source.cache_clear()
 
 
 def test_one_query_on_a_float32_l2_index_may_stream_its_float16_shadow():
@@ -186,9 +186,9 @@ def test_one_query_on_a_float32_l2_index_may_stream_its_float16_shadow():
     listed for warm-up beside the float32 stream, for float32 l2 only."""
     shadow = render.single_spec("l2", "float32", 100, 10, "sm_90", shadow=True)
     plain = render.single_spec("l2", "float32", 100, 10, "sm_90")
-    name = render.name_expression(shadow)
+    name = cuda_source.name_expression(shadow)
     assert "ShadowKeyBound, float, tinyknn::half_bits, 100," in name
-    assert "half_bits" not in render.name_expression(plain)
+    assert "half_bits" not in cuda_source.name_expression(plain)
     assert shadow.param("kl") == 10 + render.SINGLE_SHADOW_MARGIN > plain.param("kl") and shadow.param("shadow") == 1
     assert shadow.param("lanes") <= plain.param("lanes")       # 16-byte chunks of half the bytes
     listed = render.specs_for_search("l2", "float32", 100, 10, "sm_90")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tinyknn.config import get_config, reset_config
-from tinyknn.jit import render, render_screen as rs
+from tinyknn.jit import cuda_source, render, render_screen as rs
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "90", "90a"])
@@ -15,8 +15,8 @@ def test_hopper_specs_compile_for_sm_90a_only(arch):
     spec = rs.hopper_spec("l2", "float16", 768, arch)
     assert spec.arch == "sm_90a" and spec.variant == "screen_hopper"
     assert rs.tiles_spec(128, arch).arch == "sm_90a"
-    assert render.render_source(spec).source == render.kernel_source("screen_hopper.cuh")
-    assert "screen_hopper_kernel" not in render.kernel_source()      # sm_80 / sm_90 sources stay as they were
+    assert cuda_source.render_source(spec).source == cuda_source.kernel_source("screen_hopper.cuh")
+    assert "screen_hopper_kernel" not in cuda_source.kernel_source()      # sm_80 / sm_90 sources stay as they were
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_100"])
@@ -35,7 +35,7 @@ def test_tile_follows_the_element_type(metric, dtype, tile, ip):
     spec = rs.hopper_spec(metric, dtype, 128, "sm_90")
     assert (spec.param("bn"), spec.param("mw")) == tile
     assert spec.param("smem") == rs.hopper_smem(*tile) <= 227 * 1024
-    name = render.name_expression(spec)
+    name = cuda_source.name_expression(spec)
     element = rs.SCREEN_ELEMENTS[rs.element_of(metric, dtype)]
     assert name.startswith(f"tinyknn::screen_hopper_kernel<{element}, {'true' if ip else 'false'}, ")
 
@@ -56,7 +56,7 @@ def test_the_spec_carries_the_conversion_of_its_stride():
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("exact") == 1
     assert rs.hopper_spec("l2", "uint8", 768, "sm_90").param("exact") == 0
     assert rs.hopper_spec("l2", "float16", 128, "sm_90").param("exact") == 0
-    assert "true, 256, 1, 4" in render.name_expression(rs.hopper_spec("l2", "uint8", 128, "sm_90"))
+    assert "true, 256, 1, 4" in cuda_source.name_expression(rs.hopper_spec("l2", "uint8", 128, "sm_90"))
 
 
 def test_bound_counts_four_instructions_per_128_byte_block():
@@ -69,7 +69,7 @@ def test_warm_lists_the_hopper_kernels_for_sm_90a_only():
     assert not {s.variant for s in render.specs_for_search("l2", "float16", 768, 10, "sm_90")} & {"screen_hopper"}
     assert render.hopper_specs("l2", "float16", 8, "sm_90a") == []          # dim < 16: never screened
     with pytest.raises(ValueError, match="one entry header"):
-        render.render_many([rs.tiles_spec(128, "sm_90a"), render.rows_spec("sm_90a")])
+        cuda_source.render_many([rs.tiles_spec(128, "sm_90a"), render.rows_spec("sm_90a")])
 
 
 def test_tensor_map_arguments():
@@ -110,13 +110,13 @@ def test_row_terms_are_padded_to_whole_tiles():
     ("sm_80", "auto", False), ("sm_89", "mma", False),
 ])
 def test_which_screen_a_device_runs(arch, choice, used):
-    from tinyknn.gpu.screen import use_hopper
+    from tinyknn.gpu.screen_hopper import use_hopper
 
     assert use_hopper(arch, choice) is used
 
 
 def test_asking_for_wgmma_elsewhere_is_an_error():
-    from tinyknn.gpu.screen import use_hopper
+    from tinyknn.gpu.screen_hopper import use_hopper
 
     with pytest.raises(ValueError, match="TINYKNN_SCREEN=wgmma.*sm_80"):
         use_hopper("sm_80", "wgmma")
@@ -145,7 +145,7 @@ def test_a_bad_screen_setting_says_what_is_allowed(monkeypatch):
 
 
 def test_auto_runs_the_hopper_screen_only_on_batches_where_it_measured_faster():
-    from tinyknn.gpu.screen import hopper_pays
+    from tinyknn.gpu.screen_hopper import hopper_pays
 
     assert hopper_pays(1000, 1_000_000) and hopper_pays(2048, 10_000_000)
     assert not hopper_pays(100, 1_000_000)        # 1M x 768 x 100: 1.62 ms against 1.40 through mma.sync

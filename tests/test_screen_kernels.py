@@ -54,12 +54,12 @@ def test_screen_kernels_need_no_local_memory(arch, spill_free_nvrtc):
 @pytest.mark.nvrtc
 def test_screen_kernel_refuses_too_little_shared_memory():
     from tinyknn.errors import CompileError
-    from tinyknn.jit import render
+    from tinyknn.jit import cuda_source
     from tinyknn.jit.compiler import compile_cubin
 
     config = ts.ScreenConfig()
     name = config.name.replace(f", {config.smem}>", f", {config.smem - 16}>")
-    rendered = render.RenderedSource(render.kernel_source("screen.cuh"), (name,), render.OPTIONS)
+    rendered = cuda_source.RenderedSource(cuda_source.kernel_source("screen.cuh"), (name,), cuda_source.OPTIONS)
     with pytest.raises(CompileError, match="SMEM is smaller"):
         compile_cubin(rendered, "sm_90")
 

@@ -1,6 +1,6 @@
 // Probe (bench/probes/single_phases.py): the single-query kernel of kernels/single.cuh copied with phase stamps
 // and candidate variants of its fixed cost (the copies of single_kernel's stream loop and verify_query's lines
-// are deliberate: stamps go between their lines, and the library's files stay as they are). Rendered after the library's kernels (render.kernel_source), so
+// are deliberate: stamps go between their lines, and the library's files stay as they are). Rendered after the library's kernels (cuda_source.kernel_source), so
 // everything of namespace tinyknn is in scope; nothing of the library is changed. See SINGLE_PHASES.md.
 //
 // Template switches (each variant keeps the verify step's proof; SINGLE_PHASES.md says why):

@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 import single_query  # noqa: E402
-from tinyknn.jit import compiler, render  # noqa: E402
+from tinyknn.jit import compiler, cuda_source, render  # noqa: E402
 
 K = 10
 LAUNCHES = 200
@@ -51,7 +51,7 @@ def library_spec(dim: int, arch: str, warps: int | None):
 def probe_names(spec, variant: str, stamp: int) -> tuple[str, str | None, int, int]:
     """(stream kernel, tail kernel or None, stream smem, tail smem) of `variant` over the library's `spec`."""
     sel, gather, sortw, tail = VARIANTS[variant]
-    args = render.name_expression(spec).split("<", 1)[1].rsplit(">", 1)[0].split(", ")
+    args = cuda_source.name_expression(spec).split("<", 1)[1].rsplit(">", 1)[0].split(", ")
     metric, bound, stored, _streamed, dim, k, kl, _lanes, warps, _rmax, _unroll, cmax, _smem = args
     scratch = int(warps) * int(kl) * 8
     if gather == 2 or sel == 2:
@@ -67,7 +67,7 @@ def probe_names(spec, variant: str, stamp: int) -> tuple[str, str | None, int, i
 def probe_source() -> str:
     text = (Path(__file__).with_name("single_phases.cuh")).read_text()
     text = "\n".join(line for line in text.splitlines() if line.strip() != "#pragma once")
-    return render.kernel_source() + "\n// ---- bench/probes/single_phases.cuh ----\n" + text + "\n"
+    return cuda_source.kernel_source() + "\n// ---- bench/probes/single_phases.cuh ----\n" + text + "\n"
 
 
 def compile_all(specs: dict, variants, arch: str) -> dict:
@@ -83,7 +83,7 @@ def compile_all(specs: dict, variants, arch: str) -> dict:
             stream, tail, _, _ = probe_names(specs[label], variant, stamp)
             names += [stream] + ([tail] if tail else [])
         t0 = time.perf_counter()
-        cubin = compiler.compile_cubin(render.RenderedSource(source, tuple(names), render.OPTIONS), arch)
+        cubin = compiler.compile_cubin(cuda_source.RenderedSource(source, tuple(names), cuda_source.OPTIONS), arch)
         return cubin, time.perf_counter() - t0
 
     jobs = [(label, variant) for label in specs for variant in variants]
@@ -253,7 +253,7 @@ def run_shape(label, n, dim, cubins, spec, variants, launches, n_check, rng) -> 
         with searcher._lock, searcher._reading(None):
             batch = searcher._host_batch(1, K)
             used = searcher._main_spec(1, K, False)
-        if render.name_expression(used) != render.name_expression(library_spec(dim, spec.arch, None)):
+        if cuda_source.name_expression(used) != cuda_source.name_expression(library_spec(dim, spec.arch, None)):
             raise SystemExit(f"{label}: the searcher's spec {used} is not the one the probe renders")
         stream = searcher._stream
         lib_values = batch.plan.main.values()

@@ -78,15 +78,15 @@ def compile_screens(configs, arch: str, programs: int = 8) -> dict:
     compiled in parallel threads (nvrtcCompileProgram releases the GIL)."""
     import concurrent.futures
 
-    from tinyknn.jit import render
+    from tinyknn.jit import cuda_source
     from tinyknn.jit.compiler import compile_cubin
 
     names = list(dict.fromkeys(c.name for c in configs))
     groups = [tuple(names[i::programs]) for i in range(min(programs, len(names)))]
-    source = render.kernel_source("screen.cuh")
+    source = cuda_source.kernel_source("screen.cuh")
 
     def build(group):
-        return compile_cubin(render.RenderedSource(source, group, render.OPTIONS), arch)
+        return compile_cubin(cuda_source.RenderedSource(source, group, cuda_source.OPTIONS), arch)
 
     with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
         return {name: cubin for group, cubin in zip(groups, pool.map(build, groups)) for name in group}

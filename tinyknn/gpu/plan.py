@@ -19,7 +19,7 @@ import ctypes
 import math
 from dataclasses import dataclass
 
-from ..jit import render, render_screen
+from ..jit import cuda_source, render, render_screen
 from ..jit.cache import get_cubin
 from ..spec import KernelSpec
 import numpy as np
@@ -117,7 +117,7 @@ class LoadedKernel:
 
 def load_kernel(spec: KernelSpec) -> LoadedKernel:
     """cubin (memory, disk or NVRTC) -> module (once per process) -> kernel with its shared memory set."""
-    kernel = load_module(get_cubin(spec)).kernel(render.name_expression(spec))
+    kernel = load_module(get_cubin(spec)).kernel(cuda_source.name_expression(spec))
     if spec.variant == "screen":
         threads = 32 * spec.param("wq") * spec.param("wn")
     elif spec.variant == "screen_hopper":

@@ -1,7 +1,7 @@
 """The tensor-core path of a GPU search (kernels/screen.cuh, screen_steps.cuh): exact answers from a screen.
 
-Length: one batch's four steps share the row terms, buffers and tensor maps kept here; split, they would pass
-them all back and forth.
+Length: one batch's four steps share the row terms and buffers kept here; split, they would pass them all back
+and forth (the Hopper kernels' launches and tensor maps are a mixin, gpu/screen_hopper.py).
 
 For a batch of host queries on an l2 or ip index stored as float16, bfloat16, int8 or uint8 (or float32,
 through a float16 shadow of its rows), or a cosine index of any dtype (through a shadow of its rows divided by
@@ -18,10 +18,7 @@ A query with more survivors than SURVIVOR_CAPACITY is answered by the other kern
 (`screen_fallbacks`). The row terms (and shadow) are computed once per added row.
 Range search runs steps 1 and 3 with each query's radius as its threshold (screen_within; the rest is
 gpu/range_screen.py's).
-On compute capability 9.0, step 3 is the Hopper screen (kernels/screen_hopper.cuh: wgmma fed by TMA, a
-persistent grid of one CTA per SM, the bound of each tile's largest r_x, `tile_rmax`, kept beside the row
-terms); TINYKNN_SCREEN=mma keeps the mma.sync screen there (A/B comparisons). The row tensor map is encoded
-again only when the rows' address or count changes; the queries' once per batch.
+On compute capability 9.0, steps 2 and 3 run the Hopper screen (gpu/screen_hopper.py).
 """
 
 from __future__ import annotations
@@ -33,9 +30,8 @@ import numpy as np
 from ..config import get_config
 from ..inputs.validate import check_values
 from ..jit import render, render_screen as rs
-from .memory import DeviceBuffer, Event, PinnedBuffer
-from .plan import TensorMapArg
-from .tensor_map import as_bytes, encode, sample_map_args, tensor_map_args
+from .memory import Event
+from .screen_hopper import HopperSteps, use_hopper
 
 SCREEN_MIN_QUERIES = 64         # smaller batches: the scan and tiled kernels (the screen's tiles hold 128)
 SCREEN_MAX_K = 128              # survivors grow with k (about k x sample_step)
@@ -56,24 +52,6 @@ SURVIVOR_HEADROOM = 2           # the sample keeps k x step (the survivors withi
 
 THRESHOLD_ON_HOPPER = "with-screen"   # step 2 on the Hopper screen's threshold mode where step 3 runs the Hopper
                                       # screen; "always" (probes): on compute capability 9.0 whatever step 3 runs
-HOPPER_MIN_QUERIES = 256          # auto: the Hopper screen only where it measured faster on the H200 (2026-12-01,
-HOPPER_MIN_PRODUCTS = 1 << 28     # bench/results/hopper_screen_check_...): 1M x 768 at 1,000 queries 5.12 against
-                                  # 9.04 ms; slower at 1M x 768 x 100 (1.62 / 1.40) and 100k x 128 x 1,000 (0.67 / 0.59)
-
-
-def hopper_pays(n_queries: int, n_rows: int) -> bool:
-    """Whether a batch is large enough for the Hopper screen's 128-256-query tiles and persistent grid to win."""
-    return n_queries >= HOPPER_MIN_QUERIES and n_queries * n_rows >= HOPPER_MIN_PRODUCTS
-
-
-def use_hopper(arch: str, choice: str) -> bool:
-    """Whether step 3 runs the Hopper screen: on compute capability 9.0 unless TINYKNN_SCREEN=mma; a choice of
-    wgmma on another device is a ValueError (a comparison must not measure the other kernel unawares)."""
-    available = rs.hopper_arch(arch) is not None
-    if choice == "wgmma" and not available:
-        raise ValueError(f"TINYKNN_SCREEN=wgmma needs a device of compute capability 9.0 (arch sm_90); "
-                         f"this one is {arch}")
-    return available and choice != "mma"
 
 
 def padded_rows(n: int) -> int:
@@ -93,7 +71,7 @@ def sample_step(n_rows: int, k: int) -> int:
     return step
 
 
-class Screen:
+class Screen(HopperSteps):
     """The screened path's state for one GpuSearcher: row terms (and a float32 index's shadow) for rows [0, ready)."""
 
     def __init__(self, searcher):
@@ -180,15 +158,6 @@ class Screen:
             self.usable = False             # a float32 value beyond float16: this index is not screened
         self.ready = n
 
-    def _tile_bounds(self, first_row: int, n: int) -> None:
-        """tile_rmax of every Hopper tile from the one holding first_row to the last of rows [0, n)."""
-        s = self.searcher
-        first, last = first_row // self.tile_rows, -(-n // self.tile_rows)
-        tiles = s._kernel(rs.tiles_spec(self.tile_rows, s._arch))
-        tiles.prepare(s._pointer("screen_rx"), n, first, last, s._pointer("screen_tile_rmax")).launch(
-            math.ceil((last - first) / 8), 256, 0, s._stream)
-
-    # -- one batch -------------------------------------------------------------------------------------
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(distances, ids, unproven query indices) of one batch of host float32 queries."""
         s = self.searcher
@@ -274,14 +243,6 @@ class Screen:
         for name, nbytes in sizes.items():
             s._device(name, nbytes)
 
-    def _hopper_for(self, nq: int) -> bool:
-        """Whether step 3 of a batch of nq queries runs the Hopper screen."""
-        return self._hopper_rows() and (self.forced or hopper_pays(nq, self.searcher._n))
-
-    def _hopper_rows(self) -> bool:
-        """Whether the Hopper kernels can read this index's rows (compute capability 9.0, under 2^31 rows)."""
-        return self.hopper and self.searcher._n < (1 << 31) - 256
-
     def _threshold_shape(self, n_sample: int, k: int, hopper: bool) -> tuple[bool, int, int]:
         """(on the Hopper screen, sample tiles, bounds kept per tile) of step 2. The Hopper threshold mode reads
         whole tiles only (the sample's last n_sample mod BN rows are left out: a smaller sample is still a
@@ -293,25 +254,6 @@ class Screen:
                 return True, tiles, kept
         tiles = -(-n_sample // rs.SCREEN_BN)
         return False, tiles, rs.threshold_keep(k, tiles)
-
-    def _threshold_hopper(self, rows: int, nq: int, tiles: int, step: int, kept: int) -> None:
-        """Step 2 on sm_90a: the sample's terms in tile order, then the Hopper screen's threshold mode."""
-        s = self.searcher
-        self.hopper_thresholds += 1
-        ptr, bn = s._pointer, self.tile_rows
-        s._kernel(rs.sample_spec(bn, s._arch)).prepare(
-            ptr("screen_sq_hi"), ptr("screen_rx"), step, tiles, ptr("screen_sample_sq"),
-            ptr("screen_sample_rmax")).launch(math.ceil(tiles / 8), 256, 0, s._stream)
-        loaded = s._kernel(rs.hopper_spec(s.metric, s.dtype, self.stride, s._arch, keep=kept))
-        tile_q = 128 * self.hopper_spec.param("mw")
-        sample_map = self._tensor_map("sample", (rows, tiles, step, bn), lambda: sample_map_args(
-            rows, tiles, step, self.row_bytes, self.element_bytes, bn))
-        query_map = self._query_map(nq, tile_q)
-        launch = loaded.prepare(query_map, sample_map, tiles * bn,
-                                ptr("screen_sample_sq") if s.metric == "l2" else 0, ptr("screen_sample_rmax"), nq,
-                                self.row_bytes, 0, ptr("screen_e"), ptr("screen_f"), 0, 0, 0, ptr("screen_upper"))
-        launch.launch(max(1, min(-(-nq // tile_q) * tiles, s._sm_count)), loaded.threads, loaded.shared_bytes,
-                      s._stream)
 
     def _screened_rows(self) -> int:
         s = self.searcher
@@ -363,35 +305,6 @@ class Screen:
     def _marks(self) -> "StageMarks":
         return StageMarks(self.timings is not None)
 
-    def _tensor_map(self, name: str, what: tuple, make_args) -> TensorMapArg:
-        """The kept map of `name`, encoded again (from make_args()) when what it maps changed."""
-        kept = self._maps.get(name)
-        if kept is None or kept[0] != what:
-            kept = self._maps[name] = (what, TensorMapArg.from_buffer_copy(as_bytes(encode(make_args()))))
-        return kept[1]
-
-    def _rows_map(self, name: str, address: int, rows: int, box_rows: int) -> TensorMapArg:
-        return self._tensor_map(name, (address, rows, box_rows), lambda: tensor_map_args(
-            address, rows, self.row_bytes, self.element_bytes, box_rows))
-
-    def _query_map(self, nq: int, tile_q: int) -> TensorMapArg:
-        return self._rows_map("queries", self.searcher._pointer("screen_q"), nq, tile_q)
-
-    def _screen_hopper(self, rows: int, n_rows: int, nq: int, capacity: int) -> None:
-        """Step 3 on sm_90a: the persistent Hopper screen, one CTA per SM."""
-        s = self.searcher
-        spec = self.hopper_spec
-        loaded = s._kernel(spec)
-        bn, tile_q = spec.param("bn"), 128 * spec.param("mw")
-        ptr = s._pointer
-        row_map = self._rows_map("rows", rows, n_rows, bn)
-        query_map = self._query_map(nq, tile_q)
-        tiles = -(-nq // tile_q) * -(-n_rows // bn)
-        launch = loaded.prepare(query_map, row_map, n_rows, ptr("screen_sq_lo") if s.metric == "l2" else 0,
-                                ptr("screen_tile_rmax"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
-                                ptr("screen_f"), ptr("screen_counts"), ptr("screen_survivors"), capacity, 0)
-        launch.launch(max(1, min(tiles, s._sm_count)), loaded.threads, loaded.shared_bytes, s._stream)
-
     def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, nq: int,
                 counts: int, survivors: int, upper: int, sample_tiles: int | None = None,
                 capacity: int = 0) -> None:
@@ -432,4 +345,4 @@ class StageMarks:
             timings.setdefault(name, []).append(start.elapsed_ms(end))
 
 
-__all__ = ["Screen", "SCREEN_MIN_QUERIES", "SCREEN_MAX_K", "hopper_pays", "padded_rows", "sample_step", "use_hopper"]
+__all__ = ["Screen", "SCREEN_MIN_QUERIES", "SCREEN_MAX_K", "padded_rows", "sample_step"]

@@ -48,7 +48,7 @@ class CubinCacheWarning(UserWarning):
 
 
 def _default_render(spec: KernelSpec):
-    from .render import render_source
+    from .cuda_source import render_source
 
     return render_source(spec)
 

@@ -25,7 +25,7 @@ _ELF_MAGIC = b"\x7fELF"
 
 
 class RenderedLike(Protocol):
-    """What compile_cubin needs from tinyknn.jit.render.RenderedSource (duck-typed)."""
+    """What compile_cubin needs from tinyknn.jit.cuda_source.RenderedSource (duck-typed)."""
 
     source: str
     name_expressions: tuple[str, ...]

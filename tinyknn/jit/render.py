@@ -1,12 +1,9 @@
-"""KernelSpec -> CUDA source, NVRTC name expressions and options (pure text; no NVRTC, no GPU).
+"""Which kernels a search launches and with which compile-time parameters: KernelSpecs (pure Python; no NVRTC,
+no GPU). jit/cuda_source.py turns a spec into the source and name expression NVRTC builds.
 
-The kernel templates live in kernels/*.cuh. `render_source` inlines them into one self-contained
-source (NVRTC here has no system headers and cuda.core's cache refuses include paths), so the source
-text is the same for every spec: only the name expression (which template instantiation to build)
-changes. Every tuning knob (tile sizes, lanes per row, queries per block, dynamic shared memory) is
-chosen here, in Python, and handed to the template as a compile-time argument; the C++ side
-`static_assert`s that the shared memory it is given covers its layout, so a mismatch fails the
-compile (in CI) instead of corrupting memory.
+Every tuning knob (tile sizes, lanes per row, queries per block, dynamic shared memory) is chosen here, in
+Python, and handed to the template as a compile-time argument; the C++ side `static_assert`s that the shared
+memory it is given covers its layout, so a mismatch fails the compile (in CI) instead of corrupting memory.
 
 Variants (spec.variant):
 - "norms":  ingest_kernel<T>: copies rows of any float dtype and row stride into the padded
@@ -44,30 +41,10 @@ a tuning change and its spec change together (the screen's are in render_screen.
 
 from __future__ import annotations
 
-import functools
-import re
-from dataclasses import dataclass
-
-import numpy as np
-
-from .._paths import kernels_dir
 from ..spec import KernelSpec, parse_arch, parse_dim, parse_dtype, parse_k, parse_metric
 from . import render_screen
 
-_SCREEN_VARIANTS = ("screen", "screen_queries", "screen_rows", "threshold", "survivors", "range_survivors",
-                    "screen_hopper", "screen_tiles", "screen_sample")
-
-ENTRY_HEADER = "search.cuh"
-OPTIONS = ("-std=c++17",)
-
-_METRIC_TYPES = {"l2": "tinyknn::L2", "ip": "tinyknn::InnerProduct", "cosine": "tinyknn::Cosine"}
-_BOUND_TYPES = {"l2": "tinyknn::KeyBound<tinyknn::L2>", "ip": "tinyknn::KeyBound<tinyknn::InnerProduct>",
-                "cosine": "tinyknn::KeyBound<tinyknn::Cosine>"}
-_STORAGE_TYPES = {"float32": "float", "float16": "tinyknn::half_bits", "bfloat16": "tinyknn::bf16_bits",
-                  "int8": "signed char", "uint8": "unsigned char"}
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}   # bytes per stored element
-_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
-_PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
 
 # Tuning (see bench/NOTES_GPU.md for the measurements behind each number).
 SCAN_WARPS = 8                  # warps per scan block (8: half the slices of 4 at the same occupancy)
@@ -97,101 +74,6 @@ VERIFY_MARGIN_SMALL_K = 2       # ... beyond k < 32 (each one costs insertions; 
 FILTER_MAX_LIST = 128           # l2's filter key while k + VERIFY_MARGIN fits the lists topk.cuh rebuilds in bulk
 VERIFY_WARPS = 16               # warps per verify block after the scan: few queries, many candidates each (24, 32: spills)
 VERIFY_WARPS_BATCH = 8          # ... after the tiled kernel: many queries, so many blocks keep the loads in flight
-
-
-@dataclass(frozen=True)
-class RenderedSource:
-    source: str                           # self-contained: kernels/*.cuh inlined
-    name_expressions: tuple[str, ...]     # the instantiation(s) to build
-    options: tuple[str, ...]              # extra NVRTC options (compile_cubin adds -arch and ptxas -v)
-
-
-# -- the source ---------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=4)
-def kernel_source(entry: str = ENTRY_HEADER) -> str:
-    """kernels/<entry> with every `#include "x.cuh"` inlined, each file once, in dependency order."""
-    root = kernels_dir()
-    seen: set[str] = set()
-
-    def inline(name: str, stack: tuple[str, ...]) -> list[str]:
-        if name in stack:
-            raise ValueError(f"kernels/{name} includes itself through {' -> '.join(stack)}")
-        if name in seen:
-            return []
-        seen.add(name)
-        path = root / name
-        if not path.is_file():
-            raise FileNotFoundError(f"kernels/{name} (included from {stack[-1] if stack else 'render'}) is missing in {root}")
-        lines = [f"// ---- kernels/{name} ----"]
-        for line in path.read_text().splitlines():
-            if _PRAGMA_ONCE.match(line):
-                continue
-            match = _INCLUDE.match(line)
-            if match:
-                lines.extend(inline(match.group(1), stack + (name,)))
-            else:
-                lines.append(line)
-        return lines
-
-    return "\n".join(inline(entry, ())) + "\n"
-
-
-def render_source(spec: KernelSpec) -> RenderedSource:
-    """The source, name expression and options that build `spec`."""
-    return RenderedSource(kernel_source(render_screen.entry_header(spec) or ENTRY_HEADER), (name_expression(spec),),
-                          OPTIONS)
-
-
-def render_many(specs) -> RenderedSource:
-    """One program for several specs of one entry header (one NVRTC call builds them all)."""
-    specs = list(specs)
-    entries = {render_screen.entry_header(spec) or ENTRY_HEADER for spec in specs}
-    if len(entries) > 1:
-        raise ValueError(f"render_many builds specs of one entry header; got specs of {sorted(entries)}")
-    names = tuple(dict.fromkeys(name_expression(spec) for spec in specs))
-    return RenderedSource(kernel_source(entries.pop() if entries else ENTRY_HEADER), names, OPTIONS)
-
-
-def name_expression(spec: KernelSpec) -> str:
-    """The template instantiation of `spec`, e.g. 'tinyknn::merge_kernel<tinyknn::L2, 10, 8, 20480>'."""
-    if spec.variant in _SCREEN_VARIANTS:
-        return render_screen.name_expression(spec)
-    metric, storage = _METRIC_TYPES[spec.metric], _STORAGE_TYPES[spec.dtype]
-    p = spec.param
-    if spec.variant == "norms":
-        args = [storage]
-    elif spec.variant == "scan":
-        args = [metric, storage, spec.dim, p("kl", spec.k), p("qb"), p("lanes"), p("warps"), p("smem")]
-        args += ["true"] if p("listed", 0) else []
-    elif spec.variant == "single":
-        shadow = p("shadow", 0)
-        bound = "tinyknn::ShadowKeyBound" if shadow else _BOUND_TYPES[spec.metric]
-        streamed = _STORAGE_TYPES["float16"] if shadow else storage
-        args = [metric, bound, storage, streamed, spec.dim, spec.k, p("kl"), p("lanes"), p("warps"),
-                p("rmax"), p("unroll"), p("cmax"), p("smem")]
-        args += ["true"] if p("listed", 0) else []
-    elif spec.variant == "tiled":
-        if p("filter", 0):
-            metric = "tinyknn::L2Expanded"
-        args = [metric, storage, p("kl", spec.k), p("bq"), p("bn"), p("warps"), p("depth"),
-                "true" if p("reglists") else "false", p("smem")]
-        args += ["true"] if p("listed", 0) else []
-    elif spec.variant == "verify":
-        bound = "tinyknn::FilterKeyBound" if p("filter", 0) else _BOUND_TYPES[spec.metric]
-        args = [metric, bound, storage, spec.k, p("kl"), p("warps"), p("smem")]
-    elif spec.variant in _PLAIN_KERNELS:
-        return f"tinyknn::{_PLAIN_KERNELS[spec.variant]}"
-    elif spec.variant == "range":
-        args = [metric, storage, p("qb")]
-    else:  # band
-        args = [metric, storage]
-    return f"tinyknn::{_KERNEL_NAMES[spec.variant]}<{', '.join(str(a) for a in args)}>"
-
-
-_PLAIN_KERNELS = {"rows": "copy_rows_kernel", "select": "select_kernel", "scatter": "scatter_kernel",
-                  "segment_sort": "segment_sort_kernel"}   # no template arguments
-_KERNEL_NAMES = {"norms": "ingest_kernel", "scan": "scan_kernel", "single": "single_kernel", "tiled": "tiled_kernel",
-                 "verify": "verify_kernel", "band": "band_kernel", "rows": "copy_rows_kernel", "range": "range_kernel"}
 
 
 # -- the plans: which specs a search launches, with their parameters ------------------------------
@@ -474,9 +356,7 @@ def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpe
 
 
 __all__ = [
-    "RANGE_QB", "RenderedSource", "band_spec", "hopper_specs", "listed_specs", "range_spec", "rows_spec",
-    "selection_spec", "selection_specs",
-    "kernel_source", "list_length", "name_expression", "norms_spec", "render_many",
-    "render_source", "row_layout", "scan_spec", "single_spec", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
-    "verify_spec",
+    "ITEMSIZE", "RANGE_QB", "band_spec", "hopper_specs", "list_length", "listed_specs", "norms_spec", "range_spec",
+    "row_layout", "rows_spec", "scan_spec", "selection_spec", "selection_specs", "single_spec", "specs_for_search",
+    "tiled_spec", "tiled_specs", "uses_filter_key", "verify_spec",
 ]

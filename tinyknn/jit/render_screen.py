@@ -1,5 +1,5 @@
 """KernelSpecs and name expressions of the tensor-core screen and the steps around it (kernels/screen.cuh,
-kernels/screen_steps.cuh); render.name_expression hands these variants here. Pure text, no NVRTC, no GPU.
+kernels/screen_steps.cuh); cuda_source.name_expression hands these variants here. Pure text, no NVRTC, no GPU.
 
 - "screen":         screen_kernel: rows against queries on the tensor cores (mma.sync), a row surviving a
                     query when its rigorous lower bound is within the query's threshold; with threshold=1, the

@@ -1,0 +1,108 @@
+"""The Hopper half of the tensor-core screen (kernels/screen_hopper.cuh), a mixin of gpu/screen.py's Screen.
+
+On compute capability 9.0, step 3 of a screened batch is the Hopper screen: wgmma fed by TMA, a persistent grid
+of one CTA per SM, the bound of each tile's largest r_x (`tile_rmax`) kept beside the row terms; step 2 is its
+threshold mode over whole tiles of the strided sample where step 3 runs it (KT <= 2 bounds a tile).
+TINYKNN_SCREEN=mma keeps the mma.sync screen there (A/B comparisons). The row tensor map is encoded again only
+when the rows' address or count changes; the queries' once per batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..jit import render_screen as rs
+from .plan import TensorMapArg
+from .tensor_map import as_bytes, encode, sample_map_args, tensor_map_args
+
+HOPPER_MIN_QUERIES = 256          # auto: the Hopper screen only where it measured faster on the H200 (2026-12-01,
+HOPPER_MIN_PRODUCTS = 1 << 28     # bench/results/hopper_screen_check_...): 1M x 768 at 1,000 queries 5.12 against
+                                  # 9.04 ms; slower at 1M x 768 x 100 (1.62 / 1.40) and 100k x 128 x 1,000 (0.67 / 0.59)
+
+
+def hopper_pays(n_queries: int, n_rows: int) -> bool:
+    """Whether a batch is large enough for the Hopper screen's 128-256-query tiles and persistent grid to win."""
+    return n_queries >= HOPPER_MIN_QUERIES and n_queries * n_rows >= HOPPER_MIN_PRODUCTS
+
+
+def use_hopper(arch: str, choice: str) -> bool:
+    """Whether step 3 runs the Hopper screen: on compute capability 9.0 unless TINYKNN_SCREEN=mma; a choice of
+    wgmma on another device is a ValueError (a comparison must not measure the other kernel unawares)."""
+    available = rs.hopper_arch(arch) is not None
+    if choice == "wgmma" and not available:
+        raise ValueError(f"TINYKNN_SCREEN=wgmma needs a device of compute capability 9.0 (arch sm_90); "
+                         f"this one is {arch}")
+    return available and choice != "mma"
+
+
+class HopperSteps:
+    """Mixin of Screen: the Hopper screen's launches, its tile bounds and its tensor maps (kept in `_maps`)."""
+
+    def _hopper_for(self, nq: int) -> bool:
+        """Whether step 3 of a batch of nq queries runs the Hopper screen."""
+        return self._hopper_rows() and (self.forced or hopper_pays(nq, self.searcher._n))
+
+    def _hopper_rows(self) -> bool:
+        """Whether the Hopper kernels can read this index's rows (compute capability 9.0, under 2^31 rows)."""
+        return self.hopper and self.searcher._n < (1 << 31) - 256
+
+    def _tile_bounds(self, first_row: int, n: int) -> None:
+        """tile_rmax of every Hopper tile from the one holding first_row to the last of rows [0, n)."""
+        s = self.searcher
+        first, last = first_row // self.tile_rows, -(-n // self.tile_rows)
+        tiles = s._kernel(rs.tiles_spec(self.tile_rows, s._arch))
+        tiles.prepare(s._pointer("screen_rx"), n, first, last, s._pointer("screen_tile_rmax")).launch(
+            math.ceil((last - first) / 8), 256, 0, s._stream)
+
+    # -- one batch -------------------------------------------------------------------------------------
+
+    def _threshold_hopper(self, rows: int, nq: int, tiles: int, step: int, kept: int) -> None:
+        """Step 2 on sm_90a: the sample's terms in tile order, then the Hopper screen's threshold mode."""
+        s = self.searcher
+        self.hopper_thresholds += 1
+        ptr, bn = s._pointer, self.tile_rows
+        s._kernel(rs.sample_spec(bn, s._arch)).prepare(
+            ptr("screen_sq_hi"), ptr("screen_rx"), step, tiles, ptr("screen_sample_sq"),
+            ptr("screen_sample_rmax")).launch(math.ceil(tiles / 8), 256, 0, s._stream)
+        loaded = s._kernel(rs.hopper_spec(s.metric, s.dtype, self.stride, s._arch, keep=kept))
+        tile_q = 128 * self.hopper_spec.param("mw")
+        sample_map = self._tensor_map("sample", (rows, tiles, step, bn), lambda: sample_map_args(
+            rows, tiles, step, self.row_bytes, self.element_bytes, bn))
+        query_map = self._query_map(nq, tile_q)
+        launch = loaded.prepare(query_map, sample_map, tiles * bn,
+                                ptr("screen_sample_sq") if s.metric == "l2" else 0, ptr("screen_sample_rmax"), nq,
+                                self.row_bytes, 0, ptr("screen_e"), ptr("screen_f"), 0, 0, 0, ptr("screen_upper"))
+        launch.launch(max(1, min(-(-nq // tile_q) * tiles, s._sm_count)), loaded.threads, loaded.shared_bytes,
+                      s._stream)
+
+    def _screen_hopper(self, rows: int, n_rows: int, nq: int, capacity: int) -> None:
+        """Step 3 on sm_90a: the persistent Hopper screen, one CTA per SM."""
+        s = self.searcher
+        spec = self.hopper_spec
+        loaded = s._kernel(spec)
+        bn, tile_q = spec.param("bn"), 128 * spec.param("mw")
+        ptr = s._pointer
+        row_map = self._rows_map("rows", rows, n_rows, bn)
+        query_map = self._query_map(nq, tile_q)
+        tiles = -(-nq // tile_q) * -(-n_rows // bn)
+        launch = loaded.prepare(query_map, row_map, n_rows, ptr("screen_sq_lo") if s.metric == "l2" else 0,
+                                ptr("screen_tile_rmax"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
+                                ptr("screen_f"), ptr("screen_counts"), ptr("screen_survivors"), capacity, 0)
+        launch.launch(max(1, min(tiles, s._sm_count)), loaded.threads, loaded.shared_bytes, s._stream)
+
+    def _tensor_map(self, name: str, what: tuple, make_args) -> TensorMapArg:
+        """The kept map of `name`, encoded again (from make_args()) when what it maps changed."""
+        kept = self._maps.get(name)
+        if kept is None or kept[0] != what:
+            kept = self._maps[name] = (what, TensorMapArg.from_buffer_copy(as_bytes(encode(make_args()))))
+        return kept[1]
+
+    def _rows_map(self, name: str, address: int, rows: int, box_rows: int) -> TensorMapArg:
+        return self._tensor_map(name, (address, rows, box_rows), lambda: tensor_map_args(
+            address, rows, self.row_bytes, self.element_bytes, box_rows))
+
+    def _query_map(self, nq: int, tile_q: int) -> TensorMapArg:
+        return self._rows_map("queries", self.searcher._pointer("screen_q"), nq, tile_q)
+
+
+__all__ = ["HopperSteps", "HOPPER_MIN_PRODUCTS", "HOPPER_MIN_QUERIES", "hopper_pays", "use_hopper"]
