@@ -74,6 +74,8 @@ class CppLauncher:
                                         ctypes.POINTER(ctypes.c_double)]
         lib.lb_search_one.argtypes = [ctypes.POINTER(LbSearch)] + [ctypes.c_void_p] * 3
         lib.lb_search_one.restype = ctypes.c_int
+        lib.lb_search_staged.argtypes = [ctypes.POINTER(LbSearch), ctypes.c_void_p, ctypes.c_void_p]
+        lib.lb_search_staged.restype = ctypes.c_int
         lib.lb_replay.argtypes = [ctypes.POINTER(LbOp), ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double),
                                   ctypes.POINTER(ctypes.c_double)]
 

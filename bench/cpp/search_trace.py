@@ -269,8 +269,9 @@ def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
     targets = np.empty((len(queries), k), np.float32), np.empty((len(queries), k), np.int64)
     out["tinyknn_prepared_out"] = _common.summary_us(_common.time_calls(lambda: prepared(queries, out=targets), reps, 5))
     prepared.close()
-    out["native_one_call_probe"] = native_one_call(index, queries, k, cpp, reps)
-    modes = {**modes, "tinyknn_prepared_out": True, "native_one_call_probe": True}
+    probes = native_one_call(index, queries, k, cpp, reps)
+    out.update(probes)
+    modes = {**modes, "tinyknn_prepared_out": True, **dict.fromkeys(probes, True)}
     for name, key in (("cpp_one_by_one", "one_by_one"), ("cpp_replaying_tinyknn_calls", "default")):
         ops, appended = _with_sync(trace[key])
         array = to_ops(ops)
@@ -289,10 +290,15 @@ def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
 
 
 def native_one_call(index, queries, k: int, cpp, reps: int) -> dict:
-    """A probe, not the library's path: a prepared one-query search handed whole to native code
-    (lb_search_one: the query into the pinned stage, the search's graph, its values checked while it runs,
-    the wait, the results into the caller's arrays), called from Python with the three arrays' addresses.
-    What a search costs when Python's share is one ctypes call; its answers must equal Index.search's."""
+    """Probes, not the library's path: a prepared one-query search handed whole to native code, called from
+    Python, each variant's answers checked equal to Index.search's. What a search costs when Python's share is
+    one ctypes call:
+    - native_one_call_probe (lb_search_one): the query into the pinned stage, the search's graph, its values
+      checked while it runs, the wait, the results into the caller's arrays; the three arrays' addresses taken
+      per call (numpy's .ctypes: ~1 us each);
+    - native_staged_probe (lb_search_staged): the query copied into the stage by np.copyto in Python, the
+      caller's arrays' addresses kept from the first call, the rest as above;
+    - native_staged_fresh_probe: the same, then fresh result arrays (copies), as Index.search returns."""
     from tinyknn.inputs.validate import MAX_ABS_VALUE
 
     searcher = index._searcher
@@ -301,26 +307,47 @@ def native_one_call(index, queries, k: int, cpp, reps: int) -> dict:
         searcher.search(queries, k, prepared=token)
     batch = token.batch
     if len(queries) != 1 or batch is None or batch.graph is None or not batch.direct:
-        return {"skipped": "one query whose batch has a graph and writes its results into the pinned staging"}
+        skipped = {"skipped": "one query whose batch has a graph and writes its results into the pinned staging"}
+        return {"native_one_call_probe": skipped}
     record = LbSearch(int(batch.graph.handle), int(searcher._stream.handle), batch.stage.ctypes.data,
                       batch.distances.ctypes.data, batch.ids.ctypes.data, batch.status.ctypes.data, index.dim, k,
                       MAX_ABS_VALUE)
     distances, ids = np.empty((1, k), np.float32), np.empty((1, k), np.int64)
-    search_one, pointer = cpp.cdll.lb_search_one, ctypes.byref(record)
+    search_one, staged, pointer = cpp.cdll.lb_search_one, cpp.cdll.lb_search_staged, ctypes.byref(record)
+    distances_at, ids_at = distances.ctypes.data, ids.ctypes.data
+    stage, found_d, found_i = batch.stage, batch.distances, batch.ids
+    unproven, fresh = [], []
 
-    unproven = []
-
-    def call():
-        code = search_one(pointer, queries.ctypes.data, distances.ctypes.data, ids.ctypes.data)
+    def checked(code: int) -> None:
         if code == -2:                      # the search could not prove its answer: the library's slow path
             unproven.append(1)
         elif code:
-            raise RuntimeError(f"lb_search_one returned {code}")
+            raise RuntimeError(f"the native search returned {code}")
 
-    summary = _common.summary_us(_common.time_calls(call, reps, 5))
+    def call():
+        checked(search_one(pointer, queries.ctypes.data, distances.ctypes.data, ids.ctypes.data))
+
+    def call_staged():
+        np.copyto(stage, queries)
+        checked(staged(pointer, distances_at, ids_at))
+
+    def call_staged_fresh():
+        np.copyto(stage, queries)
+        checked(staged(pointer, distances_at, ids_at))
+        fresh[:] = found_d.copy(), found_i.copy()
+
     expected = index.search(queries, k)
-    call()
-    summary["unproven_calls"] = len(unproven)
-    summary["answers_equal_index_search"] = bool(np.array_equal(distances.view(np.int32), expected[0].view(np.int32))
-                                                 and np.array_equal(ids, expected[1]))
-    return summary
+    out = {}
+    for name, fn in (("native_one_call_probe", call), ("native_staged_probe", call_staged),
+                     ("native_staged_fresh_probe", call_staged_fresh)):
+        unproven.clear()
+        distances.fill(0)
+        ids.fill(0)
+        summary = _common.summary_us(_common.time_calls(fn, reps, 5))
+        fn()
+        got = fresh if fn is call_staged_fresh else (distances, ids)
+        summary["unproven_calls"] = len(unproven)
+        summary["answers_equal_index_search"] = bool(np.array_equal(got[0].view(np.int32), expected[0].view(np.int32))
+                                                     and np.array_equal(got[1], expected[1]))
+        out[name] = summary
+    return out
