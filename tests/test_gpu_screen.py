@@ -127,6 +127,7 @@ def test_the_survivors_room_is_one_number_for_the_screen_and_the_verify(rng, scr
     queries = near_rows(rng, db, 100, "float32")
     index = searcher_index(db, "l2", "float32")
     check_screen_used(index, screen)
+    room = render_screen.SURVIVOR_CAPACITY
     monkeypatch.setattr(render_screen, "SURVIVOR_CAPACITY", 64)
     state = index._searcher._screen
     for k in KS:
@@ -135,7 +136,10 @@ def test_the_survivors_room_is_one_number_for_the_screen_and_the_verify(rng, scr
         assert_exact(d, i, db, queries, k, "l2", "float32")
         if k > 64:
             assert state.fallbacks - before == len(queries)
-    assert state.queries == len(KS) * len(queries)
+    monkeypatch.setattr(render_screen, "SURVIVOR_CAPACITY", room)   # its own room again: the same answers
+    d, i = index._searcher.search(queries, 10)
+    assert_exact(d, i, db, queries, 10, "l2", "float32")
+    assert state.queries == (len(KS) + 1) * len(queries)
     index.close()
 
 

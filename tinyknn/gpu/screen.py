@@ -158,6 +158,7 @@ class Screen(HopperSteps):
             self.usable = False             # a float32 value beyond float16: this index is not screened
         self.ready = n
 
+    # -- one batch -------------------------------------------------------------------------------------
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(distances, ids, unproven query indices) of one batch of host float32 queries."""
         s = self.searcher

@@ -54,8 +54,6 @@ class HopperSteps:
         tiles.prepare(s._pointer("screen_rx"), n, first, last, s._pointer("screen_tile_rmax")).launch(
             math.ceil((last - first) / 8), 256, 0, s._stream)
 
-    # -- one batch -------------------------------------------------------------------------------------
-
     def _threshold_hopper(self, rows: int, nq: int, tiles: int, step: int, kept: int) -> None:
         """Step 2 on sm_90a: the sample's terms in tile order, then the Hopper screen's threshold mode."""
         s = self.searcher

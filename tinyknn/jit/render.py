@@ -324,7 +324,7 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
             specs.append(single_spec(metric, dtype, dim, k, arch, shadow=True))
     specs += [band_spec(metric, dtype, arch), rows_spec(arch), range_spec(metric, dtype, dim, arch)]
     specs += selection_specs(arch) + listed_specs(metric, dtype, dim, k, arch)
-    if arch == render_screen.HOPPER_ARCH:   # sm_90a: the Hopper screen of batches (gpu/screen.py)
+    if arch == render_screen.HOPPER_ARCH:   # sm_90a: the Hopper screen of batches (gpu/screen_hopper.py)
         specs += hopper_specs(metric, dtype, dim, arch)
     return list(dict.fromkeys(specs))
 
