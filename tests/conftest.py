@@ -12,6 +12,29 @@ import pytest
 from tinyknn.config import get_config, reset_config
 
 
+def _import_every_module() -> None:
+    """Import every tinyknn module before any test runs. A module binds what it reads while it is imported (a
+    default argument, a constant derived from another): first imported inside a test that monkeypatches such a
+    value, it would keep the patched one for the rest of the process, so the order of the tests would decide
+    what later tests run (once a screen's survivor room). Optional dependencies that are absent leave their
+    adapters unimported here; their tests skip."""
+    import importlib
+    import pkgutil
+
+    import tinyknn
+
+    for info in pkgutil.walk_packages(tinyknn.__path__, "tinyknn.", onerror=lambda name: None):
+        if info.name.rsplit(".", 1)[-1] == "__main__":      # `python -m` entry points run their command
+            continue
+        try:
+            importlib.import_module(info.name)
+        except ImportError:
+            pass
+
+
+_import_every_module()
+
+
 @functools.lru_cache(maxsize=1)
 def gpu_probe() -> str | None:
     """None when a CUDA device is usable, else why not."""
