@@ -15,7 +15,9 @@
 //   SORTW  0: the tail sorts the float64 candidates with the block's bitonic network; 1: with one warp's
 //             shuffles (SORT <= 32; the library's choice there since verify.cuh's warp_sort_exact).
 //   TAIL   0: the last block to arrive runs the tail; 1: the stream kernel stops after its list and
-//             probe_tail_kernel (one block) runs the tail as a second launch.
+//             probe_tail_kernel (one block) runs the tail as a second launch; 2: as 0, and each block asks for
+//             its list's stored rows in L2 once the list is written (prefetch.global.L2, a hint: the rows the
+//             tail reads in float64 are never streamed when the float16 shadow is, so they come from DRAM).
 #pragma once
 
 namespace tinyknn {
@@ -336,7 +338,18 @@ probe_single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows,
       list_positions[j] = j < count ? row_positions[j] : -1;
     }
   }
-  if constexpr (TAIL) {     // probe_tail_kernel runs the tail after this launch
+  if constexpr (TAIL == 2) {  // the list's stored rows into L2 while the other blocks stream (a hint only)
+    __syncthreads();          // the list is in global memory, written by other threads of this block
+    constexpr int LINES = (STORED_STRIDE * (int)sizeof(T) + 127) / 128;
+    for (int i = threadIdx.x; i < KL * LINES; i += WARPS * 32) {
+      const int p = list_positions[i / LINES];
+      if (p >= 0) {
+        const char* line = reinterpret_cast<const char*>(data + (long long)p * STORED_STRIDE) + (i % LINES) * 128;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+      }
+    }
+  }
+  if constexpr (TAIL == 1) {     // probe_tail_kernel runs the tail after this launch
     __syncthreads();
     probe_stamp<STAMP>(stamps, blockIdx.x, PROBE_LISTED);
     return;

@@ -32,7 +32,7 @@ SHAPES = {"20k": (20_000, 128), "100k": (100_000, 128), "1M": (1_000_000, 768)} 
 # name: (SEL, GATHER, SORTW, TAIL); the switches of single_phases.cuh
 VARIANTS = {"copy": (0, 0, 1, 0), "block_sort": (0, 0, 0, 0), "warp_select": (1, 0, 1, 0),
             "warp_merge": (1, 1, 1, 0), "head_gather": (0, 2, 1, 0), "head_all": (2, 2, 1, 0),
-            "tail_kernel": (0, 0, 1, 1), "tail_kernel_head": (0, 2, 1, 1)}
+            "tail_kernel": (0, 0, 1, 1), "tail_kernel_head": (0, 2, 1, 1), "head_all_l2": (2, 2, 1, 2)}
 SLICE_SWEEP = {"20k": (20, 10), "100k": (66, 49)}       # fewer, fuller slices (rows a slice <= rmax)
 SWEPT = ("copy", "head_all")
 PHASES = ("start", "query", "streamed", "listed", "arrived", "copied", "gathered", "distances", "sorted", "done")
@@ -60,7 +60,7 @@ def probe_names(spec, variant: str, stamp: int) -> tuple[str, str | None, int, i
     stream = f"tinyknn::probe_single_kernel<{', '.join(args[:-1])}, {smem}, {stamp}, {sel}, {gather}, {sortw}, {tail}>"
     tail_smem = render._align16(render.verify_params(int(kl), False)["smem"]) + int(cmax) * 8 + scratch
     tail_name = (f"tinyknn::probe_tail_kernel<{metric}, {bound}, {stored}, {dim}, {k}, {kl}, {warps}, {cmax}, "
-                 f"{tail_smem}, {stamp}, {gather}, {sortw}>") if tail else None
+                 f"{tail_smem}, {stamp}, {gather}, {sortw}>") if tail == 1 else None
     return stream, tail_name, smem, tail_smem
 
 

@@ -33,7 +33,7 @@ from ..errors import CpuLibraryError
 from .cache import (_fallback_path, _write_json, file_sha256, library_dir, log, primary_dir, read_sidecar, remove,
                     sidecar, verified)
 
-ABI_VERSION = 7          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
+ABI_VERSION = 8          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
 COMPILERS = ("g++", "c++", "clang++")
 # -march=native: exactly the running CPU's instructions (arm64 compilers spell it -mcpu=native)
 _NATIVE = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
@@ -207,20 +207,12 @@ def build_library_reporting() -> tuple[Path, bool]:
 
     sources = source_files()
     cxx = find_compiler(required=False)
+    cached = cached_library(sources, cxx)
+    if cached is not None:
+        return cached, False
     if cxx is None:
-        cached = cached_without_compiler(sources)
-        if cached is not None:
-            return cached, False
         find_compiler(required=True)  # raises, saying what was tried and what to install
-    name = f"libtinyknn-{library_key(cxx, sources)}{SUFFIX}"
-    primary = primary_dir() / name
-    if verified(primary):  # found in the cache, writable or not
-        log.debug("CPU library from the cache: %s", primary)
-        return primary, False
-    target = library_dir() / name
-    if target != primary and verified(target):
-        log.debug("CPU library from the fallback folder: %s", target)
-        return target, False
+    target = library_dir() / f"libtinyknn-{library_key(cxx, sources)}{SUFFIX}"
     with FileLock(str(target) + ".lock", timeout=900):
         if verified(target):  # another process built it while we waited
             return target, False
@@ -237,6 +229,23 @@ def build_library_reporting() -> tuple[Path, bool]:
         print(f"tinyknn: built the CPU library in {elapsed:.1f} s: {target}", file=sys.stderr, flush=True)
         log.info("built the CPU library in %.1f s: %s", elapsed, target)
     return target, True
+
+
+def cached_library(sources: list[Path], cxx: str | None) -> Path | None:
+    """A verified build of these sources for this machine, found without compiling: the compiler's own in the
+    cache (or its fallback folder), or, with no compiler on PATH, one by any compiler; None if there is none."""
+    if cxx is None:
+        return cached_without_compiler(sources)
+    name = f"libtinyknn-{library_key(cxx, sources)}{SUFFIX}"
+    primary = primary_dir() / name
+    if verified(primary):  # found in the cache, writable or not
+        log.debug("CPU library from the cache: %s", primary)
+        return primary
+    fallback = library_dir() / name     # (asked only now: with the cache read-only it may have to be made)
+    if fallback != primary and verified(fallback):
+        log.debug("CPU library from the fallback folder: %s", fallback)
+        return fallback
+    return None
 
 
 def cached_without_compiler(sources: list[Path]) -> Path | None:

@@ -52,6 +52,7 @@ _SIGNATURES = {
     "tk_range_total": ([_ptr, ctypes.POINTER(_i64)], _int),
     "tk_range_copy": ([_ptr, _ptr, _ptr, _ptr], _int),
     "tk_range_free": ([_ptr], _int),
+    "tk_gpu_search_one": ([_ptr, _ptr, _ptr], _int),
 }
 
 
@@ -98,6 +99,30 @@ def get_library() -> ctypes.CDLL:
         cache.remove(path, f"cannot be used ({exc})")
         raise CpuLibraryError(f"tinyknn's cached CPU library {path} was not its own ({exc}); it has been removed, "
                               "and the next process builds it again") from None
+
+
+def ready_library() -> ctypes.CDLL | None:
+    """The library when this process can have it without compiling (loaded already, prebuilt, or in the cache),
+    else None: optional native helpers (the GPU's prepared search, tinyknn/gpu/native_search.py) must never make
+    a search wait for a build."""
+    try:
+        if get_library.cache_info().currsize:
+            return get_library()
+        digest = build.sources_digest(build.source_files())
+        usable = any(_binds(path, digest) for path in prebuilt.candidates())
+        if usable or build.cached_library(build.source_files(), build.find_compiler(required=False)) is not None:
+            return get_library()
+    except CpuLibraryError:
+        pass
+    return None
+
+
+def _binds(path: Path, digest: str) -> bool:
+    try:
+        bind(path, digest)
+        return True
+    except CpuLibraryError:
+        return False
 
 
 def reset_library() -> None:

@@ -10,9 +10,12 @@ import math
 
 import numpy as np
 
+from cuda.bindings import driver
+
 from ..inputs.validate import check_values
 from ..jit import render
-from . import plan as plans
+from . import native_search, plan as plans
+from .device import raise_error
 
 BAND_MIN_CAPACITY = 256         # band entries per query at first (grown to the largest count when exceeded)
 PLAN_CACHE = 32
@@ -45,16 +48,24 @@ class HostQueries:
             batch = self._host_batch(len(queries), k, exact)
             if prepared is not None and not exact and prepared.n_queries == len(queries) and prepared.k == k and \
                     self._view.prefix == "":
-                prepared.batch, prepared.generation = batch, self._plan_generation
+                prepared.batch, prepared.generation, prepared.native = batch, self._plan_generation, None
         if self._stride == self.dim:
             np.copyto(batch.stage, queries)
         else:
             batch.stage[:, :self.dim] = queries
-        batch.run(self._stream, self.use_graphs)
-        try:    # NaN, infinity and magnitude: checked here, on the host, while the device searches
-            check_values(queries, "queries", "float32")
-        finally:
-            self._stream.synchronize()
+        native = None
+        if prepared is not None and prepared.batch is batch and batch.graph is not None and self.use_graphs:
+            native = prepared.native
+            if native is None:      # tried once per bound batch: False where it cannot be had
+                native = prepared.native = native_search.for_batch(batch, self._stream, self.dim, k) or False
+        if native:
+            self._run_native(native, queries)
+        else:
+            batch.run(self._stream, self.use_graphs)
+            try:    # NaN, infinity and magnitude: checked here, on the host, while the device searches
+                check_values(queries, "queries", "float32")
+            finally:
+                self._stream.synchronize()
         if out is None:
             distances, ids = batch.distances.copy(), batch.ids.copy()
         else:
@@ -65,6 +76,15 @@ class HostQueries:
             unproven = np.flatnonzero(status)
             distances[unproven], ids[unproven] = self._band(unproven, k)
         return distances, ids
+
+    def _run_native(self, native, queries: np.ndarray) -> None:
+        """The staged query's graph launched, its values checked, the wait: one native call (native_search.py)."""
+        code = native.run()
+        if code == native_search.REFUSED:
+            check_values(queries, "queries", "float32")     # raises, saying which value
+            raise ValueError("queries: a value the native check refused (NaN, infinity or |x| > 2**50)")
+        if code > 0:
+            raise_error(driver.CUresult(code), "cuGraphLaunch or cuStreamSynchronize (native search)")
 
     def _band(self, which: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Answers of the batch's queries `which` that verify could not prove: every row whose float64 key

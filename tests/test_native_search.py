@@ -1,0 +1,149 @@
+"""The GPU's prepared one-query search issued from native code (kernels/cpu/gpu_call.cpp, tinyknn/gpu/native_search.py),
+checked here without a GPU: the driver's cuGraphLaunch and cuStreamSynchronize are stand-ins written in Python that
+play the graph (they write an answer into the "pinned" arrays) and record what was called, in what order."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from tinyknn.cpu import build, library, prebuilt
+from tinyknn.gpu import native_search
+from tinyknn.inputs.validate import MAX_ABS_VALUE
+
+K, DIM = 5, 8
+
+
+class Device:
+    """The stand-in driver: a graph that writes `answer` into the staging, a wait that returns `wait_code`."""
+
+    def __init__(self, launch_code: int = 0, wait_code: int = 0, status: int = 0):
+        self.stage = np.zeros(DIM, np.float32)
+        self.distances, self.ids = np.zeros(K, np.float32), np.zeros(K, np.int64)
+        self.status = np.zeros(1, np.int32)
+        self.calls: list[str] = []
+        self.launch_code, self.wait_code, self.answer_status = launch_code, wait_code, status
+        self.launch = native_search._LAUNCH(self._launch)
+        self.wait = native_search._SYNCHRONIZE(self._wait)
+        self.record = native_search.TkGpuSearch(
+            self.launch, self.wait, 0x1234, 0x5678, self.stage.ctypes.data, self.distances.ctypes.data,
+            self.ids.ctypes.data, self.status.ctypes.data, DIM, K, MAX_ABS_VALUE)
+
+    def _launch(self, graph, stream) -> int:
+        self.calls.append(f"launch {graph:#x} {stream:#x}")
+        if self.launch_code:
+            return self.launch_code
+        self.distances[:] = np.arange(K) + float(self.stage[0])      # "the search": depends on the staged query
+        self.ids[:] = np.arange(K) * 7 + 3
+        self.status[0] = self.answer_status
+        return 0
+
+    def _wait(self, stream) -> int:
+        self.calls.append(f"wait {stream:#x}")
+        return self.wait_code
+
+    def search(self, query, out=True):
+        self.stage[:] = query
+        distances, ids = np.full(K, -9.0, np.float32), np.full(K, -9, np.int64)
+        code = library.get_library().tk_gpu_search_one(
+            ctypes.byref(self.record), distances.ctypes.data if out else None, ids.ctypes.data if out else None)
+        return code, distances, ids
+
+
+def test_a_good_query_launches_waits_and_copies_the_answer():
+    device = Device()
+    code, distances, ids = device.search(np.full(DIM, 2.5, np.float32))
+    assert code == 0
+    assert device.calls == ["launch 0x1234 0x5678", "wait 0x5678"]
+    np.testing.assert_array_equal(distances, np.arange(K) + 2.5)
+    np.testing.assert_array_equal(ids, np.arange(K) * 7 + 3)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, float(np.nextafter(np.float32(MAX_ABS_VALUE), np.inf))])
+def test_a_refused_value_waits_for_the_device_and_copies_nothing(bad):
+    """The check runs while the device works, so the wait still happens: nothing of the search is left running."""
+    query = np.ones(DIM, np.float32)
+    query[DIM - 1] = bad
+    device = Device()
+    code, distances, ids = device.search(query)
+    assert code == native_search.REFUSED
+    assert device.calls == ["launch 0x1234 0x5678", "wait 0x5678"]
+    assert (distances == -9).all() and (ids == -9).all()
+
+
+def test_the_largest_allowed_magnitude_is_accepted():
+    query = np.zeros(DIM, np.float32)
+    query[0], query[1] = MAX_ABS_VALUE, -MAX_ABS_VALUE          # |x| <= 2**50 exactly, as check_values allows
+    assert Device().search(query)[0] == 0
+
+
+def test_an_unproven_answer_is_copied_and_said():
+    code, distances, _ = Device(status=1).search(np.ones(DIM, np.float32))
+    assert code == native_search.UNPROVEN
+    np.testing.assert_array_equal(distances, np.arange(K) + 1.0)
+
+
+def test_driver_errors_come_back_as_their_codes():
+    device = Device(launch_code=700)
+    code, distances, _ = device.search(np.ones(DIM, np.float32))
+    assert code == 700 and device.calls == ["launch 0x1234 0x5678"]        # nothing enqueued: no wait
+    assert (distances == -9).all()
+    device = Device(wait_code=999)
+    code, distances, _ = device.search(np.ones(DIM, np.float32))
+    assert code == 999 and (distances == -9).all()
+
+
+def test_null_outputs_leave_the_answer_in_the_staging():
+    device = Device()
+    code, distances, _ = device.search(np.full(DIM, 4.0, np.float32), out=False)
+    assert code == 0 and (distances == -9).all()
+    np.testing.assert_array_equal(device.distances, np.arange(K) + 4.0)
+
+
+def test_a_record_without_driver_functions_is_refused():
+    device = Device()
+    empty = native_search.TkGpuSearch()
+    lib = library.get_library()
+    assert lib.tk_gpu_search_one(ctypes.byref(empty), None, None) == native_search.REFUSED
+    assert lib.tk_gpu_search_one(None, None, None) == native_search.REFUSED
+    assert device.calls == []
+
+
+class _Batch:
+    def __init__(self, graph=object(), direct=True, n_queries=1):
+        self.graph, self.direct = graph, direct
+        self.plan = type("Plan", (), {"n_queries": n_queries})()
+
+
+@pytest.mark.parametrize("batch", [_Batch(graph=None), _Batch(direct=False), _Batch(n_queries=2)])
+def test_only_a_graphed_one_query_batch_with_its_answer_in_the_staging_is_native(batch, monkeypatch):
+    monkeypatch.setattr(native_search, "USE_NATIVE", True)
+    monkeypatch.setattr(native_search, "driver_entries", lambda: (1, 2))
+    assert native_search.for_batch(batch, None, DIM, K) is None
+
+
+def test_switched_off_or_without_a_driver_the_python_path_stays(monkeypatch):
+    monkeypatch.setattr(native_search, "USE_NATIVE", False)
+    assert native_search.for_batch(_Batch(), None, DIM, K) is None
+    monkeypatch.setattr(native_search, "USE_NATIVE", True)
+    monkeypatch.setattr(native_search, "driver_entries", lambda: None)
+    assert native_search.for_batch(_Batch(), None, DIM, K) is None
+
+
+def test_the_native_library_is_never_built_for_it(cache_dir, monkeypatch):
+    """Where the library is neither loaded, prebuilt nor cached, the search keeps its Python path: no compile."""
+    compiles = []
+    monkeypatch.setattr(build, "compile_library", lambda *args: compiles.append(args))
+    monkeypatch.setattr(prebuilt, "candidates", lambda: [])
+    library.reset_library()
+    try:
+        assert library.ready_library() is None
+        assert compiles == []
+    finally:
+        library.reset_library()
+
+
+def test_a_loaded_library_is_the_one_used():
+    assert library.ready_library() is library.get_library()
