@@ -132,6 +132,25 @@ def test_switched_off_or_without_a_driver_the_python_path_stays(monkeypatch):
     assert native_search.for_batch(_Batch(), None, DIM, K) is None
 
 
+def test_the_driver_functions_come_from_cu_get_proc_address(monkeypatch):
+    asked = []
+
+    def answer(symbol, version, flags):
+        asked.append((symbol, version, int(flags)))
+        return (native_search.driver.CUresult.CUDA_SUCCESS, {b"cuGraphLaunch": 0x1000}.get(symbol, 0x2000), 0)
+
+    monkeypatch.setattr(native_search.driver, "cuGetProcAddress", answer)
+    native_search.driver_entries.cache_clear()
+    try:
+        assert native_search.driver_entries() == (0x1000, 0x2000)
+        assert asked == [(b"cuGraphLaunch", 12000, 0), (b"cuStreamSynchronize", 12000, 0)]
+        native_search.driver_entries.cache_clear()
+        monkeypatch.setattr(native_search.driver, "cuGetProcAddress", lambda *a: (native_search.driver.CUresult(1), 0, 0))
+        assert native_search.driver_entries() is None          # an error or a null pointer: the Python path
+    finally:
+        native_search.driver_entries.cache_clear()
+
+
 def test_the_native_library_is_never_built_for_it(cache_dir, monkeypatch):
     """Where the library is neither loaded, prebuilt nor cached, the search keeps its Python path: no compile."""
     compiles = []

@@ -42,7 +42,7 @@ def _entry(name: str) -> int:
     """The driver's function `name` as an address (0 where the driver gives none)."""
     try:
         found = driver.cuGetProcAddress(name.encode(), _DRIVER_VERSION,
-                                        driver.CUflags.CU_GET_PROC_ADDRESS_DEFAULT)
+                                        driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT)
     except Exception:  # noqa: BLE001 - bindings without cuGetProcAddress: the Python path
         return 0
     return int(found[1]) if len(found) > 1 and not int(found[0]) else 0
