@@ -113,8 +113,9 @@ def test_prepared_batch_is_bound_once_and_rebound_after_every_change(rng):
 
 @pytest.mark.parametrize("metric", METRICS)
 def test_a_native_prepared_search_is_the_python_one(metric, rng, monkeypatch):
-    """native_search.USE_NATIVE: once its graph is captured, a one-query prepared search is one native call
-    (tinyknn/gpu/native_search.py). Its answers are Index.search's, bit for bit, with and without out=; a query
+    """native_search.USE_NATIVE: once its graph is captured, a one-query search is one native call
+    (tinyknn/gpu/native_search.py). A prepared search's answers are the Python path's, bit for bit, with and
+    without out=, and Index.search's of the same shape go the same way; a query
     with NaN or a magnitude beyond 2**50 is the same ValueError and changes nothing; adds, removals and reset
     re-bind it; the band search still settles what the kernel could not prove (40 tied copies)."""
     from tinyknn.cpu.library import get_library
@@ -131,11 +132,15 @@ def test_a_native_prepared_search_is_the_python_one(metric, rng, monkeypatch):
         prepared = index.prepare_search(10)
         for _ in range(4):
             got = prepared(q)
-        assert isinstance(_token(prepared).native, native_search.NativeSearch)
-        expected = index.search(q, 10)
+        assert isinstance(_token(prepared).batch.native, native_search.NativeSearch)
+        monkeypatch.setattr(native_search, "USE_NATIVE", False)
+        expected = index.search(q, 10)                    # the Python path, the same batch
+        monkeypatch.setattr(native_search, "USE_NATIVE", True)
         np.testing.assert_array_equal(got[0].view(np.int32), expected[0].view(np.int32))
         np.testing.assert_array_equal(got[1], expected[1])
         assert_exact(*got, db, q, 10, metric)
+        plain = index.search(q, 10)                       # Index.search: the same batch, natively
+        np.testing.assert_array_equal(plain[1], expected[1])
         out = filled(1, 10)
         assert prepared(q, out=out)[0] is out[0]
         assert_exact(*out, db, q, 10, metric)

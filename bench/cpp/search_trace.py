@@ -272,8 +272,8 @@ def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
     out.update(native_prepared(index, queries, k, reps, targets))
     probes = native_one_call(index, queries, k, cpp, reps)
     out.update(probes)
-    modes = {**modes, "tinyknn_prepared_out": True, "tinyknn_prepared_native": True, "tinyknn_prepared_native_out": True,
-             **dict.fromkeys(probes, True)}
+    modes = {**modes, "tinyknn_prepared_out": True, "tinyknn_search_native": True, "tinyknn_prepared_native": True,
+             "tinyknn_prepared_native_out": True, **dict.fromkeys(probes, True)}
     for name, key in (("cpp_one_by_one", "one_by_one"), ("cpp_replaying_tinyknn_calls", "default")):
         ops, appended = _with_sync(trace[key])
         array = to_ops(ops)
@@ -292,12 +292,14 @@ def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
 
 
 def native_prepared(index, queries, k: int, reps: int, targets) -> dict:
-    """The library's prepared search with its native call on (tinyknn/gpu/native_search.py, USE_NATIVE), fresh
-    results and out=: each checked equal to Index.search; skipped where the native call cannot be had."""
+    """The library's searches with the native call on (tinyknn/gpu/native_search.py, USE_NATIVE): Index.search,
+    a prepared search with fresh results and with out=; each checked equal to Index.search's answer with it off;
+    skipped where the native call cannot be had."""
     from tinyknn.cpu.library import get_library
     from tinyknn.gpu import native_search
 
     get_library()           # the native library (built here on first use; a search never builds it)
+    expected = index.search(queries, k)         # the Python path's answer
     saved = native_search.USE_NATIVE
     native_search.USE_NATIVE = True
     try:
@@ -305,14 +307,14 @@ def native_prepared(index, queries, k: int, reps: int, targets) -> dict:
         for _ in range(4):
             prepared(queries)
         token = prepared._bound.token
-        if not isinstance(getattr(token, "native", None), native_search.NativeSearch):
+        if not isinstance(getattr(getattr(token, "batch", None), "native", None), native_search.NativeSearch):
             return {"tinyknn_prepared_native": {"skipped": "no native search for this batch (library, driver or shape)"}}
-        expected = index.search(queries, k)
         out = {}
-        for name, call in (("tinyknn_prepared_native", lambda: prepared(queries)),
+        for name, call in (("tinyknn_search_native", lambda: index.search(queries, k)),
+                           ("tinyknn_prepared_native", lambda: prepared(queries)),
                            ("tinyknn_prepared_native_out", lambda: prepared(queries, out=targets))):
             summary = _common.summary_us(_common.time_calls(call, reps, 5))
-            got = prepared(queries) if name == "tinyknn_prepared_native" else prepared(queries, out=targets)
+            got = call()
             summary["answers_equal_index_search"] = bool(np.array_equal(got[0].view(np.int32), expected[0].view(np.int32))
                                                          and np.array_equal(got[1], expected[1]))
             out[name] = summary

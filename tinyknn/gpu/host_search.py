@@ -48,16 +48,16 @@ class HostQueries:
             batch = self._host_batch(len(queries), k, exact)
             if prepared is not None and not exact and prepared.n_queries == len(queries) and prepared.k == k and \
                     self._view.prefix == "":
-                prepared.batch, prepared.generation, prepared.native = batch, self._plan_generation, None
+                prepared.batch, prepared.generation = batch, self._plan_generation
         if self._stride == self.dim:
             np.copyto(batch.stage, queries)
         else:
             batch.stage[:, :self.dim] = queries
         native = None
-        if prepared is not None and prepared.batch is batch and batch.graph is not None and self.use_graphs:
-            native = prepared.native
-            if native is None:      # tried once per bound batch: False where it cannot be had
-                native = prepared.native = native_search.for_batch(batch, self._stream, self.dim, k) or False
+        if batch.graph is not None and self.use_graphs and native_search.USE_NATIVE:
+            native = batch.native
+            if native is None:      # tried once per batch: False where it cannot be had
+                native = batch.native = native_search.for_batch(batch, self._stream, self.dim, k) or False
         if native:
             self._run_native(native, queries)
         else:

@@ -8,8 +8,9 @@ the answer. The driver's functions come as pointers from cuGetProcAddress, so ti
 library, which gains this one function) never links CUDA; where that library is not built yet, or the driver
 gives no pointer, searches keep the Python path: nothing here ever waits for a compile.
 
-Used by GpuSearcher._search_host_batch for a prepared search's bound batch (one query, its graph captured, the
-answer written into pinned staging by the kernel) when USE_NATIVE is set.
+Used by GpuSearcher._search_host_batch for a one-query host batch whose graph is captured and whose kernel writes
+the answer into pinned staging (a prepared search's, or Index.search's of a shape seen before) when USE_NATIVE
+is set.
 """
 
 from __future__ import annotations
@@ -64,11 +65,10 @@ def native_library():
 
 class NativeSearch:
     """One host batch's search as one native call: `run(out_distances_address, out_ids_address)` (0: not copied
-    there) after the query was staged; returns 0, UNPROVEN, REFUSED or a CUresult. Holds the batch (its graph
-    and pinned staging stay alive with it)."""
+    there) after the query was staged; returns 0, UNPROVEN, REFUSED or a CUresult. Kept on its batch
+    (HostBatch.native), whose graph and pinned staging it uses: it goes with the batch."""
 
     def __init__(self, library, batch, stream, dim: int, k: int, entries: tuple[int, int]):
-        self.batch = batch
         self.record = TkGpuSearch(_LAUNCH(entries[0]), _SYNCHRONIZE(entries[1]), int(batch.graph.handle),
                                   int(stream.handle), batch.stage.ctypes.data, batch.distances.ctypes.data,
                                   batch.ids.ctypes.data, batch.status.ctypes.data, dim, k, MAX_ABS_VALUE)

@@ -73,7 +73,6 @@ class PreparedBatch:
     k: int
     batch: "plans.HostBatch | None" = None
     generation: int = -1
-    native: "object | None" = None      # the bound batch's NativeSearch, False where none can be had, None: untried
 
 
 def _copy_into(out, found):
