@@ -123,8 +123,7 @@ def test_a_native_prepared_search_is_the_python_one(metric, rng, monkeypatch):
 
     get_library()                                        # the native library loaded (never built by a search)
     monkeypatch.setattr(native_search, "USE_NATIVE", True)
-    if native_search.driver_entries() is None:
-        pytest.skip("the driver gives no cuGraphLaunch / cuStreamSynchronize pointers")
+    assert native_search.driver_entries() is not None, "cuGetProcAddress gave no cuGraphLaunch / cuStreamSynchronize"
     db, q = data(rng, 5000), data(rng, 1)
     db[100:140] = db[7]                                   # 40 tied copies: one query's answer settled by the band
     with tinyknn.Index(DIM, metric, device="cuda") as index:
@@ -153,12 +152,13 @@ def test_a_native_prepared_search_is_the_python_one(metric, rng, monkeypatch):
             out = filled(1, 10)
             with pytest.raises(ValueError, match=message):
                 prepared(wrong, out=out)
-            assert (out[1] == -7).all()                  # nothing written
+            assert (out[0] == 7.5).all() and (out[1] == -7).all()      # nothing written
         assert_exact(*prepared(q), db, q, 10, metric)
         index.remove(np.arange(50))
         kept = np.arange(50, len(db))
         for _ in range(3):
             assert_exact(*prepared(q), db[kept], q, 10, metric, id_map=kept)
+        assert isinstance(_token(prepared).batch.native, native_search.NativeSearch)    # natively again
         index.reset()
         assert np.all(prepared(q)[1] == -1)
 

@@ -9,9 +9,14 @@ import ctypes
 import numpy as np
 import pytest
 
-from tinyknn.cpu import build, library, prebuilt
-from tinyknn.gpu import native_search
-from tinyknn.inputs.validate import MAX_ABS_VALUE
+pytest.importorskip("cuda.bindings")
+
+from reference import assert_exact  # noqa: E402
+from test_prepared_search import _fake_gpu_searcher  # noqa: E402
+from tinyknn.cpu import build, library, prebuilt  # noqa: E402
+from tinyknn.errors import CudaError  # noqa: E402
+from tinyknn.gpu import native_search  # noqa: E402
+from tinyknn.inputs.validate import MAX_ABS_VALUE  # noqa: E402
 
 K, DIM = 5, 8
 
@@ -102,13 +107,11 @@ def test_null_outputs_leave_the_answer_in_the_staging():
     np.testing.assert_array_equal(device.distances, np.arange(K) + 4.0)
 
 
-def test_a_record_without_driver_functions_is_refused():
-    device = Device()
+def test_a_record_without_driver_functions_does_nothing_and_says_so():
     empty = native_search.TkGpuSearch()
     lib = library.get_library()
-    assert lib.tk_gpu_search_one(ctypes.byref(empty), None, None) == native_search.REFUSED
-    assert lib.tk_gpu_search_one(None, None, None) == native_search.REFUSED
-    assert device.calls == []
+    assert lib.tk_gpu_search_one(ctypes.byref(empty), None, None) == native_search.INCOMPLETE
+    assert lib.tk_gpu_search_one(None, None, None) == native_search.INCOMPLETE
 
 
 class _Batch:
@@ -164,5 +167,89 @@ def test_the_native_library_is_never_built_for_it(cache_dir, monkeypatch):
         library.reset_library()
 
 
+def test_looking_for_the_library_makes_nothing_and_warns_of_nothing(cache_dir, monkeypatch):
+    """A read-only cache: the look neither warns (warnings are errors here) nor makes the fallback folder."""
+    import warnings
+
+    from tinyknn.cpu import cache
+
+    made = []
+    monkeypatch.setattr(build, "compile_library", lambda *args: made.append(args))
+    monkeypatch.setattr(prebuilt, "candidates", lambda: [])
+    monkeypatch.setattr(cache, "_writable", lambda folder: False)
+    monkeypatch.setattr(cache, "_fallback_dir", lambda folder: made.append(folder) or folder)
+    library.reset_library()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert library.ready_library() is None
+        assert made == []
+    finally:
+        library.reset_library()
+
+
 def test_a_loaded_library_is_the_one_used():
-    assert library.ready_library() is library.get_library()
+    loaded = library.get_library()
+    assert library.ready_library() is loaded
+
+
+# -- GpuSearcher's native branch (_search_host_batch, _run_native) on a searcher without a device ----------
+class FakeNative:
+    """Stands in for NativeSearch on a test_prepared_search fake batch: 'searches' (the oracle, as the fake batch's
+    run does) and returns `code`; counts its calls."""
+
+    def __init__(self, batch, code: int = 0):
+        self.batch, self.code, self.graph, self.calls = batch, code, batch.graph, 0
+
+    def run(self, out_distances: int = 0, out_ids: int = 0) -> int:
+        self.calls += 1
+        if self.code in (0, native_search.UNPROVEN):
+            type(self.batch).run(self.batch, None, True)     # the fake batch's own search (the oracle)
+        return self.code
+
+
+def _native_searcher(rng, monkeypatch, code: int = 0):
+    monkeypatch.setattr(native_search, "USE_NATIVE", True)
+    rows = rng.standard_normal((60, 16)).astype(np.float32)
+    searcher = _fake_gpu_searcher(rows)
+    searcher.search(rows[:1], 4)            # the batch of this shape made (no graph yet: the Python path)
+    (batch,) = searcher._plans.values()
+    batch.graph = object()                  # "captured"
+    batch.native = FakeNative(batch, code)
+    batch.run = lambda *args, **kwargs: pytest.fail("the Python path ran where the native one should have")
+    return searcher, rows, batch
+
+
+def test_a_graphed_one_query_batch_searches_natively(rng, monkeypatch):
+    searcher, rows, batch = _native_searcher(rng, monkeypatch)
+    q = rows[3:4] + 0.01
+    for _ in range(3):
+        assert_exact(*searcher.search(q, 4), rows, q, 4, "l2")
+    assert batch.native.calls == 3
+
+
+def test_a_value_the_native_check_refuses_is_the_python_paths_error(rng, monkeypatch):
+    searcher, rows, batch = _native_searcher(rng, monkeypatch, native_search.REFUSED)
+    q = rows[:1].copy()
+    q[0, 2] = np.nan
+    out = np.full((1, 4), 7.5, np.float32), np.full((1, 4), -7, np.int64)
+    with pytest.raises(ValueError, match="queries contains NaN"):
+        searcher.search(q, 4, out=out)
+    assert (out[0] == 7.5).all() and (out[1] == -7).all()        # nothing written
+
+
+def test_driver_errors_of_the_native_search_are_cuda_errors(rng, monkeypatch):
+    searcher, rows, _ = _native_searcher(rng, monkeypatch, 700)
+    with pytest.raises(CudaError, match="CUDA_ERROR_ILLEGAL_ADDRESS.*native search|native search.*ILLEGAL"):
+        searcher.search(rows[:1], 4)
+    searcher, rows, _ = _native_searcher(rng, monkeypatch, native_search.INCOMPLETE)
+    with pytest.raises(RuntimeError, match="no graph launch or wait function"):
+        searcher.search(rows[:1], 4)
+
+
+def test_switched_off_the_batch_takes_the_python_path(rng, monkeypatch):
+    searcher, rows, batch = _native_searcher(rng, monkeypatch)
+    monkeypatch.setattr(native_search, "USE_NATIVE", False)
+    del batch.run                           # the fake batch's own run again
+    assert_exact(*searcher.search(rows[:1], 4), rows, rows[:1], 4, "l2")
+    assert batch.native.calls == 0

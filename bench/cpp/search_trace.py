@@ -302,8 +302,8 @@ def native_prepared(index, queries, k: int, reps: int, targets) -> dict:
     expected = index.search(queries, k)         # the Python path's answer
     saved = native_search.USE_NATIVE
     native_search.USE_NATIVE = True
+    prepared = index.prepare_search(k=k, n_queries=len(queries))
     try:
-        prepared = index.prepare_search(k=k, n_queries=len(queries))
         for _ in range(4):
             prepared(queries)
         token = prepared._bound.token
@@ -318,9 +318,9 @@ def native_prepared(index, queries, k: int, reps: int, targets) -> dict:
             summary["answers_equal_index_search"] = bool(np.array_equal(got[0].view(np.int32), expected[0].view(np.int32))
                                                          and np.array_equal(got[1], expected[1]))
             out[name] = summary
-        prepared.close()
         return out
     finally:
+        prepared.close()
         native_search.USE_NATIVE = saved
 
 

@@ -13,7 +13,7 @@ extern "C" {
 
 __attribute__((visibility("default"))) int tk_gpu_search_one(const tk_gpu_search* s, float* out_distances,
                                                              int64_t* out_ids) {
-  if (s == nullptr || s->graph_launch == nullptr || s->stream_synchronize == nullptr) return TK_GPU_REFUSED;
+  if (s == nullptr || s->graph_launch == nullptr || s->stream_synchronize == nullptr) return TK_GPU_INCOMPLETE;
   int err = s->graph_launch(s->graph, s->stream);
   if (err != 0) return err;
   // The contract's check of a float32 query (tinyknn/inputs/validate.py, check_values): finite, |x| <= max_abs.

@@ -53,11 +53,12 @@ typedef struct tk_gpu_search {
   int64_t k;
   float max_abs;              // the largest |value| a query may hold (inputs/validate.py's MAX_ABS_VALUE)
 } tk_gpu_search;
-enum { TK_GPU_REFUSED = -1, TK_GPU_UNPROVEN = -2 };
+enum { TK_GPU_REFUSED = -1, TK_GPU_UNPROVEN = -2, TK_GPU_INCOMPLETE = -3 };
 // Launches the graph, checks the staged query (finite, |x| <= max_abs) while the device works, waits, then
 // copies the answer into out_distances / out_ids (each may be NULL: not copied). Returns 0; TK_GPU_UNPROVEN
-// (the answer copied, the caller's band search must settle it); TK_GPU_REFUSED (a value refused, or a null
-// pointer: nothing copied); or the driver's CUresult (> 0) of the launch or the wait.
+// (the answer copied, the caller's band search must settle it); TK_GPU_REFUSED (a value refused:
+// nothing copied); TK_GPU_INCOMPLETE (a null record or driver function: nothing done); or the driver's CUresult
+// (> 0) of the launch or the wait.
 int tk_gpu_search_one(const tk_gpu_search* search, float* out_distances, int64_t* out_ids);
 
 int tk_index_new(int64_t dim, int metric, int dtype, tk_index** out);

@@ -81,9 +81,10 @@ def find_compiler(required: bool = True) -> str | None:
     )
 
 
-def compiler_identity(cxx: str) -> str:
+def compiler_identity(cxx: str, remember: bool = True) -> str:
     """The compiler's own description of itself (its version banner), part of the cache key; remembered in
-    the cache by the compiler's path, size and mtime, so it runs once per compiler, not once per process."""
+    the cache by the compiler's path, size and mtime, so it runs once per compiler, not once per process
+    (remember=False: a look that writes nothing)."""
     stat = os.stat(cxx)
     stamp = f"{os.path.realpath(cxx)}|{stat.st_size}|{stat.st_mtime_ns}"
     memo = _identities()
@@ -95,7 +96,8 @@ def compiler_identity(cxx: str) -> str:
         raise CpuLibraryError(f"cannot run the C++ compiler {cxx} --version: {exc}") from None
     identity = f"{cxx}\n{result.stdout.strip()}"
     memo[stamp] = identity
-    _write_json(library_dir() / "compilers.json", memo)
+    if remember:
+        _write_json(library_dir() / "compilers.json", memo)
     return identity
 
 
@@ -138,9 +140,9 @@ def build_facts(sources: list[Path]) -> dict:
             "cpu": hashlib.sha256(cpu_identity().encode()).hexdigest()[:32]}
 
 
-def library_key(cxx: str, sources: list[Path]) -> str:
+def library_key(cxx: str, sources: list[Path], remember: bool = True) -> str:
     digest = hashlib.sha256(json.dumps(build_facts(sources), sort_keys=True).encode())
-    digest.update(compiler_identity(cxx).encode())
+    digest.update(compiler_identity(cxx, remember).encode())
     return digest.hexdigest()[:24]
 
 
@@ -231,17 +233,19 @@ def build_library_reporting() -> tuple[Path, bool]:
     return target, True
 
 
-def cached_library(sources: list[Path], cxx: str | None) -> Path | None:
+def cached_library(sources: list[Path], cxx: str | None, look_only: bool = False) -> Path | None:
     """A verified build of these sources for this machine, found without compiling: the compiler's own in the
-    cache (or its fallback folder), or, with no compiler on PATH, one by any compiler; None if there is none."""
+    cache (or its fallback folder), or, with no compiler on PATH, one by any compiler; None if there is none.
+    look_only: nothing written (the compiler's identity not remembered, the fallback folder never made)."""
     if cxx is None:
         return cached_without_compiler(sources)
-    name = f"libtinyknn-{library_key(cxx, sources)}{SUFFIX}"
+    name = f"libtinyknn-{library_key(cxx, sources, remember=not look_only)}{SUFFIX}"
     primary = primary_dir() / name
     if verified(primary):  # found in the cache, writable or not
         log.debug("CPU library from the cache: %s", primary)
         return primary
-    fallback = library_dir() / name     # (asked only now: with the cache read-only it may have to be made)
+    # asked only now: with the cache read-only, library_dir() may have to make the fallback folder
+    fallback = (_fallback_path() if look_only else library_dir()) / name
     if fallback != primary and verified(fallback):
         log.debug("CPU library from the fallback folder: %s", fallback)
         return fallback

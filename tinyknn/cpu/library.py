@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import warnings
 from pathlib import Path
 
 from ..errors import CpuLibraryError
@@ -105,15 +106,18 @@ def ready_library() -> ctypes.CDLL | None:
     """The library when this process can have it without compiling (loaded already, prebuilt, or in the cache),
     else None: optional native helpers (the GPU's prepared search, tinyknn/gpu/native_search.py) must never make
     a search wait for a build."""
+    if get_library.cache_info().currsize:
+        return get_library()
     try:
-        if get_library.cache_info().currsize:
-            return get_library()
-        digest = build.sources_digest(build.source_files())
-        usable = any(_binds(path, digest) for path in prebuilt.candidates())
-        if usable or build.cached_library(build.source_files(), build.find_compiler(required=False)) is not None:
-            return get_library()
-    except CpuLibraryError:
-        pass
+        with warnings.catch_warnings():         # a look only: no warning about the cache, nothing made
+            warnings.simplefilter("ignore")
+            digest = build.sources_digest(build.source_files())
+            usable = any(_binds(path, digest) for path in prebuilt.candidates())
+            sources = build.source_files()
+            if usable or build.cached_library(sources, build.find_compiler(required=False), look_only=True):
+                return get_library()
+    except Exception as exc:  # noqa: BLE001 - an unreadable cache, a vanished compiler: the caller's own path
+        cache.log.debug("the native library is not ready: %s", exc)
     return None
 
 

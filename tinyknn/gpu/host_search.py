@@ -56,7 +56,7 @@ class HostQueries:
         native = None
         if batch.graph is not None and self.use_graphs and native_search.USE_NATIVE:
             native = batch.native
-            if native is None:      # tried once per batch: False where it cannot be had
+            if native is None or (native and native.graph is not batch.graph):   # once per graph; False: none
                 native = batch.native = native_search.for_batch(batch, self._stream, self.dim, k) or False
         if native:
             self._run_native(native, queries)
@@ -83,6 +83,8 @@ class HostQueries:
         if code == native_search.REFUSED:
             check_values(queries, "queries", "float32")     # raises, saying which value
             raise ValueError("queries: a value the native check refused (NaN, infinity or |x| > 2**50)")
+        if code == native_search.INCOMPLETE:
+            raise RuntimeError("tinyknn's native search was handed no graph launch or wait function")
         if code > 0:
             raise_error(driver.CUresult(code), "cuGraphLaunch or cuStreamSynchronize (native search)")
 

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 
 from cuda.bindings import driver
 
 from ..inputs.validate import MAX_ABS_VALUE
 
 USE_NATIVE = False      # measured against the Python path before it becomes the default (bench/launch_overhead.py)
-REFUSED, UNPROVEN = -1, -2      # tk_gpu_search_one's own codes (tinyknn_cpu.h); > 0: a CUresult
+REFUSED, UNPROVEN, INCOMPLETE = -1, -2, -3    # tk_gpu_search_one's own codes (tinyknn_cpu.h); > 0: a CUresult
 _DRIVER_VERSION = 12000         # the ABI of cuGraphLaunch / cuStreamSynchronize asked of cuGetProcAddress
 
+_log = logging.getLogger("tinyknn.gpu")
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _SYNCHRONIZE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 
@@ -44,9 +46,13 @@ def _entry(name: str) -> int:
     try:
         found = driver.cuGetProcAddress(name.encode(), _DRIVER_VERSION,
                                         driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT)
-    except Exception:  # noqa: BLE001 - bindings without cuGetProcAddress: the Python path
+    except Exception as exc:  # noqa: BLE001 - bindings or a driver without it: the Python path, said in the log
+        _log.debug("cuGetProcAddress(%s) failed: %s: %s", name, type(exc).__name__, exc)
         return 0
-    return int(found[1]) if len(found) > 1 and not int(found[0]) else 0
+    if int(found[0]) or len(found) < 2 or not int(found[1]):
+        _log.debug("cuGetProcAddress(%s) gave no function: %r", name, found)
+        return 0
+    return int(found[1])
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,11 +62,20 @@ def driver_entries() -> tuple[int, int] | None:
     return (launch, synchronize) if launch and synchronize else None
 
 
-def native_library():
-    """tinyknn's native library when it is loaded, prebuilt or cached (never built here), else None."""
-    from ..cpu.library import ready_library
+_not_ready = False      # the library was looked for and not found: not looked for again until it is loaded
 
-    return ready_library()
+
+def native_library():
+    """tinyknn's native library when it is loaded, prebuilt or cached (never built here), else None. A miss
+    (a few milliseconds: the cache and the compiler looked at) is remembered until something loads the library."""
+    global _not_ready
+    from ..cpu.library import get_library, ready_library
+
+    if _not_ready and not get_library.cache_info().currsize:
+        return None
+    found = ready_library()
+    _not_ready = found is None
+    return found
 
 
 class NativeSearch:
@@ -69,6 +84,7 @@ class NativeSearch:
     (HostBatch.native), whose graph and pinned staging it uses: it goes with the batch."""
 
     def __init__(self, library, batch, stream, dim: int, k: int, entries: tuple[int, int]):
+        self.graph = batch.graph            # the graph it launches: a batch whose graph changed makes another
         self.record = TkGpuSearch(_LAUNCH(entries[0]), _SYNCHRONIZE(entries[1]), int(batch.graph.handle),
                                   int(stream.handle), batch.stage.ctypes.data, batch.distances.ctypes.data,
                                   batch.ids.ctypes.data, batch.status.ctypes.data, dim, k, MAX_ABS_VALUE)
@@ -89,4 +105,5 @@ def for_batch(batch, stream, dim: int, k: int) -> NativeSearch | None:
     return NativeSearch(library, batch, stream, dim, k, entries)
 
 
-__all__ = ["NativeSearch", "REFUSED", "TkGpuSearch", "UNPROVEN", "USE_NATIVE", "driver_entries", "for_batch"]
+__all__ = ["INCOMPLETE", "NativeSearch", "REFUSED", "TkGpuSearch", "UNPROVEN", "USE_NATIVE", "driver_entries",
+           "for_batch"]

@@ -285,6 +285,7 @@ class HostBatch:
             self.issue(stream)
 
     def close(self) -> None:
+        self.native = None              # it launches the graph closed here
         if self.graph is not None:
             self.graph.close()
             self.graph = None
