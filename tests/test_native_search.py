@@ -199,7 +199,7 @@ class FakeNative:
     run does) and returns `code`; counts its calls."""
 
     def __init__(self, batch, code: int = 0):
-        self.batch, self.code, self.graph, self.calls = batch, code, batch.graph, 0
+        self.batch, self.code, self.calls = batch, code, 0
 
     def run(self, out_distances: int = 0, out_ids: int = 0) -> int:
         self.calls += 1

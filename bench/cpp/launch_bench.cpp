@@ -171,23 +171,9 @@ struct lb_search {
     float max_abs;
 };
 
-int lb_search_one(const lb_search* s, const float* query, float* out_distances, long long* out_ids) {
-    std::memcpy(s->stage, query, sizeof(float) * s->dim);
-    CUresult err = cuGraphLaunch(s->graph, s->stream);
-    if (err != CUDA_SUCCESS) return static_cast<int>(err);
-    bool good = true;
-    for (int i = 0; i < s->dim; ++i) good &= std::fabs(query[i]) <= s->max_abs;
-    err = cuStreamSynchronize(s->stream);
-    if (err != CUDA_SUCCESS) return static_cast<int>(err);
-    if (!good) return -1;
-    std::memcpy(out_distances, s->distances, sizeof(float) * s->k);
-    std::memcpy(out_ids, s->ids, sizeof(long long) * s->k);
-    return s->status[0] ? -2 : 0;
-}
-
-// The same with the query already in the pinned stage (Python's np.copyto put it there) and the caller's arrays
-// given as addresses Python keeps: no per-call array address (numpy's .ctypes costs ~1 us each from Python).
-// The stage's values are checked while the graph runs, as lb_search_one checks the query's.
+// The search with the query already in the pinned stage (Python's np.copyto put it there, or lb_search_one)
+// and the caller's arrays given as addresses Python keeps: no per-call array address (numpy's .ctypes costs
+// ~1 us each from Python). The stage's values are checked while the graph runs.
 int lb_search_staged(const lb_search* s, float* out_distances, long long* out_ids) {
     CUresult err = cuGraphLaunch(s->graph, s->stream);
     if (err != CUDA_SUCCESS) return static_cast<int>(err);
@@ -199,6 +185,12 @@ int lb_search_staged(const lb_search* s, float* out_distances, long long* out_id
     std::memcpy(out_distances, s->distances, sizeof(float) * s->k);
     std::memcpy(out_ids, s->ids, sizeof(long long) * s->k);
     return s->status[0] ? -2 : 0;
+}
+
+// lb_search_one: the query copied into the stage first, then the same.
+int lb_search_one(const lb_search* s, const float* query, float* out_distances, long long* out_ids) {
+    std::memcpy(s->stage, query, sizeof(float) * s->dim);
+    return lb_search_staged(s, out_distances, out_ids);
 }
 
 }  // extern "C"

@@ -111,9 +111,9 @@ def ready_library() -> ctypes.CDLL | None:
     try:
         with warnings.catch_warnings():         # a look only: no warning about the cache, nothing made
             warnings.simplefilter("ignore")
-            digest = build.sources_digest(build.source_files())
-            usable = any(_binds(path, digest) for path in prebuilt.candidates())
             sources = build.source_files()
+            digest = build.sources_digest(sources)
+            usable = any(_binds(path, digest) for path in prebuilt.candidates())
             if usable or build.cached_library(sources, build.find_compiler(required=False), look_only=True):
                 return get_library()
     except Exception as exc:  # noqa: BLE001 - an unreadable cache, a vanished compiler: the caller's own path

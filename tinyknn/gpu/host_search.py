@@ -56,7 +56,7 @@ class HostQueries:
         native = None
         if batch.graph is not None and self.use_graphs and native_search.USE_NATIVE:
             native = batch.native
-            if native is None or (native and native.graph is not batch.graph):   # once per graph; False: none
+            if native is None:      # once per batch (HostBatch.close drops it with the graph); False: none
                 native = batch.native = native_search.for_batch(batch, self._stream, self.dim, k) or False
         if native:
             self._run_native(native, queries)

@@ -84,7 +84,6 @@ class NativeSearch:
     (HostBatch.native), whose graph and pinned staging it uses: it goes with the batch."""
 
     def __init__(self, library, batch, stream, dim: int, k: int, entries: tuple[int, int]):
-        self.graph = batch.graph            # the graph it launches: a batch whose graph changed makes another
         self.record = TkGpuSearch(_LAUNCH(entries[0]), _SYNCHRONIZE(entries[1]), int(batch.graph.handle),
                                   int(stream.handle), batch.stage.ctypes.data, batch.distances.ctypes.data,
                                   batch.ids.ctypes.data, batch.status.ctypes.data, dim, k, MAX_ABS_VALUE)
