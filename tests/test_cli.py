@@ -60,11 +60,11 @@ def test_warm_compiles_every_variant_for_each_arch(warmed):
     rows = as_json(tinyknn("cache", "list", "--json", cache_dir=cache_dir))["entries"]
     assert {(r["variant"], r["arch"]) for r in rows} == {(s.variant, s.arch) for s in expected}
     assert len(rows) == len(expected)
-    assert all(r["registers"] > 0 for r in rows), rows
+    assert not [r for r in rows if r["registers"] <= 0]       # every kernel's ptxas report was read
     from tinyknn.jit.compiler import SPILL_FREE_NVRTC, nvrtc_version
 
     if nvrtc_version() >= SPILL_FREE_NVRTC:     # an older NVRTC spills a few bytes in some sm_80 kernels
-        assert all(r["stack_bytes"] == 0 and r["spill_bytes"] == 0 for r in rows), rows
+        assert not [r for r in rows if r["stack_bytes"] or r["spill_bytes"]]
     assert all(r["created"].endswith("+00:00") and r["size"] > 1000 for r in rows)
 
 

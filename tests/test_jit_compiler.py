@@ -110,11 +110,33 @@ def test_compile_error_shows_spec_options_log_and_source():
 
 
 def test_options_name_the_arch_once_and_ask_for_the_report():
-    assert compile_options(ToySource("", ()), "compute_90") == ("-arch=sm_90", "-std=c++17", "--ptxas-options=-v")
+    # --no-cache: NVRTC's own compile cache answers without running ptxas, so without a report (seen with
+    # NVRTC 13.0 on a machine with a driver, where every second compile of a source reported nothing)
+    assert compile_options(ToySource("", ()), "compute_90") == ("-arch=sm_90", "-std=c++17", "--ptxas-options=-v",
+                                                                "--no-cache")
     with pytest.raises(ValueError, match="must not name the arch"):
         compile_options(ToySource("", (), ("-arch=sm_70",)), "sm_90")
     with pytest.raises(ValueError, match="arch must look like"):
         compile_cubin(ToySource(TOY_SOURCE, ("toy<8, 1>",)), "volta")
+
+
+@pytest.mark.nvrtc
+def test_the_same_source_compiled_twice_reports_both_times():
+    toy = ToySource(TOY_SOURCE, ("toy<8, 1>",))
+    first, second = compile_cubin(toy, "sm_80"), compile_cubin(toy, "sm_80")
+    assert first.reports["toy<8, 1>"].registers > 0
+    assert second.reports == first.reports
+
+
+@pytest.mark.nvrtc
+def test_a_kernel_without_a_report_is_said_in_the_log(monkeypatch, caplog):
+    import tinyknn.jit.compiler as compiler
+
+    monkeypatch.setattr(compiler, "parse_ptxas_log", lambda log: {})     # as when NVRTC's cache answered
+    with caplog.at_level("WARNING", logger="tinyknn.jit"):
+        cubin = compile_cubin(ToySource(TOY_SOURCE, ("toy<8, 1>",)), "sm_80")
+    assert cubin.reports == {} and cubin.image.startswith(b"\x7fELF")
+    assert "no ptxas report for ['toy<8, 1>'] on sm_80" in caplog.text
 
 
 @pytest.mark.nvrtc

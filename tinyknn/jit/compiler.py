@@ -13,6 +13,7 @@ compile in parallel. NVRTC is imported lazily: `import tinyknn.jit.compiler` loa
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,7 +22,10 @@ from ..errors import CompileError, TinyKnnError
 from ..spec import parse_arch
 
 PTXAS_VERBOSE = "--ptxas-options=-v"
+NO_NVRTC_CACHE = "--no-cache"   # NVRTC (12.9 on) may answer from its own compile cache, where ptxas does not run
+                                # and so reports nothing; tinyknn caches cubins itself (jit/cache.py)
 _ELF_MAGIC = b"\x7fELF"
+_log = logging.getLogger("tinyknn.jit")
 
 
 class RenderedLike(Protocol):
@@ -133,7 +137,7 @@ def compile_options(rendered: RenderedLike, arch: str) -> tuple[str, ...]:
             raise ValueError(
                 f"rendered options must not name the arch (compile_cubin adds -arch={arch}); got {option!r}"
             )
-    return (f"-arch={arch}", *rendered.options, PTXAS_VERBOSE)
+    return (f"-arch={arch}", *rendered.options, PTXAS_VERBOSE, NO_NVRTC_CACHE)
 
 
 def compile_cubin(rendered: RenderedLike, arch: str, *, spec=None) -> Cubin:
@@ -165,7 +169,11 @@ def compile_cubin(rendered: RenderedLike, arch: str, *, spec=None) -> Cubin:
         _check(nvrtc.nvrtcDestroyProgram(program), "nvrtcDestroyProgram")
     if not image.startswith(_ELF_MAGIC):
         raise TinyKnnError(f"NVRTC returned no ELF cubin for {arch} (got {bytes(image[:4])!r})")
-    return Cubin(bytes(image), lowered, reports_by_name(parse_ptxas_log(log), lowered), arch, version)
+    reports = reports_by_name(parse_ptxas_log(log), lowered)
+    if missing := [expression for expression in lowered if expression not in reports]:
+        _log.warning("NVRTC %d.%d gave no ptxas report for %s on %s: its registers and spills are unknown",
+                     *version, missing, arch)
+    return Cubin(bytes(image), lowered, reports, arch, version)
 
 
 def _program_log(nvrtc, program) -> str:
