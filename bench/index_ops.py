@@ -3,7 +3,8 @@
 
 1M x 128 float32 l2 (standard normal, seeded), ids 0..n-1 given, labels 0..99 (each 1 % of the rows): add
 of 1 row with its own id; filtered search (one label, a 1 % allow-list) against unfiltered, 1 and 1,000
-queries, k = 10; remove of 1 % and the first search after it against the same search warm before it; range
+queries, k = 10; remove of 1 % and the first search after it against the same search after an idle pause as long
+as the removal (and, recorded, warm before it); range
 search with ~100 hits per query against search(k=100), 1,000 queries; k = 10,000 against k = 2,048, 100
 queries (`--sections` picks some of them: removal,ranges,large_k are the GPU selection's rows). Host NumPy in
 and out (so every call returns synchronised), host clock, medians after warm-up. Every row says what it
@@ -281,47 +282,70 @@ WARM_SEARCHES = 3                # untimed searches of a shape before the timed 
 
 def removal(b: Bench) -> None:
     """Remove 1 % (random ids), then the first search of 1 and of 1,000 queries after it, against the same
-    search warm just before it (after WARM_SEARCHES untimed ones of each shape: the re-add of the previous round
-    drops the plans, and a shape's second search captures its graph); re-add. The searches run in the same order
-    before and after, so each timed one follows the same kind of search: a 1-query search right after a batch
-    takes 15-25 us more on the H200 than one after another (bench/results/logs/removal_trace_*), which the
-    before-and-after ratio must not count as the removal's."""
+    searches after an idle pause as long as a removal (the row's target), and warm just before it (a record);
+    then the second search after it; re-add. Each round first searches each shape WARM_SEARCHES times untimed
+    (the re-add of the previous round drops the plans, and a shape's second search captures its graph).
+
+    Why the pause: any search that follows a few milliseconds without one pays a one-time wake-up, removal
+    or not (1 query on 1M x 128: ~200 us after 10 ms idle against ~145 us back to back on the H200,
+    bench/results/logs/removal_idle_*), and a removal is such a pause for the device. The searches run in the
+    same order everywhere (1 query, then 1,000), so each timed one follows the same kind of step: a 1-query
+    search right after a batch takes 15-25 us more than one after another (bench/results/logs/removal_trace_*)."""
     n, q1000 = b.args.rows, b.queries
-    removes, before, after, second = [], {1: [], 1000: []}, {1: [], 1000: []}, {1: [], 1000: []}
+    removes = []
+    before, paused, after, second = ({1: [], 1000: []} for _ in range(4))
     clock = time.perf_counter
-    for _ in range(b.args.removals):
-        gone = b.rng.choice(n, n // 100, replace=False)
+
+    def timed(into):
+        for nq in (1, 1000):        # 1 query after a pause or a removal, then a batch after 1 query
+            t0 = clock()
+            found = b.index.search(q1000[:nq], 10)
+            into[nq].append(clock() - t0)
+        return found
+
+    def warm():
         for nq in (1, 1000):
             for _ in range(WARM_SEARCHES):
                 b.index.search(q1000[:nq], 10)
-        for nq in (1, 1000):        # 1 query after a batch, then a batch after 1 query: as after the removal
-            t0 = clock()
-            b.index.search(q1000[:nq], 10)
-            before[nq].append(clock() - t0)
+
+    for round_ in range(b.args.removals + 1):       # the first round (untimed) measures a removal's length
+        gone = b.rng.choice(n, n // 100, replace=False)
+        if round_:
+            warm()
+            time.sleep(statistics.median(removes))
+            timed(paused)
+        warm()
+        timed(before)
         t0 = clock()
         assert b.index.remove(gone) == len(gone)
         removes.append(clock() - t0)
-        for nq in (1, 1000):
-            t0 = clock()
-            got = b.index.search(q1000[:nq], 10)
-            after[nq].append(clock() - t0)
-        for nq in (1, 1000):        # a one-time cost of the first search, or a lasting one?
-            t0 = clock()
-            b.index.search(q1000[:nq], 10)
-            second[nq].append(clock() - t0)
+        got = timed(after)
+        timed(second)
         kept = np.setdiff1d(np.arange(n), gone)
         b.index.add(b.x[gone], ids=gone, labels=b.labels[gone])
+        if not round_:
+            for runs in (before, after, second):
+                for nq in runs:
+                    runs[nq].clear()
     b.check("after a removal of 1 %", got, kept, q1000, 10)
-    b.timings["remove_1pct"] = _common.summary_us(removes)
-    b.row("remove 1 % of the rows", statistics.median(removes) * 1e3, "ms", "<=", 20.0, "cuda",
+    b.timings["remove_1pct"] = _common.summary_us(removes[1:])
+    b.row("remove 1 % of the rows", statistics.median(removes[1:]) * 1e3, "ms", "<=", 20.0, "cuda",
           removed=n // 100)
     for nq in (1, 1000):
-        ratio = statistics.median(after[nq]) / statistics.median(before[nq])
-        b.timings[f"search_{nq}q_before_remove"] = _common.summary_us(before[nq])
-        b.timings[f"search_{nq}q_after_remove"] = _common.summary_us(after[nq])
-        b.timings[f"search_{nq}q_second_after_remove"] = _common.summary_us(second[nq])
-        b.row(f"next search after it, {nq:,} {'query' if nq == 1 else 'queries'}: time ratio", ratio, "x", "<=", 1.05,
-              "cuda", after_ms=statistics.median(after[nq]) * 1e3, before_ms=statistics.median(before[nq]) * 1e3)
+        for name, runs in (("before_remove", before), ("after_pause", paused), ("after_remove", after),
+                           ("second_after_remove", second)):
+            b.timings[f"search_{nq}q_{name}"] = _common.summary_us(runs[nq])
+        first, warm_before = statistics.median(after[nq]), statistics.median(before[nq])
+        b.timings[f"search_{nq}q_after_remove_against_warm_before"] = first / warm_before
+        b.timings[f"search_{nq}q_second_after_remove_against_warm_before"] = \
+            statistics.median(second[nq]) / warm_before
+        print(f"  {nq:,} queries: warm before {warm_before * 1e3:.3f} ms, after a pause "
+              f"{statistics.median(paused[nq]) * 1e3:.3f}, first after the removal {first * 1e3:.3f} "
+              f"({first / warm_before:.2f}x warm), second {statistics.median(second[nq]) * 1e3:.3f}", flush=True)
+        b.row(f"next search after it, {nq:,} {'query' if nq == 1 else 'queries'}: time ratio", first /
+              statistics.median(paused[nq]), "x", "<=", 1.05, "cuda", after_ms=first * 1e3,
+              before_ms=statistics.median(paused[nq]) * 1e3, warm_before_ms=warm_before * 1e3,
+              against="the same search after an idle pause as long as the removal")
 
 
 def radius_for(b: Bench, hits: int) -> float:
