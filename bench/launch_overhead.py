@@ -484,13 +484,6 @@ def checks(payload: dict) -> dict:
     if "ratio_to_cpp_one_by_one" in whole.get("tinyknn_prepared_out", {}):
         out["prepared search with out= <= 0.95 x C++ one by one"] = \
             whole["tinyknn_prepared_out"]["ratio_to_cpp_one_by_one"] <= 0.95
-    native = {"tinyknn_search_native": ("native whole search <= C++ one by one", 1.0),
-              "tinyknn_prepared_native_out": ("native prepared search with out= <= 0.95 x C++ one by one", 0.95)}
-    for name, (check, limit) in native.items():        # native_search.USE_NATIVE, measured beside the default
-        if "ratio_to_cpp_one_by_one" in whole.get(name, {}):
-            out[check] = whole[name]["ratio_to_cpp_one_by_one"] <= limit and whole[name]["answers_equal_index_search"]
-    if "median_us" in whole.get("tinyknn_search_native", {}):
-        out["native whole search <= 35 us end to end"] = whole["tinyknn_search_native"]["median_us"] <= 35.0
     return out
 
 

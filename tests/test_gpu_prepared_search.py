@@ -111,58 +111,6 @@ def test_prepared_batch_is_bound_once_and_rebound_after_every_change(rng):
         assert_exact(*prepared(q), first, q, 10, "l2")
 
 
-@pytest.mark.parametrize("metric", METRICS)
-def test_a_native_prepared_search_is_the_python_one(metric, rng, monkeypatch):
-    """native_search.USE_NATIVE: once its graph is captured, a one-query search is one native call
-    (tinyknn/gpu/native_search.py). A prepared search's answers are the Python path's, bit for bit, with and
-    without out=, and Index.search's of the same shape go the same way; a query
-    with NaN or a magnitude beyond 2**50 is the same ValueError and changes nothing; adds, removals and reset
-    re-bind it; the band search still settles what the kernel could not prove (40 tied copies)."""
-    from tinyknn.cpu.library import get_library
-    from tinyknn.gpu import native_search
-
-    get_library()                                        # the native library loaded (never built by a search)
-    monkeypatch.setattr(native_search, "USE_NATIVE", True)
-    assert native_search.driver_entries() is not None, "cuGetProcAddress gave no cuGraphLaunch / cuStreamSynchronize"
-    db, q = data(rng, 5000), data(rng, 1)
-    db[100:140] = db[7]                                   # 40 tied copies: one query's answer settled by the band
-    with tinyknn.Index(DIM, metric, device="cuda") as index:
-        index.add(db)
-        prepared = index.prepare_search(10)
-        for _ in range(4):
-            got = prepared(q)
-        assert isinstance(_token(prepared).batch.native, native_search.NativeSearch)
-        monkeypatch.setattr(native_search, "USE_NATIVE", False)
-        expected = index.search(q, 10)                    # the Python path, the same batch
-        monkeypatch.setattr(native_search, "USE_NATIVE", True)
-        np.testing.assert_array_equal(got[0].view(np.int32), expected[0].view(np.int32))
-        np.testing.assert_array_equal(got[1], expected[1])
-        assert_exact(*got, db, q, 10, metric)
-        plain = index.search(q, 10)                       # Index.search: the same batch, natively
-        np.testing.assert_array_equal(plain[1], expected[1])
-        out = filled(1, 10)
-        assert prepared(q, out=out)[0] is out[0]
-        assert_exact(*out, db, q, 10, metric)
-        tied = db[7:8] + 0.0
-        for _ in range(3):
-            assert_exact(*prepared(tied), db, tied, 10, metric)
-        for bad, message in ((np.nan, "NaN"), (2.0**51, r"2\*\*50")):
-            wrong = q.copy()
-            wrong[0, 3] = bad
-            out = filled(1, 10)
-            with pytest.raises(ValueError, match=message):
-                prepared(wrong, out=out)
-            assert (out[0] == 7.5).all() and (out[1] == -7).all()      # nothing written
-        assert_exact(*prepared(q), db, q, 10, metric)
-        index.remove(np.arange(50))
-        kept = np.arange(50, len(db))
-        for _ in range(3):
-            assert_exact(*prepared(q), db[kept], q, 10, metric, id_map=kept)
-        assert isinstance(_token(prepared).batch.native, native_search.NativeSearch)    # natively again
-        index.reset()
-        assert np.all(prepared(q)[1] == -1)
-
-
 def test_large_k_and_filters_write_into_out(rng):
     db, q = data(rng, 2500), data(rng, 3)
     with tinyknn.Index(DIM, "ip", device="cuda") as index:

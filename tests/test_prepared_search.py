@@ -467,7 +467,6 @@ class _FakeBatch:
         self.stage = np.zeros((n, owner.dim), np.float32)
         self.distances, self.ids = np.empty((n, k), np.float32), np.empty((n, k), np.int64)
         self.status = np.zeros(n, np.int32)
-        self.graph, self.direct = None, True        # never captured: the Python path (no native search)
 
     def run(self, stream, use_graphs) -> None:
         assert self.live, "a prepared search used a batch that left the plan cache"

@@ -269,11 +269,9 @@ def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
     targets = np.empty((len(queries), k), np.float32), np.empty((len(queries), k), np.int64)
     out["tinyknn_prepared_out"] = _common.summary_us(_common.time_calls(lambda: prepared(queries, out=targets), reps, 5))
     prepared.close()
-    out.update(native_prepared(index, queries, k, reps, targets))
     probes = native_one_call(index, queries, k, cpp, reps)
     out.update(probes)
-    modes = {**modes, "tinyknn_prepared_out": True, "tinyknn_search_native": True, "tinyknn_prepared_native": True,
-             "tinyknn_prepared_native_out": True, **dict.fromkeys(probes, True)}
+    modes = {**modes, "tinyknn_prepared_out": True, **dict.fromkeys(probes, True)}
     for name, key in (("cpp_one_by_one", "one_by_one"), ("cpp_replaying_tinyknn_calls", "default")):
         ops, appended = _with_sync(trace[key])
         array = to_ops(ops)
@@ -289,39 +287,6 @@ def whole_search(index, queries, k: int, trace: dict, cpp, reps: int) -> dict:
             out[name]["ratio_to_cpp_replaying_graph"] = \
                 out[name]["median_us"] / out["cpp_replaying_tinyknn_calls"]["total"]["median_us"]
     return out
-
-
-def native_prepared(index, queries, k: int, reps: int, targets) -> dict:
-    """The library's searches with the native call on (tinyknn/gpu/native_search.py, USE_NATIVE): Index.search,
-    a prepared search with fresh results and with out=; each checked equal to Index.search's answer with it off;
-    skipped where the native call cannot be had."""
-    from tinyknn.cpu.library import get_library
-    from tinyknn.gpu import native_search
-
-    get_library()           # the native library (built here on first use; a search never builds it)
-    expected = index.search(queries, k)         # the Python path's answer
-    saved = native_search.USE_NATIVE
-    native_search.USE_NATIVE = True
-    prepared = index.prepare_search(k=k, n_queries=len(queries))
-    try:
-        for _ in range(4):
-            prepared(queries)
-        token = prepared._bound.token
-        if not isinstance(getattr(getattr(token, "batch", None), "native", None), native_search.NativeSearch):
-            return {"tinyknn_prepared_native": {"skipped": "no native search for this batch (library, driver or shape)"}}
-        out = {}
-        for name, call in (("tinyknn_search_native", lambda: index.search(queries, k)),
-                           ("tinyknn_prepared_native", lambda: prepared(queries)),
-                           ("tinyknn_prepared_native_out", lambda: prepared(queries, out=targets))):
-            summary = _common.summary_us(_common.time_calls(call, reps, 5))
-            got = call()
-            summary["answers_equal_index_search"] = bool(np.array_equal(got[0].view(np.int32), expected[0].view(np.int32))
-                                                         and np.array_equal(got[1], expected[1]))
-            out[name] = summary
-        return out
-    finally:
-        prepared.close()
-        native_search.USE_NATIVE = saved
 
 
 def native_one_call(index, queries, k: int, cpp, reps: int) -> dict:

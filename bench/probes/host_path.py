@@ -31,7 +31,6 @@ class _Batch:
         self.stage = np.zeros((n, dim), np.float32)
         self.distances, self.ids = np.zeros((n, k), np.float32), np.zeros((n, k), np.int64)
         self.status = np.zeros(n, np.int32)
-        self.graph, self.direct = None, True        # no graph: a prepared search keeps the Python path here
 
     def run(self, stream, use_graphs) -> None:
         pass

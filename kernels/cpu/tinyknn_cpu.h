@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define TK_ABI_VERSION 8
+#define TK_ABI_VERSION 9  // 8 added the GPU one-query search as one native call; 9 removed it (no faster)
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,31 +35,6 @@ int tk_build_param(const char* name, int64_t* value);
 // Runs n_tasks empty tasks on `threads` of the library's pool, task `failing_task` throwing std::bad_alloc
 // (TK_OUT_OF_MEMORY, whichever thread ran it): tests check that worker failures come back as statuses.
 int tk_pool_selftest(int threads, int n_tasks, int failing_task);
-
-// -- the GPU's prepared one-query search, issued from here (gpu_call.cpp, tinyknn/gpu/native_search.py) ------
-// The driver's functions as pointers (cuGetProcAddress): this library never links CUDA.
-typedef int (*tk_cu_graph_launch)(void* graph_exec, void* stream);
-typedef int (*tk_cu_stream_synchronize)(void* stream);
-typedef struct tk_gpu_search {
-  tk_cu_graph_launch graph_launch;
-  tk_cu_stream_synchronize stream_synchronize;
-  void* graph;                // the search's CUgraphExec: copies the query from `stage`, searches, writes the answer
-  void* stream;               // the searcher's CUstream
-  const float* stage;         // pinned: the query (dim floats), written by the caller before the call
-  const float* distances;     // pinned: the k distances the graph writes
-  const int64_t* ids;         // pinned: the k ids
-  const int32_t* status;      // pinned: nonzero where the device could not prove the answer
-  int64_t dim;
-  int64_t k;
-  float max_abs;              // the largest |value| a query may hold (inputs/validate.py's MAX_ABS_VALUE)
-} tk_gpu_search;
-enum { TK_GPU_REFUSED = -1, TK_GPU_UNPROVEN = -2, TK_GPU_INCOMPLETE = -3 };
-// Launches the graph, checks the staged query (finite, |x| <= max_abs) while the device works, waits, then
-// copies the answer into out_distances / out_ids (each may be NULL: not copied). Returns 0; TK_GPU_UNPROVEN
-// (the answer copied, the caller's band search must settle it); TK_GPU_REFUSED (a value refused:
-// nothing copied); TK_GPU_INCOMPLETE (a null record or driver function: nothing done); or the driver's CUresult
-// (> 0) of the launch or the wait.
-int tk_gpu_search_one(const tk_gpu_search* search, float* out_distances, int64_t* out_ids);
 
 int tk_index_new(int64_t dim, int metric, int dtype, tk_index** out);
 int tk_index_free(tk_index* index);

@@ -33,7 +33,7 @@ from ..errors import CpuLibraryError
 from .cache import (_fallback_path, _write_json, file_sha256, library_dir, log, primary_dir, read_sidecar, remove,
                     sidecar, verified)
 
-ABI_VERSION = 8          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h
+ABI_VERSION = 9          # must equal TK_ABI_VERSION in kernels/cpu/tinyknn_cpu.h (9: the one-call GPU search removed)
 COMPILERS = ("g++", "c++", "clang++")
 # -march=native: exactly the running CPU's instructions (arm64 compilers spell it -mcpu=native)
 _NATIVE = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
@@ -81,10 +81,9 @@ def find_compiler(required: bool = True) -> str | None:
     )
 
 
-def compiler_identity(cxx: str, remember: bool = True) -> str:
+def compiler_identity(cxx: str) -> str:
     """The compiler's own description of itself (its version banner), part of the cache key; remembered in
-    the cache by the compiler's path, size and mtime, so it runs once per compiler, not once per process
-    (remember=False: a look that writes nothing)."""
+    the cache by the compiler's path, size and mtime, so it runs once per compiler, not once per process."""
     stat = os.stat(cxx)
     stamp = f"{os.path.realpath(cxx)}|{stat.st_size}|{stat.st_mtime_ns}"
     memo = _identities()
@@ -96,8 +95,7 @@ def compiler_identity(cxx: str, remember: bool = True) -> str:
         raise CpuLibraryError(f"cannot run the C++ compiler {cxx} --version: {exc}") from None
     identity = f"{cxx}\n{result.stdout.strip()}"
     memo[stamp] = identity
-    if remember:
-        _write_json(library_dir() / "compilers.json", memo)
+    _write_json(library_dir() / "compilers.json", memo)
     return identity
 
 
@@ -140,9 +138,9 @@ def build_facts(sources: list[Path]) -> dict:
             "cpu": hashlib.sha256(cpu_identity().encode()).hexdigest()[:32]}
 
 
-def library_key(cxx: str, sources: list[Path], remember: bool = True) -> str:
+def library_key(cxx: str, sources: list[Path]) -> str:
     digest = hashlib.sha256(json.dumps(build_facts(sources), sort_keys=True).encode())
-    digest.update(compiler_identity(cxx, remember).encode())
+    digest.update(compiler_identity(cxx).encode())
     return digest.hexdigest()[:24]
 
 
@@ -209,12 +207,20 @@ def build_library_reporting() -> tuple[Path, bool]:
 
     sources = source_files()
     cxx = find_compiler(required=False)
-    cached = cached_library(sources, cxx)
-    if cached is not None:
-        return cached, False
     if cxx is None:
+        cached = cached_without_compiler(sources)
+        if cached is not None:
+            return cached, False
         find_compiler(required=True)  # raises, saying what was tried and what to install
-    target = library_dir() / f"libtinyknn-{library_key(cxx, sources)}{SUFFIX}"
+    name = f"libtinyknn-{library_key(cxx, sources)}{SUFFIX}"
+    primary = primary_dir() / name
+    if verified(primary):  # found in the cache, writable or not
+        log.debug("CPU library from the cache: %s", primary)
+        return primary, False
+    target = library_dir() / name
+    if target != primary and verified(target):
+        log.debug("CPU library from the fallback folder: %s", target)
+        return target, False
     with FileLock(str(target) + ".lock", timeout=900):
         if verified(target):  # another process built it while we waited
             return target, False
@@ -231,25 +237,6 @@ def build_library_reporting() -> tuple[Path, bool]:
         print(f"tinyknn: built the CPU library in {elapsed:.1f} s: {target}", file=sys.stderr, flush=True)
         log.info("built the CPU library in %.1f s: %s", elapsed, target)
     return target, True
-
-
-def cached_library(sources: list[Path], cxx: str | None, look_only: bool = False) -> Path | None:
-    """A verified build of these sources for this machine, found without compiling: the compiler's own in the
-    cache (or its fallback folder), or, with no compiler on PATH, one by any compiler; None if there is none.
-    look_only: nothing written (the compiler's identity not remembered, the fallback folder never made)."""
-    if cxx is None:
-        return cached_without_compiler(sources)
-    name = f"libtinyknn-{library_key(cxx, sources, remember=not look_only)}{SUFFIX}"
-    primary = primary_dir() / name
-    if verified(primary):  # found in the cache, writable or not
-        log.debug("CPU library from the cache: %s", primary)
-        return primary
-    # asked only now: with the cache read-only, library_dir() may have to make the fallback folder
-    fallback = (_fallback_path() if look_only else library_dir()) / name
-    if fallback != primary and verified(fallback):
-        log.debug("CPU library from the fallback folder: %s", fallback)
-        return fallback
-    return None
 
 
 def cached_without_compiler(sources: list[Path]) -> Path | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import warnings
 from pathlib import Path
 
 from ..errors import CpuLibraryError
@@ -53,7 +52,6 @@ _SIGNATURES = {
     "tk_range_total": ([_ptr, ctypes.POINTER(_i64)], _int),
     "tk_range_copy": ([_ptr, _ptr, _ptr, _ptr], _int),
     "tk_range_free": ([_ptr], _int),
-    "tk_gpu_search_one": ([_ptr, _ptr, _ptr], _int),
 }
 
 
@@ -100,33 +98,6 @@ def get_library() -> ctypes.CDLL:
         cache.remove(path, f"cannot be used ({exc})")
         raise CpuLibraryError(f"tinyknn's cached CPU library {path} was not its own ({exc}); it has been removed, "
                               "and the next process builds it again") from None
-
-
-def ready_library() -> ctypes.CDLL | None:
-    """The library when this process can have it without compiling (loaded already, prebuilt, or in the cache),
-    else None: optional native helpers (the GPU's prepared search, tinyknn/gpu/native_search.py) must never make
-    a search wait for a build."""
-    if get_library.cache_info().currsize:
-        return get_library()
-    try:
-        with warnings.catch_warnings():         # a look only: no warning about the cache, nothing made
-            warnings.simplefilter("ignore")
-            sources = build.source_files()
-            digest = build.sources_digest(sources)
-            usable = any(_binds(path, digest) for path in prebuilt.candidates())
-            if usable or build.cached_library(sources, build.find_compiler(required=False), look_only=True):
-                return get_library()
-    except Exception as exc:  # noqa: BLE001 - an unreadable cache, a vanished compiler: the caller's own path
-        cache.log.debug("the native library is not ready: %s", exc)
-    return None
-
-
-def _binds(path: Path, digest: str) -> bool:
-    try:
-        bind(path, digest)
-        return True
-    except CpuLibraryError:
-        return False
 
 
 def reset_library() -> None:

@@ -10,12 +10,9 @@ import math
 
 import numpy as np
 
-from cuda.bindings import driver
-
 from ..inputs.validate import check_values
 from ..jit import render
-from . import native_search, plan as plans
-from .device import raise_error
+from . import plan as plans
 
 BAND_MIN_CAPACITY = 256         # band entries per query at first (grown to the largest count when exceeded)
 PLAN_CACHE = 32
@@ -53,19 +50,11 @@ class HostQueries:
             np.copyto(batch.stage, queries)
         else:
             batch.stage[:, :self.dim] = queries
-        native = None
-        if batch.graph is not None and self.use_graphs and native_search.USE_NATIVE:
-            native = batch.native
-            if native is None:      # once per batch (HostBatch.close drops it with the graph); False: none
-                native = batch.native = native_search.for_batch(batch, self._stream, self.dim, k) or False
-        if native:
-            self._run_native(native, queries)
-        else:
-            batch.run(self._stream, self.use_graphs)
-            try:    # NaN, infinity and magnitude: checked here, on the host, while the device searches
-                check_values(queries, "queries", "float32")
-            finally:
-                self._stream.synchronize()
+        batch.run(self._stream, self.use_graphs)
+        try:    # NaN, infinity and magnitude: checked here, on the host, while the device searches
+            check_values(queries, "queries", "float32")
+        finally:
+            self._stream.synchronize()
         if out is None:
             distances, ids = batch.distances.copy(), batch.ids.copy()
         else:
@@ -76,17 +65,6 @@ class HostQueries:
             unproven = np.flatnonzero(status)
             distances[unproven], ids[unproven] = self._band(unproven, k)
         return distances, ids
-
-    def _run_native(self, native, queries: np.ndarray) -> None:
-        """The staged query's graph launched, its values checked, the wait: one native call (native_search.py)."""
-        code = native.run()
-        if code == native_search.REFUSED:
-            check_values(queries, "queries", "float32")     # raises, saying which value
-            raise ValueError("queries: a value the native check refused (NaN, infinity or |x| > 2**50)")
-        if code == native_search.INCOMPLETE:
-            raise RuntimeError("tinyknn's native search was handed no graph launch or wait function")
-        if code > 0:
-            raise_error(driver.CUresult(code), "cuGraphLaunch or cuStreamSynchronize (native search)")
 
     def _band(self, which: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Answers of the batch's queries `which` that verify could not prove: every row whose float64 key

@@ -267,7 +267,6 @@ class HostBatch:
             plan.set_outputs(base, base + ids_offset, base + status_offset, plan.threshold_ptr)
         self.uses = 0
         self.graph: CapturedGraph | None = None
-        self.native = None      # its native search once its graph exists (native_search.py); False: none to be had
 
     def issue(self, stream) -> None:
         self.queries.copy_from_host(self.stage_buffer, self.query_bytes, stream)
@@ -285,7 +284,6 @@ class HostBatch:
             self.issue(stream)
 
     def close(self) -> None:
-        self.native = None              # it launches the graph closed here
         if self.graph is not None:
             self.graph.close()
             self.graph = None
