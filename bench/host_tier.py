@@ -154,7 +154,7 @@ def parse_args(argv=None):
     add("--repeats", type=int, default=5, help="timed searches at most (the budget may stop them sooner)")
     add("--seed", type=int, default=20261201)
     add("--chunk-mb", type=int, default=None,
-        help="host rows per chunk in MiB (tinyknn.gpu.host_tier.CHUNK_BYTES; default the library's, 1,024)")
+        help="host rows per chunk in MiB (tinyknn.gpu.host_tier.CHUNK_BYTES; default the library's, 512)")
     args = parser.parse_args(argv)
     if args.quick:
         args.gb = min(args.gb, 0.2)

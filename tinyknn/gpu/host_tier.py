@@ -42,7 +42,8 @@ from .host_rows import HostRows, pinned_memory
 from .host_worker import Bus, Budget, ChunkWorker
 from .turns import Turns
 
-CHUNK_BYTES = 1 << 30          # host rows per chunk without a cap
+CHUNK_BYTES = 512 << 20        # host rows per chunk without a cap (6 GB of float16 x 128 on the H200: 85.0 % of H2D
+                               # at 512 MiB, 78.4 % at 1 GiB, 79.9 % at 256 MiB; bench/results/host_tier_*T15*)
 WORKERS = 2
 
 
