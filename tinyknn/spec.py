@@ -96,17 +96,20 @@ class KernelSpec:
     params: tuple[tuple[str, int], ...] = field(default=())
 
     def __post_init__(self):
-        object.__setattr__(self, "metric", parse_metric(self.metric))
-        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
-        object.__setattr__(self, "dim", parse_dim(self.dim))
-        object.__setattr__(self, "arch", parse_arch(self.arch))
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {', '.join(map(repr, VARIANTS))}; got {self.variant!r}")
-        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or not 0 <= int(self.k) <= MAX_K:
-            raise ValueError(f"k must be between 0 (variants without selection) and {MAX_K}; got {self.k!r}")
-        object.__setattr__(self, "k", int(self.k))
-        params = tuple(sorted((str(name), int(value)) for name, value in dict(self.params).items()))
-        object.__setattr__(self, "params", params)
+        # A screened batch makes several specs per search, and checking each field costs ~35 us: the checked
+        # fields are kept for each distinct set of given ones (keyed with their classes, so True is not 1).
+        given = tuple(getattr(self, name) for name in _SPEC_FIELDS)
+        try:
+            key = tuple((value.__class__, value) for value in given)
+            fields = _CHECKED_SPECS.get(key)
+        except TypeError:           # an unhashable field (a dict of params): checked every time
+            key = fields = None
+        if fields is None:
+            fields = _checked_spec_fields(*given)
+            if key is not None and len(_CHECKED_SPECS) < _CHECKED_SPECS_MAX:
+                _CHECKED_SPECS[key] = fields
+        for name, value in zip(_SPEC_FIELDS, fields):
+            object.__setattr__(self, name, value)
 
     def param(self, name: str, default: int | None = None) -> int:
         for key, value in self.params:
@@ -119,3 +122,19 @@ class KernelSpec:
     def __str__(self) -> str:
         extra = "".join(f" {name}={value}" for name, value in self.params)
         return f"KernelSpec({self.variant} {self.metric} {self.dtype} dim={self.dim} k={self.k} {self.arch}{extra})"
+
+
+_SPEC_FIELDS = ("metric", "dtype", "dim", "k", "variant", "arch", "params")
+_CHECKED_SPECS: dict[tuple, tuple] = {}
+_CHECKED_SPECS_MAX = 4096
+
+
+def _checked_spec_fields(metric, dtype, dim, k, variant, arch, params) -> tuple:
+    """KernelSpec's fields checked and normalised (ValueError/TypeError naming the bad one), in _SPEC_FIELDS order."""
+    metric, dtype, dim, arch = parse_metric(metric), parse_dtype(dtype), parse_dim(dim), parse_arch(arch)
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(map(repr, VARIANTS))}; got {variant!r}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= int(k) <= MAX_K:
+        raise ValueError(f"k must be between 0 (variants without selection) and {MAX_K}; got {k!r}")
+    params = tuple(sorted((str(name), int(value)) for name, value in dict(params).items()))
+    return metric, dtype, dim, int(k), variant, arch, params

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Where a screened batch's host time goes: 1M x 768 float16 l2 (seeded normal rows), 1,000 float32 queries,
+k = 10 by default. Medians over --reps searches after warm-up of: the whole call (host clock), the screen's
+device steps (CUDA events between them, Screen.timings), and the host time of the screen's query upload
+(pinned staging copy + DMA issue); then one cProfile pass over --reps more searches, its functions by own time
+per search. Whole minus the steps' sum is the host's share and the gaps between steps.
+
+    PYTHONPATH=$PWD python3 bench/probes/batch_host_time.py --out $OUT/batch_host_time.json
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+
+import numpy as np
+
+import tinyknn
+from tinyknn.gpu import screen as screen_module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    index = tinyknn.Index(dim=args.dim, metric="l2", dtype=args.dtype, device="cuda")
+    for start in range(0, args.n, 250_000):
+        index.add(rng.standard_normal((min(250_000, args.n - start), args.dim), dtype=np.float32))
+    q = rng.standard_normal((args.queries, args.dim), dtype=np.float32)
+    for _ in range(5):
+        index.search(q, args.k)
+    screen = index._searcher._screen
+
+    uploads = []
+    original = screen_module.Screen._upload
+
+    def timed_upload(self, queries):
+        t0 = time.perf_counter_ns()
+        original(self, queries)
+        uploads.append((time.perf_counter_ns() - t0) / 1e3)
+
+    walls = []
+    screen.timings = {}
+    screen_module.Screen._upload = timed_upload
+    try:
+        for _ in range(args.reps):
+            t0 = time.perf_counter_ns()
+            index.search(q, args.k)
+            walls.append((time.perf_counter_ns() - t0) / 1e3)
+    finally:
+        screen_module.Screen._upload = original
+    steps = {name: statistics.median(ms) * 1e3 for name, ms in screen.timings.items()}
+    screen.timings = None
+    plain = []
+    for _ in range(args.reps):
+        t0 = time.perf_counter_ns()
+        index.search(q, args.k)
+        plain.append((time.perf_counter_ns() - t0) / 1e3)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(args.reps):
+        index.search(q, args.k)
+    profiler.disable()
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    rows = []
+    for (path, line, name), (calls, _, own, cumulative, _) in stats.stats.items():
+        rows.append({"function": f"{path.split('/')[-1]}:{line} {name}", "calls_per_search": calls / args.reps,
+                     "own_us_per_search": own * 1e6 / args.reps, "cumulative_us_per_search": cumulative * 1e6 / args.reps})
+    rows.sort(key=lambda r: -r["own_us_per_search"])
+    result = {"shape": vars(args), "whole_us_median": statistics.median(plain),
+              "whole_with_step_events_us_median": statistics.median(walls), "steps_us_median": steps,
+              "steps_sum_us": sum(steps.values()), "upload_host_us_median": statistics.median(uploads),
+              "profile_top": rows[:40]}
+    print(f"whole {result['whole_us_median']:.1f} us (with step events {result['whole_with_step_events_us_median']:.1f}); "
+          f"steps {', '.join(f'{k} {v:.1f}' for k, v in steps.items())} = {result['steps_sum_us']:.1f} us; "
+          f"upload on the host {result['upload_host_us_median']:.1f} us")
+    for r in rows[:25]:
+        print(f"  {r['own_us_per_search']:8.1f} us own {r['cumulative_us_per_search']:8.1f} cum {r['calls_per_search']:6.1f} calls  {r['function']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
