@@ -15,12 +15,17 @@ import io
 import json
 import pstats
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-import tinyknn
-from tinyknn.gpu import screen as screen_module
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _common  # noqa: E402
+import tinyknn  # noqa: E402
+from tinyknn.gpu import screen as screen_module  # noqa: E402
 
 
 def main() -> None:
@@ -79,7 +84,7 @@ def main() -> None:
         rows.append({"function": f"{path.split('/')[-1]}:{line} {name}", "calls_per_search": calls / args.reps,
                      "own_us_per_search": own * 1e6 / args.reps, "cumulative_us_per_search": cumulative * 1e6 / args.reps})
     rows.sort(key=lambda r: -r["own_us_per_search"])
-    result = {"shape": vars(args), "whole_us_median": statistics.median(plain),
+    result = {"environment": _common.environment(), "shape": vars(args), "whole_us_median": statistics.median(plain),
               "whole_with_step_events_us_median": statistics.median(walls), "steps_us_median": steps,
               "steps_sum_us": sum(steps.values()), "upload_host_us_median": statistics.median(uploads),
               "profile_top": rows[:40]}
