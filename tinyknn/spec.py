@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -101,14 +101,14 @@ class KernelSpec:
         given = tuple(getattr(self, name) for name in _SPEC_FIELDS)
         try:
             key = tuple((value.__class__, value) for value in given)
-            fields = _CHECKED_SPECS.get(key)
+            checked = _CHECKED_SPECS.get(key)
         except TypeError:           # an unhashable field (a dict of params): checked every time
-            key = fields = None
-        if fields is None:
-            fields = _checked_spec_fields(*given)
+            key = checked = None
+        if checked is None:
+            checked = _checked_spec_fields(*given)
             if key is not None and len(_CHECKED_SPECS) < _CHECKED_SPECS_MAX:
-                _CHECKED_SPECS[key] = fields
-        for name, value in zip(_SPEC_FIELDS, fields):
+                _CHECKED_SPECS[key] = checked
+        for name, value in zip(_SPEC_FIELDS, checked):
             object.__setattr__(self, name, value)
 
     def param(self, name: str, default: int | None = None) -> int:
@@ -124,7 +124,7 @@ class KernelSpec:
         return f"KernelSpec({self.variant} {self.metric} {self.dtype} dim={self.dim} k={self.k} {self.arch}{extra})"
 
 
-_SPEC_FIELDS = ("metric", "dtype", "dim", "k", "variant", "arch", "params")
+_SPEC_FIELDS = tuple(f.name for f in fields(KernelSpec))     # _checked_spec_fields takes them in this order
 _CHECKED_SPECS: dict[tuple, tuple] = {}
 _CHECKED_SPECS_MAX = 4096
 
