@@ -170,7 +170,6 @@ def main(argv=None) -> int:
         print(f"bench/host_tier.py needs a GPU: {why_no_gpu()}")
         return 2
     from tinyknn.gpu import host_tier
-    from tinyknn.gpu.host_tier import HostTierSearcher
     from tinyknn.spec import numpy_dtype
 
     if args.chunk_mb is not None:
@@ -181,7 +180,7 @@ def main(argv=None) -> int:
     n = max(1, int(args.gb * 1e9) // (args.dim * itemsize))
     threads = max(1, len(os.sched_getaffinity(0)))
     steps: dict[str, float] = {}
-    tier = HostTierSearcher(args.dim, args.metric, args.dtype)
+    tier = host_tier.HostTierSearcher(args.dim, args.metric, args.dtype)
     try:
         t0 = time.perf_counter()
         tier.reserve(n)
