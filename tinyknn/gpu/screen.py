@@ -97,7 +97,19 @@ class Screen(HopperSteps):
                             if self.hopper else None)
         self.tile_rows = self.hopper_spec.param("bn") if self.hopper else 0
         self._maps: dict[str, tuple] = {}     # "rows" / "queries" / "sample": (what it maps, TensorMapArg)
+        self._launches: dict = {}             # spec -> (LoadedKernel, PreparedLaunch): a batch step's launch
         self.timings: dict[str, list] | None = None   # benchmarks: set to {} to get each step's milliseconds
+
+    def _packed(self, spec, *values):
+        """(the kernel of `spec`, its launch holding `values`): packed once per searcher and rewritten in place
+        after, since a searcher's calls take turns and a launch takes its parameters' values when enqueued (on
+        the H200's host a fresh packing cost about as much as the step's own host work)."""
+        kept = self._launches.get(spec)
+        if kept is None:
+            loaded = self.searcher._kernel(spec)
+            kept = self._launches[spec] = (loaded, loaded.prepare())
+        kept[1].set_all(*values)
+        return kept
 
     def forget_rows(self) -> None:
         """Rows moved or went away (truncate, reset): recompute every row's terms before the next use."""
@@ -190,15 +202,15 @@ class Screen(HopperSteps):
         else:
             self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"),
                          sample_tiles)
-        s._kernel(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch)).prepare(
-            ptr("screen_upper"), sample_tiles * kept, ptr("screen_t")).launch(nq, 256, 0, stream)
+        self._packed(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch), ptr("screen_upper"),
+                     sample_tiles * kept, ptr("screen_t"))[1].launch(nq, 256, 0, stream)
         marks.record(stream)
         self._screen_every_row(nq, hopper, capacity)
         marks.record(stream)
         # 4. the survivors in float64
         out = ptr("screen_out")
-        verify.prepare(ptr("screen_survivors"), ptr("screen_counts"), ptr("ids"), ptr("data"), ptr("screen_q32"),
-                       s._stride, s.dim, out, out + nq * k * 4, out + nq * k * 12).launch(
+        self._packed(verify.spec, ptr("screen_survivors"), ptr("screen_counts"), ptr("ids"), ptr("data"),
+                     ptr("screen_q32"), s._stride, s.dim, out, out + nq * k * 4, out + nq * k * 12)[1].launch(
             nq, verify.threads, verify.shared_bytes, stream)
         marks.record(stream)
         results = s._pinned("screen_results", nq * k * 12 + nq * 4)
@@ -265,14 +277,14 @@ class Screen(HopperSteps):
         hopper: a Hopper kernel runs step 2 or 3, whose count, the larger, then holds for both)."""
         s = self.searcher
         ptr = s._pointer
-        loaded = s._kernel(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch))
         if hopper:
             n_mma = 4 * rs.hopper_k_blocks(self.row_bytes)
         else:
             n_mma = -(-self.row_bytes // rs.SCREEN_BKB) * (rs.SCREEN_BKB // 32)
-        loaded.prepare(ptr("screen_q32"), nq, s._stride, s.dim, ptr("screen_q"), self.stride, n_mma,
-                       int(self.shadow), int(self.normalize), 2.0 if s.metric == "l2" else 1.0, ptr("screen_e"),
-                       ptr("screen_f")).launch(max(1, math.ceil(nq / 8)), 256, 0, s._stream)
+        self._packed(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch), ptr("screen_q32"), nq,
+                     s._stride, s.dim, ptr("screen_q"), self.stride, n_mma, int(self.shadow), int(self.normalize),
+                     2.0 if s.metric == "l2" else 1.0, ptr("screen_e"), ptr("screen_f"))[1].launch(
+            max(1, math.ceil(nq / 8)), 256, 0, s._stream)
 
     def _screen_every_row(self, nq: int, hopper: bool, capacity: int) -> None:
         """3. the screen over every row against screen_t: survivors (`capacity` a query) and their counts."""
@@ -312,17 +324,17 @@ class Screen(HopperSteps):
         """mma.sync's screen: threshold mode (bounds into `upper`, no survivors: capacity 0) or step 3 (survivors
         with `capacity` room a query, the verify kernel's)."""
         s = self.searcher
-        loaded = s._kernel(rs.screen_spec(s.metric, s.dtype, k, s._arch, threshold=threshold,
-                                          sample_tiles=sample_tiles))
+        spec = rs.screen_spec(s.metric, s.dtype, k, s._arch, threshold=threshold, sample_tiles=sample_tiles)
+        loaded = s._kernel(spec)
         ptr = s._pointer
         row_tiles = -(-n_rows // rs.SCREEN_BN)
         query_tiles = -(-nq // rs.SCREEN_BQ)
         resident = s._sm_count * loaded.blocks_per_sm
         per_block = max(1, query_tiles * row_tiles // (WAVES * resident))
         grid = query_tiles * -(-row_tiles // per_block)
-        launch = loaded.prepare(rows, n_rows, row_step, sq_norms if s.metric == "l2" else 0, ptr("screen_rx"),
-                                ptr("screen_q"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
-                                ptr("screen_f"), counts, survivors, capacity, upper, per_block)
+        _, launch = self._packed(spec, rows, n_rows, row_step, sq_norms if s.metric == "l2" else 0, ptr("screen_rx"),
+                                 ptr("screen_q"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
+                                 ptr("screen_f"), counts, survivors, capacity, upper, per_block)
         launch.launch(grid, loaded.threads, loaded.shared_bytes, s._stream)
 
 

@@ -59,17 +59,18 @@ class HopperSteps:
         s = self.searcher
         self.hopper_thresholds += 1
         ptr, bn = s._pointer, self.tile_rows
-        s._kernel(rs.sample_spec(bn, s._arch)).prepare(
-            ptr("screen_sq_hi"), ptr("screen_rx"), step, tiles, ptr("screen_sample_sq"),
-            ptr("screen_sample_rmax")).launch(math.ceil(tiles / 8), 256, 0, s._stream)
-        loaded = s._kernel(rs.hopper_spec(s.metric, s.dtype, self.stride, s._arch, keep=kept))
+        self._packed(rs.sample_spec(bn, s._arch), ptr("screen_sq_hi"), ptr("screen_rx"), step, tiles,
+                     ptr("screen_sample_sq"), ptr("screen_sample_rmax"))[1].launch(math.ceil(tiles / 8), 256, 0,
+                                                                                   s._stream)
+        spec = rs.hopper_spec(s.metric, s.dtype, self.stride, s._arch, keep=kept)
         tile_q = 128 * self.hopper_spec.param("mw")
         sample_map = self._tensor_map("sample", (rows, tiles, step, bn), lambda: sample_map_args(
             rows, tiles, step, self.row_bytes, self.element_bytes, bn))
         query_map = self._query_map(nq, tile_q)
-        launch = loaded.prepare(query_map, sample_map, tiles * bn,
-                                ptr("screen_sample_sq") if s.metric == "l2" else 0, ptr("screen_sample_rmax"), nq,
-                                self.row_bytes, 0, ptr("screen_e"), ptr("screen_f"), 0, 0, 0, ptr("screen_upper"))
+        loaded, launch = self._packed(spec, query_map, sample_map, tiles * bn,
+                                      ptr("screen_sample_sq") if s.metric == "l2" else 0, ptr("screen_sample_rmax"),
+                                      nq, self.row_bytes, 0, ptr("screen_e"), ptr("screen_f"), 0, 0, 0,
+                                      ptr("screen_upper"))
         launch.launch(max(1, min(-(-nq // tile_q) * tiles, s._sm_count)), loaded.threads, loaded.shared_bytes,
                       s._stream)
 
@@ -77,15 +78,15 @@ class HopperSteps:
         """Step 3 on sm_90a: the persistent Hopper screen, one CTA per SM."""
         s = self.searcher
         spec = self.hopper_spec
-        loaded = s._kernel(spec)
         bn, tile_q = spec.param("bn"), 128 * spec.param("mw")
         ptr = s._pointer
         row_map = self._rows_map("rows", rows, n_rows, bn)
         query_map = self._query_map(nq, tile_q)
         tiles = -(-nq // tile_q) * -(-n_rows // bn)
-        launch = loaded.prepare(query_map, row_map, n_rows, ptr("screen_sq_lo") if s.metric == "l2" else 0,
-                                ptr("screen_tile_rmax"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
-                                ptr("screen_f"), ptr("screen_counts"), ptr("screen_survivors"), capacity, 0)
+        loaded, launch = self._packed(spec, query_map, row_map, n_rows,
+                                      ptr("screen_sq_lo") if s.metric == "l2" else 0, ptr("screen_tile_rmax"), nq,
+                                      self.row_bytes, ptr("screen_t"), ptr("screen_e"), ptr("screen_f"),
+                                      ptr("screen_counts"), ptr("screen_survivors"), capacity, 0)
         launch.launch(max(1, min(tiles, s._sm_count)), loaded.threads, loaded.shared_bytes, s._stream)
 
     def _tensor_map(self, name: str, what: tuple, make_args) -> TensorMapArg:
