@@ -50,9 +50,9 @@ def main() -> None:
     uploads = []
     original = screen_module.Screen._upload
 
-    def timed_upload(self, queries):
+    def timed_upload(self, queries, first=0, last=None):
         t0 = time.perf_counter_ns()
-        original(self, queries)
+        original(self, queries, first, last)
         uploads.append((time.perf_counter_ns() - t0) / 1e3)
 
     walls = []
