@@ -286,39 +286,6 @@ def test_long_rows_and_several_query_tiles_are_exact(metric, dtype, rng, screen)
     index.close()
 
 
-@pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("ip", "uint8"), ("cosine", "float32")])
-def test_a_batch_screened_in_parts_answers_as_one(metric, dtype, rng, screen, monkeypatch):
-    """A large batch's queries are staged and screened in parts (gpu/screen.query_parts; forced here with a
-    PART_BYTES of 1 KiB): each part's steps read and write its own share of the batch's buffers, so the
-    answers are the float64 oracle's and those of the same batch screened whole."""
-    from tinyknn.gpu import screen as screen_module
-
-    n, dim = 30000, 72
-    db = data(rng, "clustered", n, dim, dtype)
-    queries = near_rows(rng, db, 700, dtype)
-    index = searcher_index(db, metric, dtype)
-    check_screen_used(index, screen)
-    whole = {k: index._searcher.search(queries, k) for k in KS}      # 700 x 72 x 4 bytes: one part
-    uploads = []
-    upload = screen_module.Screen._upload
-
-    def recorded(self, queries, first=0, last=None):
-        uploads.append((first, len(queries) if last is None else last))
-        upload(self, queries, first, last)
-
-    monkeypatch.setattr(screen_module, "PART_BYTES", 1024)
-    monkeypatch.setattr(screen_module.Screen, "_upload", recorded)
-    for k in KS:
-        uploads.clear()
-        d, i = index._searcher.search(queries, k)
-        assert len(uploads) >= 3 and uploads[0][0] == 0 and uploads[-1][1] == len(queries)
-        assert_exact(d, i, db, queries, k, metric, dtype)
-        np.testing.assert_array_equal(i, whole[k][1])
-        np.testing.assert_array_equal(d, whole[k][0])
-    assert index._searcher._screen.queries == 2 * len(KS) * len(queries)
-    index.close()
-
-
 def test_tile_bounds_cover_every_row(rng, screen):
     """tile_rmax: one float per tile of the Hopper screen, the largest r_x of its rows (after an add too)."""
     if screen != "wgmma":

@@ -251,28 +251,6 @@ def test_the_threshold_sample_keeps_large_k_survivors_within_capacity():
                                                  (100_000, 10), (2_000_000, 128))] == [16, 8, 8, 8, 8]
 
 
-def test_query_parts_cover_the_batch_on_whole_query_tiles():
-    """A batch is staged in parts only when its queries take PART_BYTES or more: at most MAX_PARTS parts,
-    each but the last whole query tiles, together every query once and in order."""
-    pytest.importorskip("cuda.bindings")
-    from tinyknn.gpu import screen
-
-    for nq in (1, 64, 100, 255, 256, 700, 1000, 2048, 4096, 65536):
-        for row_bytes in (128 * 4, 768 * 4, 4096 * 4):
-            for tile in (128, 256):
-                parts = screen.query_parts(nq, nq * row_bytes, tile)
-                assert parts[0][0] == 0 and parts[-1][1] == nq
-                assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
-                assert all(first % tile == 0 and first < last for first, last in parts)
-                assert len(parts) <= screen.MAX_PARTS
-                if len(parts) > 1:
-                    assert all((last - first) * row_bytes >= screen.PART_BYTES for first, last in parts[:-1])
-                if nq * row_bytes < screen.PART_BYTES or nq <= tile:
-                    assert parts == [(0, nq)]
-    assert screen.query_parts(1000, 1000 * 768 * 4, 256) == [(0, 256), (256, 512), (512, 768), (768, 1000)]
-    assert screen.query_parts(1000, 1000 * 128 * 4, 256) == [(0, 1000)]
-
-
 # ---- fewer bounds per tile (render_screen.threshold_keep), on a NumPy model of the threshold step ------
 def test_threshold_keep_rule():
     from tinyknn.jit import render_screen as rs

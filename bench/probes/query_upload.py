@@ -4,17 +4,15 @@
 A screened batch copies its queries into pinned staging with one NumPy copy, then issues one DMA; on the H200's
 host that copy ran at ~10 GB/s (296 us for 1,000 x 768) while the device idled. Variants of Screen._upload,
 patched in turn (interleaved rounds, answers checked equal to the current one's):
-  stage       one copy of the whole batch into pinned staging, one DMA (query_parts off)
-  parts       the library's upload: the batch staged and screened in parts (gpu/screen.query_parts), each
-              part's steps running while the host stages the next part
+  stage       the current upload (one copy into pinned staging, one DMA)
   direct      cuMemcpyHtoDAsync straight from the caller's pageable array where its rows need no padding (the
               driver stages it in pieces, its copies overlapping the DMA); else stage
   threads-N   the staging copy in N pieces by N threads (N - 1 pool workers and the caller), each piece's DMA
               issued as its copy lands
   pieces-N    the same pieces copied one after another by the caller, each piece's DMA issued as it lands
 For each: the whole search's median, and the host time of the upload. Then, on the current upload, host
-timestamps inside one search (index.search entry, Screen.search entry, the first part's upload start and end,
-the wait's start and end, Screen.search exit, index.search exit), medians of each interval.
+timestamps inside one search (index.search entry, Screen.search entry, upload start and end, the wait's start
+and end, Screen.search exit, index.search exit), medians of each interval.
 
     PYTHONPATH=$PWD python3 bench/probes/query_upload.py --out $OUT/query_upload.json
 """
@@ -41,9 +39,8 @@ ORIGINAL = screen_module.Screen._upload
 POOLS: dict[int, ThreadPoolExecutor] = {}
 
 
-def direct(self, queries, first=0, last=None):
+def direct(self, queries):
     s = self.searcher
-    assert first == 0 and last in (None, len(queries)), "a whole-batch variant"
     if queries.dtype == np.float32 and queries.flags.c_contiguous and s._stride == s.dim:
         s._buffers["screen_q32"].copy_from_host(queries, queries.nbytes, s._stream)
         return
@@ -51,8 +48,7 @@ def direct(self, queries, first=0, last=None):
 
 
 def pieces(n_pieces: int, threaded: bool):
-    def upload(self, queries, first=0, last=None):
-        assert first == 0 and last in (None, len(queries)), "a whole-batch variant"
+    def upload(self, queries):
         s = self.searcher
         nq, target = len(queries), s._buffers["screen_q32"]
         row_bytes = s._stride * 4
@@ -91,11 +87,8 @@ def pieces(n_pieces: int, threaded: bool):
     return upload
 
 
-WHOLE = 1 << 62                 # PART_BYTES that keeps every batch in one part
-PARTS = screen_module.PART_BYTES
-VARIANTS = {"stage": (ORIGINAL, WHOLE), "parts": (ORIGINAL, PARTS), "direct": (direct, WHOLE),
-            "pieces-4": (pieces(4, False), WHOLE), "threads-2": (pieces(2, True), WHOLE),
-            "threads-4": (pieces(4, True), WHOLE), "threads-8": (pieces(8, True), WHOLE)}
+VARIANTS = {"stage": ORIGINAL, "direct": direct, "pieces-4": pieces(4, False),
+            "threads-2": pieces(2, True), "threads-4": pieces(4, True), "threads-8": pieces(8, True)}
 
 
 def timed(fn, log):
@@ -117,9 +110,8 @@ def shape_run(args, n, dim, dtype, nq) -> dict:
     reference = None
     walls = {name: [] for name in VARIANTS}
     uploads = {name: [] for name in VARIANTS}
-    for name, (upload, part_bytes) in VARIANTS.items():      # warm-up (and the answers) of each
+    for name, upload in VARIANTS.items():      # warm-up (and the answers) of each
         screen_module.Screen._upload = upload
-        screen_module.PART_BYTES = part_bytes
         for _ in range(3):
             _, ids = index.search(q, args.k)
         if reference is None:
@@ -127,18 +119,15 @@ def shape_run(args, n, dim, dtype, nq) -> dict:
         if not np.array_equal(ids, reference):
             raise SystemExit(f"{name}: answers differ from the current upload's")
     for _ in range(args.rounds):
-        for name, (upload, part_bytes) in VARIANTS.items():
+        for name, upload in VARIANTS.items():
             log = []
             screen_module.Screen._upload = timed(upload, log)
-            screen_module.PART_BYTES = part_bytes
             for _ in range(args.reps):
                 t0 = time.perf_counter_ns()
                 index.search(q, args.k)
                 walls[name].append((time.perf_counter_ns() - t0) / 1e3)
-            uploads[name] += [(log[i + len(log) // args.reps - 1][1] - log[i][0]) / 1e3
-                              for i in range(0, len(log), len(log) // args.reps)]
+            uploads[name] += [(b - a) / 1e3 for a, b in log]
     screen_module.Screen._upload = ORIGINAL
-    screen_module.PART_BYTES = PARTS
 
     # host timestamps inside one search on the current upload
     marks: dict[str, list] = {}
@@ -155,7 +144,7 @@ def shape_run(args, n, dim, dtype, nq) -> dict:
             t0 = time.perf_counter_ns()
             index.search(q, args.k)
             t1 = time.perf_counter_ns()
-            (s0, s1), (u0, u1), (w0, w1) = marks["screen"][-1], marks["upload"][0], marks["wait"][-1]
+            (s0, s1), (u0, u1), (w0, w1) = marks["screen"][-1], marks["upload"][-1], marks["wait"][-1]
             for name, a, b in (("entry_to_screen", t0, s0), ("screen_to_upload", s0, u0), ("upload", u0, u1),
                                ("upload_to_wait", u1, w0), ("wait", w0, w1), ("wait_to_screen_exit", w1, s1),
                                ("screen_exit_to_return", s1, t1), ("whole", t0, t1)):
@@ -170,8 +159,7 @@ def shape_run(args, n, dim, dtype, nq) -> dict:
               "intervals_us_median": {name: statistics.median(v) for name, v in intervals.items()}}
     print(f"{n} x {dim} {dtype}, {nq} queries:")
     for name in VARIANTS:
-        print(f"  {name:10s} whole {result['whole_us_median'][name]:8.1f} us  uploads (first start to last end) "
-              f"{result['upload_host_us_median'][name]:7.1f} us")
+        print(f"  {name:10s} whole {result['whole_us_median'][name]:8.1f} us  upload {result['upload_host_us_median'][name]:7.1f} us")
     print("  intervals: " + ", ".join(f"{k} {v:.1f}" for k, v in result["intervals_us_median"].items()))
     return result
 

@@ -38,8 +38,6 @@ SCREEN_MAX_K = 128              # survivors grow with k (about k x sample_step)
 SCREEN_MIN_ROWS = 16384
 SCREEN_METRICS = ("l2", "ip", "cosine")
 WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
-PART_BYTES = 512 << 10          # query_parts: a batch's queries are staged in parts of at least this many bytes
-MAX_PARTS = 4
 
 
 ROW_PAD = 256                   # row terms are allocated in whole multiples of this many rows: the Hopper
@@ -54,17 +52,6 @@ SURVIVOR_HEADROOM = 2           # the sample keeps k x step (the survivors withi
 
 THRESHOLD_ON_HOPPER = "with-screen"   # step 2 on the Hopper screen's threshold mode where step 3 runs the Hopper
                                       # screen; "always" (probes): on compute capability 9.0 whatever step 3 runs
-
-
-def query_parts(nq: int, query_bytes: int, tile: int) -> list[tuple[int, int]]:
-    """[first, last) of each part a batch is screened in: a batch whose float32 queries take PART_BYTES or more
-    is cut, on whole query tiles of the screen (`tile` queries), into up to MAX_PARTS parts of at least
-    PART_BYTES, so that the host's staging copy of a part overlaps the steps of the parts before it (on the
-    H200's host that copy ran at ~10 GB/s: 0.3 ms for 1,000 x 768, with the device idle)."""
-    tiles = -(-nq // tile)
-    count = max(1, min(MAX_PARTS, tiles, query_bytes // PART_BYTES))
-    per_part = -(-tiles // count) * tile
-    return [(first, min(nq, first + per_part)) for first in range(0, nq, per_part)]
 
 
 def padded_rows(n: int) -> int:
@@ -185,8 +172,7 @@ class Screen(HopperSteps):
 
     # -- one batch -------------------------------------------------------------------------------------
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(distances, ids, unproven query indices) of one batch of host float32 queries, screened in parts
-        (query_parts) so that each part's steps run while the host stages the next part's queries."""
+        """(distances, ids, unproven query indices) of one batch of host float32 queries."""
         s = self.searcher
         self._rows()
         if not self.usable:
@@ -201,41 +187,32 @@ class Screen(HopperSteps):
         # the survivors' room a query is the verify kernel's, read from its spec: one number for both steps
         verify = s._kernel(rs.step_spec("survivors", s.metric, s.dtype, k, s._arch))
         capacity = verify.spec.param("cap")
-        self._allocate(nq, capacity, upper=sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4,
+        self._allocate(nq, capacity, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4,
                        **(sample if on_hopper else {}))
-        ptr, at = s._pointer, self._at
+        ptr = s._pointer
         marks = self._marks()
+        self._upload(queries)
+        marks.record(s._stream)
+        self._round_queries(nq, hopper or on_hopper)
+        marks.record(stream)
         rows = self._screened_rows()
-        s._buffers["screen_counts"].fill_bytes(0, nq * 4, stream)
+        # 2. threshold mode over the sample (KT bounds per tile), then each query's k-th upper bound of them
         if on_hopper:
-            self._sample_terms(step, sample_tiles)
-        tile = 128 * self.hopper_spec.param("mw") if hopper else rs.SCREEN_BQ
-        whole = self.timings is not None or getattr(s, "keeps_queries", False)   # step marks; the host tier
-        parts = [(0, nq)] if whole else query_parts(nq, nq * s._stride * 4, tile)
-        for part, (first, last) in enumerate(parts):
-            count = last - first
-            self._upload(queries, first, last)
-            marks.record(stream)
-            self._round_queries(first, count, hopper or on_hopper)
-            marks.record(stream)
-            # 2. threshold mode over the sample (KT bounds per tile), then each query's k-th upper bound of them
-            if on_hopper:
-                self._threshold_hopper(rows, part, first, count, sample_tiles, step, kept)
-            else:
-                self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), first, count, 0, 0,
-                             at("screen_upper", first), sample_tiles)
-            self._packed(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch), at("screen_upper", first),
-                         sample_tiles * kept, at("screen_t", first))[1].launch(count, 256, 0, stream)
-            marks.record(stream)
-            self._screen_every_row(part, first, count, hopper, capacity)
-            marks.record(stream)
-            # 4. the survivors in float64
-            out = ptr("screen_out")
-            self._packed(verify.spec, at("screen_survivors", first), at("screen_counts", first), ptr("ids"),
-                         ptr("data"), at("screen_q32", first), s._stride, s.dim, out + first * k * 4,
-                         out + nq * k * 4 + first * k * 8, out + nq * k * 12 + first * 4)[1].launch(
-                count, verify.threads, verify.shared_bytes, stream)
-            marks.record(stream)
+            self._threshold_hopper(rows, nq, sample_tiles, step, kept)
+        else:
+            self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"),
+                         sample_tiles)
+        self._packed(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch), ptr("screen_upper"),
+                     sample_tiles * kept, ptr("screen_t"))[1].launch(nq, 256, 0, stream)
+        marks.record(stream)
+        self._screen_every_row(nq, hopper, capacity)
+        marks.record(stream)
+        # 4. the survivors in float64
+        out = ptr("screen_out")
+        self._packed(verify.spec, ptr("screen_survivors"), ptr("screen_counts"), ptr("ids"), ptr("data"),
+                     ptr("screen_q32"), s._stride, s.dim, out, out + nq * k * 4, out + nq * k * 12)[1].launch(
+            nq, verify.threads, verify.shared_bytes, stream)
+        marks.record(stream)
         results = s._pinned("screen_results", nq * k * 12 + nq * 4)
         s._buffers["screen_out"].copy_to_host(results, nq * k * 12 + nq * 4, stream)
         try:
@@ -264,29 +241,20 @@ class Screen(HopperSteps):
         self._allocate(nq, capacity)
         hopper = self._hopper_for(nq)
         self._upload(queries)
-        self._round_queries(0, nq, hopper)
+        self._round_queries(nq, hopper)
         thresholds = np.ascontiguousarray(thresholds, dtype=np.float32)
         s._buffers["screen_t"].copy_from_host(thresholds, nq * 4, s._stream)
-        s._buffers["screen_counts"].fill_bytes(0, nq * 4, s._stream)
-        self._screen_every_row(0, 0, nq, hopper, capacity)
+        self._screen_every_row(nq, hopper, capacity)
         return True
 
-    def _allocate(self, nq: int, capacity: int, upper: int = 0, **whole: int) -> None:
-        """The batch's device buffers: those of steps 1 and 3 a query (and step 2's `upper` bytes a query),
-        `whole` (name=bytes) the others'. Their bytes a query are kept for _at."""
+    def _allocate(self, nq: int, capacity: int, **more: int) -> None:
+        """The per-batch device buffers of steps 1 and 3 (and `more`, name=bytes, of the others)."""
         s = self.searcher
-        self._per_query = {"screen_q32": s._stride * 4, "screen_q": self.row_bytes, "screen_e": 4, "screen_f": 4,
-                           "screen_t": 4, "screen_counts": 4, "screen_survivors": capacity * 4}
-        if upper:
-            self._per_query["screen_upper"] = upper
-        for name, nbytes in self._per_query.items():
-            s._device(name, nq * nbytes)
-        for name, nbytes in whole.items():
+        sizes = {"screen_q32": nq * s._stride * 4, "screen_q": nq * self.row_bytes, "screen_e": nq * 4,
+                 "screen_f": nq * 4, "screen_t": nq * 4, "screen_counts": nq * 4,
+                 "screen_survivors": nq * capacity * 4, **more}
+        for name, nbytes in sizes.items():
             s._device(name, nbytes)
-
-    def _at(self, name: str, first: int) -> int:
-        """The device address of query `first`'s share of one of the batch's per-query buffers."""
-        return self.searcher._pointer(name) + first * self._per_query[name]
 
     def _threshold_shape(self, n_sample: int, k: int, hopper: bool) -> tuple[bool, int, int]:
         """(on the Hopper screen, sample tiles, bounds kept per tile) of step 2. The Hopper threshold mode reads
@@ -304,65 +272,57 @@ class Screen(HopperSteps):
         s = self.searcher
         return s._pointer("screen_shadow") if self.shadow else s._pointer("data")
 
-    def _round_queries(self, first: int, nq: int, hopper: bool) -> None:
-        """1. queries [first, first + nq) rounded, error terms (gamma's n: instructions per dot product,
-        zero-filled ones included; hopper: a Hopper kernel runs step 2 or 3, whose count, the larger, then
-        holds for both)."""
+    def _round_queries(self, nq: int, hopper: bool) -> None:
+        """1. queries rounded, error terms (gamma's n: instructions per dot product, zero-filled ones included;
+        hopper: a Hopper kernel runs step 2 or 3, whose count, the larger, then holds for both)."""
         s = self.searcher
-        at = self._at
+        ptr = s._pointer
         if hopper:
             n_mma = 4 * rs.hopper_k_blocks(self.row_bytes)
         else:
             n_mma = -(-self.row_bytes // rs.SCREEN_BKB) * (rs.SCREEN_BKB // 32)
-        self._packed(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch), at("screen_q32", first), nq,
-                     s._stride, s.dim, at("screen_q", first), self.stride, n_mma, int(self.shadow),
-                     int(self.normalize), 2.0 if s.metric == "l2" else 1.0, at("screen_e", first),
-                     at("screen_f", first))[1].launch(
+        self._packed(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch), ptr("screen_q32"), nq,
+                     s._stride, s.dim, ptr("screen_q"), self.stride, n_mma, int(self.shadow), int(self.normalize),
+                     2.0 if s.metric == "l2" else 1.0, ptr("screen_e"), ptr("screen_f"))[1].launch(
             max(1, math.ceil(nq / 8)), 256, 0, s._stream)
 
-    def _screen_every_row(self, part: int, first: int, nq: int, hopper: bool, capacity: int) -> None:
-        """3. the screen of queries [first, first + nq) (the batch's part `part`) over every row against
-        screen_t: survivors (`capacity` a query) and their counts (zeroed by the caller)."""
+    def _screen_every_row(self, nq: int, hopper: bool, capacity: int) -> None:
+        """3. the screen over every row against screen_t: survivors (`capacity` a query) and their counts."""
         s = self.searcher
+        ptr = s._pointer
+        s._buffers["screen_counts"].fill_bytes(0, nq * 4, s._stream)
         if hopper:
-            self._screen_hopper(self._screened_rows(), s._n, part, first, nq, capacity)
+            self._screen_hopper(self._screened_rows(), s._n, nq, capacity)
         else:
-            self._screen(False, 1, self._screened_rows(), s._n, 1, s._pointer("screen_sq_lo"), first, nq,
-                         self._at("screen_counts", first), self._at("screen_survivors", first), 0,
-                         capacity=capacity)
+            self._screen(False, 1, self._screened_rows(), s._n, 1, ptr("screen_sq_lo"), nq, ptr("screen_counts"),
+                         ptr("screen_survivors"), 0, capacity=capacity)
 
-    def _upload(self, queries: np.ndarray, first: int = 0, last: int | None = None) -> None:
-        """The float32 queries [first, last), padded, into screen_q32 through the pinned staging (the host's
-        copy is what a part's steps overlap). A searcher that keeps_queries (the host tier's chunk workers: the
-        same queries for every chunk, whose copy would otherwise queue behind the other worker's chunk on the
-        bus) uploads them whole once until forget_queries()."""
+    def _upload(self, queries: np.ndarray) -> None:
+        """The float32 queries, padded, into screen_q32. A searcher that keeps_queries (the host tier's chunk
+        workers: the same queries for every chunk, whose copy would otherwise queue behind the other worker's
+        chunk on the bus) uploads them once until forget_queries()."""
         s = self.searcher
         nq, target = len(queries), s._buffers["screen_q32"]
-        last = nq if last is None else last
         keeps = getattr(s, "keeps_queries", False)    # its kept_queries: (array, buffer address) or None
         if keeps and s.kept_queries is not None and s.kept_queries[0] is queries and s.kept_queries[1] == target.ptr:
             return
-        row_bytes = s._stride * 4
-        stage = s._pinned("screen_stage", nq * row_bytes)
+        stage = s._pinned("screen_stage", nq * s._stride * 4)
         staged = stage.array(np.float32, (nq, s._stride))
-        staged[first:last, :s.dim] = queries[first:last]
+        staged[:, :s.dim] = queries
         if s._stride > s.dim:
-            staged[first:last, s.dim:] = 0.0
-        if first == 0 and last == nq:
-            target.copy_from_host(stage, nq * row_bytes, s._stream)
-        else:           # the part's rows of the staging (pinned memory: the copy stays asynchronous)
-            target.copy_from_host(staged[first:last], (last - first) * row_bytes, s._stream, offset=first * row_bytes)
+            staged[:, s.dim:] = 0.0
+        target.copy_from_host(stage, nq * s._stride * 4, s._stream)
         if keeps:
             s.kept_queries = (queries, target.ptr)
 
     def _marks(self) -> "StageMarks":
         return StageMarks(self.timings is not None)
 
-    def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, first: int,
-                nq: int, counts: int, survivors: int, upper: int, sample_tiles: int | None = None,
+    def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, nq: int,
+                counts: int, survivors: int, upper: int, sample_tiles: int | None = None,
                 capacity: int = 0) -> None:
-        """mma.sync's screen of queries [first, first + nq): threshold mode (bounds into `upper`, no survivors:
-        capacity 0) or step 3 (survivors with `capacity` room a query, the verify kernel's)."""
+        """mma.sync's screen: threshold mode (bounds into `upper`, no survivors: capacity 0) or step 3 (survivors
+        with `capacity` room a query, the verify kernel's)."""
         s = self.searcher
         spec = rs.screen_spec(s.metric, s.dtype, k, s._arch, threshold=threshold, sample_tiles=sample_tiles)
         loaded = s._kernel(spec)
@@ -372,11 +332,9 @@ class Screen(HopperSteps):
         resident = s._sm_count * loaded.blocks_per_sm
         per_block = max(1, query_tiles * row_tiles // (WAVES * resident))
         grid = query_tiles * -(-row_tiles // per_block)
-        at = self._at
         _, launch = self._packed(spec, rows, n_rows, row_step, sq_norms if s.metric == "l2" else 0, ptr("screen_rx"),
-                                 at("screen_q", first), nq, self.row_bytes, at("screen_t", first),
-                                 at("screen_e", first), at("screen_f", first), counts, survivors, capacity, upper,
-                                 per_block)
+                                 ptr("screen_q"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
+                                 ptr("screen_f"), counts, survivors, capacity, upper, per_block)
         launch.launch(grid, loaded.threads, loaded.shared_bytes, s._stream)
 
 

@@ -54,49 +54,39 @@ class HopperSteps:
         tiles.prepare(s._pointer("screen_rx"), n, first, last, s._pointer("screen_tile_rmax")).launch(
             math.ceil((last - first) / 8), 256, 0, s._stream)
 
-    def _sample_terms(self, step: int, tiles: int) -> None:
-        """Step 2 on sm_90a, once a batch: the sample's row terms in tile order."""
+    def _threshold_hopper(self, rows: int, nq: int, tiles: int, step: int, kept: int) -> None:
+        """Step 2 on sm_90a: the sample's terms in tile order, then the Hopper screen's threshold mode."""
         s = self.searcher
-        ptr = s._pointer
-        self._packed(rs.sample_spec(self.tile_rows, s._arch), ptr("screen_sq_hi"), ptr("screen_rx"), step, tiles,
+        self.hopper_thresholds += 1
+        ptr, bn = s._pointer, self.tile_rows
+        self._packed(rs.sample_spec(bn, s._arch), ptr("screen_sq_hi"), ptr("screen_rx"), step, tiles,
                      ptr("screen_sample_sq"), ptr("screen_sample_rmax"))[1].launch(math.ceil(tiles / 8), 256, 0,
                                                                                    s._stream)
-
-    def _threshold_hopper(self, rows: int, part: int, first: int, nq: int, tiles: int, step: int,
-                          kept: int) -> None:
-        """Step 2 on sm_90a for queries [first, first + nq) (part `part` of the batch): the Hopper screen's
-        threshold mode over the sample's tiles (their terms from _sample_terms)."""
-        s = self.searcher
-        if part == 0:
-            self.hopper_thresholds += 1
-        ptr, at, bn = s._pointer, self._at, self.tile_rows
         spec = rs.hopper_spec(s.metric, s.dtype, self.stride, s._arch, keep=kept)
         tile_q = 128 * self.hopper_spec.param("mw")
         sample_map = self._tensor_map("sample", (rows, tiles, step, bn), lambda: sample_map_args(
             rows, tiles, step, self.row_bytes, self.element_bytes, bn))
-        query_map = self._query_map(part, first, nq, tile_q)
+        query_map = self._query_map(nq, tile_q)
         loaded, launch = self._packed(spec, query_map, sample_map, tiles * bn,
                                       ptr("screen_sample_sq") if s.metric == "l2" else 0, ptr("screen_sample_rmax"),
-                                      nq, self.row_bytes, 0, at("screen_e", first), at("screen_f", first), 0, 0, 0,
-                                      at("screen_upper", first))
+                                      nq, self.row_bytes, 0, ptr("screen_e"), ptr("screen_f"), 0, 0, 0,
+                                      ptr("screen_upper"))
         launch.launch(max(1, min(-(-nq // tile_q) * tiles, s._sm_count)), loaded.threads, loaded.shared_bytes,
                       s._stream)
 
-    def _screen_hopper(self, rows: int, n_rows: int, part: int, first: int, nq: int, capacity: int) -> None:
-        """Step 3 on sm_90a for queries [first, first + nq) (part `part` of the batch): the persistent Hopper
-        screen, one CTA per SM."""
+    def _screen_hopper(self, rows: int, n_rows: int, nq: int, capacity: int) -> None:
+        """Step 3 on sm_90a: the persistent Hopper screen, one CTA per SM."""
         s = self.searcher
         spec = self.hopper_spec
         bn, tile_q = spec.param("bn"), 128 * spec.param("mw")
-        ptr, at = s._pointer, self._at
+        ptr = s._pointer
         row_map = self._rows_map("rows", rows, n_rows, bn)
-        query_map = self._query_map(part, first, nq, tile_q)
+        query_map = self._query_map(nq, tile_q)
         tiles = -(-nq // tile_q) * -(-n_rows // bn)
         loaded, launch = self._packed(spec, query_map, row_map, n_rows,
                                       ptr("screen_sq_lo") if s.metric == "l2" else 0, ptr("screen_tile_rmax"), nq,
-                                      self.row_bytes, at("screen_t", first), at("screen_e", first),
-                                      at("screen_f", first), at("screen_counts", first),
-                                      at("screen_survivors", first), capacity, 0)
+                                      self.row_bytes, ptr("screen_t"), ptr("screen_e"), ptr("screen_f"),
+                                      ptr("screen_counts"), ptr("screen_survivors"), capacity, 0)
         launch.launch(max(1, min(tiles, s._sm_count)), loaded.threads, loaded.shared_bytes, s._stream)
 
     def _tensor_map(self, name: str, what: tuple, make_args) -> TensorMapArg:
@@ -110,9 +100,8 @@ class HopperSteps:
         return self._tensor_map(name, (address, rows, box_rows), lambda: tensor_map_args(
             address, rows, self.row_bytes, self.element_bytes, box_rows))
 
-    def _query_map(self, part: int, first: int, nq: int, tile_q: int) -> TensorMapArg:
-        """The map of the rounded queries [first, first + nq), kept per part of a batch."""
-        return self._rows_map(f"queries{part}", self._at("screen_q", first), nq, tile_q)
+    def _query_map(self, nq: int, tile_q: int) -> TensorMapArg:
+        return self._rows_map("queries", self.searcher._pointer("screen_q"), nq, tile_q)
 
 
 __all__ = ["HopperSteps", "HOPPER_MIN_PRODUCTS", "HOPPER_MIN_QUERIES", "hopper_pays", "use_hopper"]
