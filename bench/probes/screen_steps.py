@@ -53,6 +53,9 @@ def main() -> None:
     parser.add_argument("--keeps", type=numbers, default=[2, 10], help="THRESHOLD_KEEP values (default: 2,10)")
     parser.add_argument("--steps", type=numbers, default=[None, 8, 32],
                         help="sample steps, 'default' for the library's (default: default,8,32)")
+    parser.add_argument("--threshold-stages", type=numbers, default=[None],
+                        help="render_screen.THRESHOLD_STAGES values: the mma.sync threshold mode's ring depth "
+                             "(2 lets two blocks share an SM; default: the library's)")
     parser.add_argument("--epi-groups", type=numbers, default=[0],
                         help="chunks of 8 rows the Hopper epilogue tests per branch (0: the kernel's choice); "
                              "a fresh index each")
@@ -63,10 +66,13 @@ def main() -> None:
     screen_module.THRESHOLD_ON_HOPPER = args.threshold_on_hopper
     db, queries = data(args)
     rows, answers, differ = [], {}, []
+    default_stages = render_screen.THRESHOLD_STAGES
     for group in args.epi_groups:
-        render_screen.HOPPER_EPI_GROUP = group or 0
-        rows += measure(args, db, queries, answers, differ)
-    render_screen.HOPPER_EPI_GROUP = 0
+        for stages in args.threshold_stages:
+            render_screen.HOPPER_EPI_GROUP = group or 0
+            render_screen.THRESHOLD_STAGES = stages or default_stages
+            rows += measure(args, db, queries, answers, differ)
+    render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
     if args.out:
         args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows, "differ": differ}, indent=1))
     if differ:
@@ -107,6 +113,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                         index._searcher._buffers["screen_counts"].copy_to_host(counts, nq * 4)
                         row = {"dtype": args.dtype, "n": args.n, "k": k, "queries": nq,
                                "epi_group": render_screen.HOPPER_EPI_GROUP,
+                               "threshold_stages": render_screen.THRESHOLD_STAGES,
                                "hopper": bool(screen.hopper), "hopper_spec": str(getattr(screen, "hopper_spec", "")),
                                "threshold_on_hopper": screen_module.THRESHOLD_ON_HOPPER,
                                "hopper_thresholds_so_far": screen.hopper_thresholds,

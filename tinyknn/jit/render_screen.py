@@ -37,6 +37,7 @@ def has_shadow(metric: str, dtype: str) -> bool:
     return metric == "cosine" or dtype == "float32"
 # Tuning, from the H200 probe (bench/NOTES_SCREEN.md): 128 x 128 tiles of 64-byte stages, 2 x 4 warps, 4 stages.
 SCREEN_BQ, SCREEN_BN, SCREEN_BKB, SCREEN_WARPS_Q, SCREEN_WARPS_N, SCREEN_STAGES = 128, 128, 64, 2, 4, 4
+THRESHOLD_STAGES = SCREEN_STAGES   # the threshold mode's ring (its [BQ][BN + 1] bounds take 66 KB more shared memory)
 SURVIVOR_CAPACITY = 4096        # survivors kept per query (more: the query goes to the other kernels)
 SURVIVOR_WARPS = 8
 THRESHOLD_KEEP = 2              # upper bounds per (query, sample tile) at most: threshold_keep
@@ -72,9 +73,10 @@ def screen_spec(metric: str, dtype: str, k: int, arch: str, *, threshold: bool,
     """The screen (or, threshold=True, its threshold mode keeping threshold_keep(k, sample_tiles) upper
     bounds per tile: the spec's k and kl) of a `dtype` index."""
     kept = threshold_keep(k, sample_tiles) if threshold else 0
+    stages = THRESHOLD_STAGES if threshold else SCREEN_STAGES
     params = {"threshold": int(threshold), "kl": kept if threshold else 1, "bq": SCREEN_BQ, "bn": SCREEN_BN,
-              "bkb": SCREEN_BKB, "wq": SCREEN_WARPS_Q, "wn": SCREEN_WARPS_N, "stages": SCREEN_STAGES,
-              "smem": screen_smem(threshold)}
+              "bkb": SCREEN_BKB, "wq": SCREEN_WARPS_Q, "wn": SCREEN_WARPS_N, "stages": stages,
+              "smem": screen_smem(threshold, stages=stages)}
     return KernelSpec(metric, dtype, 1, kept, "screen", arch, tuple(params.items()))
 
 

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""One screened batch's kernels for a profiler: an index of --n x --dim rows (seeded normal), --warm searches
+of --queries queries, then --profiled more between cuProfilerStart and cuProfilerStop, so that a profiler
+started with its capture off sees only those (every kernel of a screened batch: query rounding, the threshold
+mode, the threshold, the screen, the verify):
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \\
+        --section LaunchStats python3 bench/probes/batch_kernels.py
+    nsys profile --capture-range=cudaProfilerApi --stats=true -o $OUT/batch python3 bench/probes/batch_kernels.py
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from cuda.bindings import driver
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import tinyknn  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--metric", default="l2")
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--warm", type=int, default=5)
+    parser.add_argument("--profiled", type=int, default=1)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((args.queries, args.dim), dtype=np.float32)
+    with tinyknn.Index(args.dim, args.metric, args.dtype, device="cuda") as index:
+        for start in range(0, args.n, 250_000):
+            index.add(rng.standard_normal((min(250_000, args.n - start), args.dim), dtype=np.float32))
+        for _ in range(args.warm):
+            index.search(q, args.k)
+        before = index._searcher._screen.queries
+        driver.cuProfilerStart()
+        for _ in range(args.profiled):
+            index.search(q, args.k)
+        driver.cuProfilerStop()
+        screened = index._searcher._screen.queries - before
+    print(f"{args.profiled} searches of {args.queries} queries profiled, {screened} queries screened")
+
+
+if __name__ == "__main__":
+    main()
