@@ -37,7 +37,10 @@ def has_shadow(metric: str, dtype: str) -> bool:
     return metric == "cosine" or dtype == "float32"
 # Tuning, from the H200 probe (bench/NOTES_SCREEN.md): 128 x 128 tiles of 64-byte stages, 2 x 4 warps, 4 stages.
 SCREEN_BQ, SCREEN_BN, SCREEN_BKB, SCREEN_WARPS_Q, SCREEN_WARPS_N, SCREEN_STAGES = 128, 128, 64, 2, 4, 4
-THRESHOLD_STAGES = SCREEN_STAGES   # the threshold mode's ring (its [BQ][BN + 1] bounds take 66 KB more shared memory)
+THRESHOLD_STAGES = 2            # the threshold mode's ring: its [BQ][BN + 1] bounds take 66 KB more shared memory,
+                                # so 4 stages (153.6 KB) held one block an SM and 2 (110.6 KB) hold two; H200, same
+                                # answers: 100k x 128 float32, 1,000 queries, k = 10 / 100: 0.115 -> 0.091 / 2.03 ->
+                                # 1.42 ms; 1M x 768 float32, 100 queries: 0.250 -> 0.211 ms (bench/NOTES_SCREEN.md)
 SURVIVOR_CAPACITY = 4096        # survivors kept per query (more: the query goes to the other kernels)
 SURVIVOR_WARPS = 8
 THRESHOLD_KEEP = 2              # upper bounds per (query, sample tile) at most: threshold_keep
