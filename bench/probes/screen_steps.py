@@ -56,6 +56,9 @@ def main() -> None:
     parser.add_argument("--threshold-stages", type=numbers, default=[None],
                         help="render_screen.THRESHOLD_STAGES values: the mma.sync threshold mode's ring depth "
                              "(2 lets two blocks share an SM; default: the library's)")
+    parser.add_argument("--tiles", default="default",
+                        help="mma.sync screen tiles to compare, comma-separated BQxBNxWQxWN (queries x rows a tile, "
+                             "warps along each; e.g. 128x128x2x4,128x64x2x4; default: the library's)")
     parser.add_argument("--epi-groups", type=numbers, default=[0],
                         help="chunks of 8 rows the Hopper epilogue tests per branch (0: the kernel's choice); "
                              "a fresh index each")
@@ -67,12 +70,21 @@ def main() -> None:
     db, queries = data(args)
     rows, answers, differ = [], {}, []
     default_stages = render_screen.THRESHOLD_STAGES
+    tile_names = ("SCREEN_BQ", "SCREEN_BN", "SCREEN_WARPS_Q", "SCREEN_WARPS_N")
+    default_tile = tuple(getattr(render_screen, name) for name in tile_names)
+    tiles = [default_tile if text == "default" else tuple(int(v) for v in text.split("x"))
+             for text in args.tiles.split(",")]
     for group in args.epi_groups:
         for stages in args.threshold_stages:
-            render_screen.HOPPER_EPI_GROUP = group or 0
-            render_screen.THRESHOLD_STAGES = stages or default_stages
-            rows += measure(args, db, queries, answers, differ)
+            for tile in tiles:
+                render_screen.HOPPER_EPI_GROUP = group or 0
+                render_screen.THRESHOLD_STAGES = stages or default_stages
+                for name, value in zip(tile_names, tile):
+                    setattr(render_screen, name, value)
+                rows += measure(args, db, queries, answers, differ)
     render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
+    for name, value in zip(tile_names, default_tile):
+        setattr(render_screen, name, value)
     if args.out:
         args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows, "differ": differ}, indent=1))
     if differ:
@@ -114,6 +126,9 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                         row = {"dtype": args.dtype, "n": args.n, "k": k, "queries": nq,
                                "epi_group": render_screen.HOPPER_EPI_GROUP,
                                "threshold_stages": render_screen.THRESHOLD_STAGES,
+                               "tile": "x".join(str(v) for v in (render_screen.SCREEN_BQ, render_screen.SCREEN_BN,
+                                                                  render_screen.SCREEN_WARPS_Q,
+                                                                  render_screen.SCREEN_WARPS_N)),
                                "hopper": bool(screen.hopper), "hopper_spec": str(getattr(screen, "hopper_spec", "")),
                                "threshold_on_hopper": screen_module.THRESHOLD_ON_HOPPER,
                                "hopper_thresholds_so_far": screen.hopper_thresholds,

@@ -327,8 +327,8 @@ class Screen(HopperSteps):
         spec = rs.screen_spec(s.metric, s.dtype, k, s._arch, threshold=threshold, sample_tiles=sample_tiles)
         loaded = s._kernel(spec)
         ptr = s._pointer
-        row_tiles = -(-n_rows // rs.SCREEN_BN)
-        query_tiles = -(-nq // rs.SCREEN_BQ)
+        row_tiles = -(-n_rows // spec.param("bn"))
+        query_tiles = -(-nq // spec.param("bq"))
         resident = s._sm_count * loaded.blocks_per_sm
         per_block = max(1, query_tiles * row_tiles // (WAVES * resident))
         grid = query_tiles * -(-row_tiles // per_block)

@@ -50,9 +50,12 @@ _STORAGE = {"float32": "float", "float16": "tinyknn::half_bits", "bfloat16": "ti
 _METRICS = {"l2": "tinyknn::L2", "ip": "tinyknn::InnerProduct", "cosine": "tinyknn::Cosine"}
 
 
-def screen_smem(threshold: bool, bq: int = SCREEN_BQ, bn: int = SCREEN_BN, bkb: int = SCREEN_BKB,
-                stages: int = SCREEN_STAGES) -> int:
-    """screen_smem_bytes of kernels/screen.cuh."""
+def screen_smem(threshold: bool, bq: int | None = None, bn: int | None = None, bkb: int | None = None,
+                stages: int | None = None) -> int:
+    """screen_smem_bytes of kernels/screen.cuh (a size not given: the module's tuning as it is now, so a probe
+    that changes it gets the shared memory of what it builds)."""
+    bq, bn = bq or SCREEN_BQ, bn or SCREEN_BN
+    bkb, stages = bkb or SCREEN_BKB, stages or SCREEN_STAGES
     return stages * (bq + bn) * (bkb + 16) + (bq * (bn + 1) * 4 if threshold else 0) + stages * 8 * bn + 12 * bq
 
 
