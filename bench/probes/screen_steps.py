@@ -14,6 +14,7 @@ gives the same answers (ids and distance bits) on every shape.
         --queries 2048 --keeps default --steps default --epi-groups 1,4 --out $OUT/screen_groups_u8.json
 """
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -56,6 +57,10 @@ def main() -> None:
     parser.add_argument("--threshold-stages", type=numbers, default=[None],
                         help="render_screen.THRESHOLD_STAGES values: the mma.sync threshold mode's ring depth "
                              "(2 lets two blocks share an SM; default: the library's)")
+    parser.add_argument("--keep-rules", default="library",
+                        help="comma list of threshold_keep rules: 'library' (render_screen.threshold_keep) and "
+                             "'spread' (a sample of fewer tiles than k keeps the next power of two of 2k / tiles "
+                             "bounds a tile, at most k, in place of all k)")
     parser.add_argument("--tiles", default="default",
                         help="mma.sync screen tiles to compare, comma-separated BQxBNxWQxWN (queries x rows a tile, "
                              "warps along each; e.g. 128x128x2x4,128x64x2x4; default: the library's)")
@@ -74,14 +79,17 @@ def main() -> None:
     default_tile = tuple(getattr(render_screen, name) for name in tile_names)
     tiles = [default_tile if text == "default" else tuple(int(v) for v in text.split("x"))
              for text in args.tiles.split(",")]
-    for group in args.epi_groups:
-        for stages in args.threshold_stages:
-            for tile in tiles:
-                render_screen.HOPPER_EPI_GROUP = group or 0
-                render_screen.THRESHOLD_STAGES = stages or default_stages
-                for name, value in zip(tile_names, tile):
-                    setattr(render_screen, name, value)
-                rows += measure(args, db, queries, answers, differ)
+    library_keep = render_screen.threshold_keep
+    rules = {"library": library_keep, "spread": spread_keep}
+    for group, stages, tile, rule in itertools.product(args.epi_groups, args.threshold_stages, tiles,
+                                                       args.keep_rules.split(",")):
+        render_screen.HOPPER_EPI_GROUP = group or 0
+        render_screen.THRESHOLD_STAGES = stages or default_stages
+        for name, value in zip(tile_names, tile):
+            setattr(render_screen, name, value)
+        render_screen.threshold_keep = rules[rule]
+        rows += [dict(row, keep_rule=rule) for row in measure(args, db, queries, answers, differ)]
+    render_screen.threshold_keep = library_keep
     render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
     for name, value in zip(tile_names, default_tile):
         setattr(render_screen, name, value)
@@ -90,6 +98,20 @@ def main() -> None:
     if differ:
         print(f"FAILED: answers differ between the epilogue settings on {differ}")
         sys.exit(1)
+
+
+def spread_keep(k: int, sample_tiles: int | None = None) -> int:
+    """A candidate threshold_keep: where the sample has fewer tiles than k, 2k / tiles bounds a tile (the next
+    power of two, at most k) in place of all k. Any k bounds of distinct rows bound the k-th key, and
+    tiles x KT >= 2k of them are kept; a tile holding more than KT of a query's k best sampled rows (about one
+    a tile on average) only loosens T."""
+    library = _LIBRARY_KEEP(k, sample_tiles)
+    if sample_tiles is None or sample_tiles >= k or library < k:
+        return library
+    return min(k, 1 << (-(-2 * k // sample_tiles) - 1).bit_length())
+
+
+_LIBRARY_KEEP = render_screen.threshold_keep
 
 
 def measure(args, db, queries, answers: dict, differ: list) -> list:
