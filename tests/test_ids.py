@@ -335,3 +335,36 @@ def test_removals_and_moves_against_a_dict(rng, monkeypatch):
         assert ids.rows_of(probe).tolist() == [position.get(int(i), -1) for i in probe], step
         assert ids.ids_of_rows().tolist() == rows
     assert rebuilt > 0                                  # the rebuild ran and kept the answers
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_rows_present_are_sorted_unique_rows_in_every_store_state(rng, explicit):
+    """rows_present (a filter's or a removal's rows) gives the sorted unique rows of the ids held, whatever the
+    ids' order, repeats and unknown ids, with rows following ids, after a swap-removal and after a reorder
+    (auto ids: runs only, looked up unsorted and the rows sorted once; explicit ids: sorted probes)."""
+    ids, n = IdMap(), 5000
+    held = (rng.permutation(10 * n)[:n] if explicit else np.arange(n)).astype(np.int64)
+    ids.check_new(held, given=True)
+    ids.commit(held)
+    rows = held.tolist()
+
+    def check():
+        position = {user_id: row for row, user_id in enumerate(rows)}
+        for asked in (rng.choice(held, 700), np.sort(rng.choice(held, 300, replace=False)),
+                      np.concatenate([rng.choice(held, 50), [-5, 10 * n + 3, 10 * n + 3]]), held[:1], held[:0]):
+            expected = sorted({position[int(i)] for i in asked if int(i) in position})
+            assert ids.rows_present(asked).tolist() == expected
+
+    check()
+    gone = np.unique(rng.integers(0, n, size=400)).astype(np.int64)
+    keep = n - len(gone)
+    holes, movers = gone[gone < keep], np.setdiff1d(np.arange(keep, n), gone).astype(np.int64)
+    for source, target in zip(movers, holes):
+        rows[target] = rows[source]
+    del rows[keep:]
+    ids.apply_removal(gone, movers, holes)
+    check()
+    order = rng.permutation(len(rows))
+    ids.apply_permutation(order)
+    rows = [rows[i] for i in order]
+    check()
