@@ -10,6 +10,8 @@ Stable API (other bench scripts import it):
     pyplot()                         matplotlib.pyplot with the Agg backend (no display needed)
     write_results(name, payload, figure=None, env=None, out_dir=None, label=None) -> dict[str, Path]
         bench/results/<name>_<date>_<device>.json (+ .png); clocks are read again "after".
+    normal_index(rng, n, dim, metric, dtype, device) -> tinyknn.Index   n seeded standard normal float32 rows,
+        added in pieces of ADD_PIECE so that the host never holds them all
 """
 
 from __future__ import annotations
@@ -117,6 +119,20 @@ def environment() -> dict:
         "cuda_device": _cuda_device(),
         "nvidia_smi_before": gpu_clocks(),
     }
+
+
+ADD_PIECE = 250_000
+
+
+def normal_index(rng, n: int, dim: int, metric: str = "l2", dtype: str = "float32", device: str = "cuda"):
+    """An index of n standard normal float32 rows drawn from rng, ADD_PIECE rows an add."""
+    import numpy as np
+    import tinyknn
+
+    index = tinyknn.Index(dim, metric, dtype, device=device)
+    for start in range(0, n, ADD_PIECE):
+        index.add(rng.standard_normal((min(ADD_PIECE, n - start), dim), dtype=np.float32))
+    return index
 
 
 def time_calls(fn, repeats: int, warmup: int = 3) -> list[float]:

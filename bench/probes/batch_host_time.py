@@ -24,7 +24,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common  # noqa: E402
-import tinyknn  # noqa: E402
 from tinyknn.gpu import screen as screen_module  # noqa: E402
 
 
@@ -39,9 +38,7 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    index = tinyknn.Index(dim=args.dim, metric="l2", dtype=args.dtype, device="cuda")
-    for start in range(0, args.n, 250_000):
-        index.add(rng.standard_normal((min(250_000, args.n - start), args.dim), dtype=np.float32))
+    index = _common.normal_index(rng, args.n, args.dim, "l2", args.dtype)
     q = rng.standard_normal((args.queries, args.dim), dtype=np.float32)
     for _ in range(5):
         index.search(q, args.k)

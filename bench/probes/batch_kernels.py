@@ -18,7 +18,8 @@ import numpy as np
 from cuda.bindings import driver
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import tinyknn  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _common  # noqa: E402
 
 
 def main() -> None:
@@ -34,9 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     q = rng.standard_normal((args.queries, args.dim), dtype=np.float32)
-    with tinyknn.Index(args.dim, args.metric, args.dtype, device="cuda") as index:
-        for start in range(0, args.n, 250_000):
-            index.add(rng.standard_normal((min(250_000, args.n - start), args.dim), dtype=np.float32))
+    with _common.normal_index(rng, args.n, args.dim, args.metric, args.dtype) as index:
         for _ in range(args.warm):
             index.search(q, args.k)
         before = index._searcher._screen.queries

@@ -31,7 +31,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common  # noqa: E402
-import tinyknn  # noqa: E402
 from tinyknn.gpu import memory  # noqa: E402
 from tinyknn.gpu import screen as screen_module  # noqa: E402
 
@@ -103,9 +102,7 @@ def timed(fn, log):
 
 def shape_run(args, n, dim, dtype, nq) -> dict:
     rng = np.random.default_rng(0)
-    index = tinyknn.Index(dim=dim, metric="l2", dtype=dtype, device="cuda")
-    for start in range(0, n, 250_000):
-        index.add(rng.standard_normal((min(250_000, n - start), dim), dtype=np.float32))
+    index = _common.normal_index(rng, n, dim, "l2", dtype)
     q = rng.standard_normal((nq, dim), dtype=np.float32)
     reference = None
     walls = {name: [] for name in VARIANTS}

@@ -79,8 +79,7 @@ def main() -> None:
     default_tile = tuple(getattr(render_screen, name) for name in tile_names)
     tiles = [default_tile if text == "default" else tuple(int(v) for v in text.split("x"))
              for text in args.tiles.split(",")]
-    library_keep = render_screen.threshold_keep
-    rules = {"library": library_keep, "spread": spread_keep}
+    rules = {"library": _LIBRARY_KEEP, "spread": spread_keep}
     for group, stages, tile, rule in itertools.product(args.epi_groups, args.threshold_stages, tiles,
                                                        args.keep_rules.split(",")):
         render_screen.HOPPER_EPI_GROUP = group or 0
@@ -89,7 +88,7 @@ def main() -> None:
             setattr(render_screen, name, value)
         render_screen.threshold_keep = rules[rule]
         rows += [dict(row, keep_rule=rule) for row in measure(args, db, queries, answers, differ)]
-    render_screen.threshold_keep = library_keep
+    render_screen.threshold_keep = _LIBRARY_KEEP
     render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
     for name, value in zip(tile_names, default_tile):
         setattr(render_screen, name, value)
