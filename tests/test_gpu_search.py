@@ -404,6 +404,47 @@ def _host(framework, array):
     return array.get() if framework == "cupy" else array.cpu().numpy()
 
 
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+def test_large_device_batches_are_screened(framework, rng, monkeypatch):
+    """A batch of 64 or more CUDA-array queries on a screened index goes through the tensor-core screen, as a
+    NumPy batch does: the same answers bit for bit (the oracle's), the screen's query count rising, rows
+    handed back answered by the other kernels (forced with a survivor room of 64), a NaN refused."""
+    if framework not in _frameworks():
+        pytest.skip(f"{framework} with CUDA is not installed")
+    from tinyknn.jit import render_screen
+
+    dim, k = 72, 10
+    db = _data(rng, 30000, dim)
+    q = _data(rng, 300, dim)
+    for metric, dtype in (("l2", "float16"), ("cosine", "float32"), ("ip", "bfloat16")):
+        with tinyknn.Index(dim, metric, dtype, device="cuda") as index:
+            index.add(db)
+            screen = index._searcher._screen
+            expected = index.search(q, k)
+            before = screen.queries
+            found = tuple(_host(framework, a) for a in index.search(_to_device(framework, q), k))
+            assert screen.queries == before + len(q)
+            np.testing.assert_array_equal(found[1], expected[1])
+            np.testing.assert_array_equal(found[0].view(np.int32), expected[0].view(np.int32))
+            _check(found, db, q, k, metric, dtype)
+            strided = _to_device(framework, np.concatenate([q, q], axis=1))[:, :dim]
+            np.testing.assert_array_equal(_host(framework, index.search(strided, k)[1]), expected[1])
+            bad = q.copy()
+            bad[100, 3] = np.nan
+            with pytest.raises(ValueError, match="NaN"):
+                index.search(_to_device(framework, bad), k)
+    monkeypatch.setattr(render_screen, "SURVIVOR_CAPACITY", 64)     # survivors past 64 a query: handed back
+    with tinyknn.Index(dim, "l2", "float16", device="cuda") as index:
+        index.add(db)
+        screen = index._searcher._screen
+        expected = index.search(q, 100)
+        handed_back = screen.fallbacks
+        found = tuple(_host(framework, a) for a in index.search(_to_device(framework, q), 100))
+        assert screen.fallbacks > handed_back
+        np.testing.assert_array_equal(found[1], expected[1])
+        _check(found, db, q, 100, "l2", "float16")
+
+
 def test_cupy_stream_ordering(rng):
     if "cupy" not in _frameworks():
         pytest.skip("cupy is not installed")

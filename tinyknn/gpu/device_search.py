@@ -1,5 +1,6 @@
 """The GPU searcher's plan for CUDA-array queries (CuPy, torch, JAX): read in place by the ingest kernel,
-results written straight into arrays of the caller's framework, ordered after the caller's stream both ways."""
+results written straight into arrays of the caller's framework, ordered after the caller's stream both ways;
+large batches through the tensor-core screen as host batches are (gpu/screen.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ class DeviceQueries:
         statuses = self._device("device_status", min(n_queries, plans.MAX_BATCH) * 4)  # before the plans
         for start in range(0, n_queries, plans.MAX_BATCH):
             count = min(plans.MAX_BATCH, n_queries - start)
+            if self._screened_resident(queries.ptr + start * step * item, queries.dtype, step, count, k,
+                                       distances_ptr + start * k * 4, ids_ptr + start * k * 8):
+                continue
             search_plan = self._plan(count, k, "device")
             self._ingest(queries.ptr + start * step * item, queries.dtype, step, count, "float32",
                          self._pointer("queries"), 0, False)
@@ -53,6 +57,19 @@ class DeviceQueries:
         done.record(self._stream)
         Stream.from_handle(caller).wait(done)
         return distances, ids
+
+    def _screened_resident(self, source_ptr: int, dtype, row_step: int, count: int, k: int, distances_ptr: int,
+                           ids_ptr: int) -> bool:
+        """A large batch through the tensor-core screen (gpu/screen.py), as host batches go: True when every
+        query's answer is written; False where the screen does not apply or handed a query back (then the
+        caller runs the batch through the other kernels, whose answers are the same where the screen's were
+        proven). Bad values raise here, after the stream synchronised."""
+        if not (self.use_screen and self._screen.applies(count, k)):
+            return False
+        if not self._screen.search_resident(source_ptr, dtype, row_step, count, k, distances_ptr, ids_ptr):
+            return False
+        self._raise_if_bad("queries")       # one synchronisation for the flag and the screen's hand-backs
+        return not len(self._screen.resident_unproven(count))
 
     def _wait_for_caller(self, caller: int) -> None:
         ready = self._events[0]

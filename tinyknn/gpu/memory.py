@@ -185,6 +185,12 @@ class DeviceBuffer(_Owned):
             check(driver.cuMemcpyDtoDAsync(dst, int(src_ptr), nbytes, _stream_handle(stream)),
                   "cuMemcpyDtoDAsync")
 
+    def copy_to_device(self, dst_ptr: int, nbytes: int, stream=None, *, offset: int = 0) -> None:
+        """Enqueue device -> device into a raw device address (a CUDA array of the caller's framework)."""
+        src = self._span(_check_nbytes(nbytes, "copy_to_device"), offset, "copy_to_device")
+        if nbytes:
+            check(driver.cuMemcpyDtoDAsync(int(dst_ptr), src, nbytes, _stream_handle(stream)), "cuMemcpyDtoDAsync")
+
     def fill_bytes(self, value: int, nbytes: int | None = None, stream=None, *, offset: int = 0) -> None:
         """Enqueue a memset of `nbytes` bytes (default: all) to the byte `value`."""
         nbytes = self.nbytes - offset if nbytes is None else _check_nbytes(nbytes, "fill_bytes")

@@ -174,10 +174,59 @@ class Screen(HopperSteps):
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(distances, ids, unproven query indices) of one batch of host float32 queries."""
         s = self.searcher
+        nq, stream = len(queries), s._stream
+        marks = self._marks()
+        if not self._steps(nq, k, lambda: self._upload(queries), marks):
+            return None
+        results = s._pinned("screen_results", nq * k * 12 + nq * 4)
+        s._buffers["screen_out"].copy_to_host(results, nq * k * 12 + nq * 4, stream)
+        try:
+            check_values(queries, "queries", "float32")
+        finally:
+            stream.synchronize()
+        marks.collect(self.timings)
+        raw = results.array(np.uint8, nq * k * 12 + nq * 4)
+        distances = raw[:nq * k * 4].view(np.float32).reshape(nq, k).copy()
+        ids = raw[nq * k * 4:nq * k * 12].view(np.int64).reshape(nq, k).copy()
+        unproven = np.flatnonzero(raw[nq * k * 12:].view(np.int32))
+        self.fallbacks += len(unproven)
+        self.queries += nq
+        return distances, ids, unproven
+
+    def search_resident(self, source_ptr: int, source_dtype, row_step: int, nq: int, k: int, distances_ptr: int,
+                        ids_ptr: int) -> bool:
+        """One batch of CUDA-array queries (read in place by the ingest kernel, which converts them to float32
+        and sets the searcher's bad-value flag), its k distances (float32) and ids (int64) a query copied on
+        the device to the caller's addresses, nothing waited for. False when the screen cannot run. After
+        the stream synchronised (the caller reads the bad-value flag), resident_unproven() says which
+        queries the screen handed back."""
+        s = self.searcher
+        if not self._steps(nq, k, lambda: s._ingest(source_ptr, source_dtype, row_step, nq, "float32",
+                                                       s._pointer("screen_q32"), 0, False), StageMarks(False)):
+            return False
+        out, stream = s._buffers["screen_out"], s._stream
+        out.copy_to_device(distances_ptr, nq * k * 4, stream)
+        out.copy_to_device(ids_ptr, nq * k * 8, stream, offset=nq * k * 4)
+        out.copy_to_host(s._pinned("screen_flags", nq * 4), nq * 4, stream, offset=nq * k * 12)
+        self.queries += nq
+        return True
+
+    def resident_unproven(self, nq: int) -> np.ndarray:
+        """The queries of the last search_resident batch (of nq) the screen could not settle (read after the
+        stream synchronised)."""
+        unproven = np.flatnonzero(self.searcher._buffers["screen_flags"].array(np.int32, nq))
+        self.fallbacks += len(unproven)
+        return unproven
+
+    def _steps(self, nq: int, k: int, bring_queries, marks: "StageMarks") -> bool:
+        """Steps 1-4 of a batch of nq queries, enqueued: `bring_queries()` puts them into screen_q32 (float32,
+        padded rows), the results land in screen_out (distances, ids, then each query's unproven flag).
+        False when the screen cannot run (a row beyond float16)."""
+        s = self.searcher
         self._rows()
         if not self.usable:
-            return None
-        nq, n, stream = len(queries), s._n, s._stream
+            return False
+        n, stream = s._n, s._stream
         step = sample_step(n, k)
         n_sample = -(-n // step)
         hopper = self._hopper_for(nq)
@@ -190,9 +239,8 @@ class Screen(HopperSteps):
         self._allocate(nq, capacity, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4,
                        **(sample if on_hopper else {}))
         ptr = s._pointer
-        marks = self._marks()
-        self._upload(queries)
-        marks.record(s._stream)
+        bring_queries()
+        marks.record(stream)
         self._round_queries(nq, hopper or on_hopper)
         marks.record(stream)
         rows = self._screened_rows()
@@ -213,20 +261,7 @@ class Screen(HopperSteps):
                      ptr("screen_q32"), s._stride, s.dim, out, out + nq * k * 4, out + nq * k * 12)[1].launch(
             nq, verify.threads, verify.shared_bytes, stream)
         marks.record(stream)
-        results = s._pinned("screen_results", nq * k * 12 + nq * 4)
-        s._buffers["screen_out"].copy_to_host(results, nq * k * 12 + nq * 4, stream)
-        try:
-            check_values(queries, "queries", "float32")
-        finally:
-            stream.synchronize()
-        marks.collect(self.timings)
-        raw = results.array(np.uint8, nq * k * 12 + nq * 4)
-        distances = raw[:nq * k * 4].view(np.float32).reshape(nq, k).copy()
-        ids = raw[nq * k * 4:nq * k * 12].view(np.int64).reshape(nq, k).copy()
-        unproven = np.flatnonzero(raw[nq * k * 12:].view(np.int32))
-        self.fallbacks += len(unproven)
-        self.queries += nq
-        return distances, ids, unproven
+        return True
 
     def screen_within(self, queries: np.ndarray, thresholds: np.ndarray, capacity: int) -> bool:
         """Steps 1 and 3 of a batch with the caller's thresholds (float32, key units, one per query) in place
