@@ -154,15 +154,17 @@ def stored_by_cluster(rng, n, dim, dtype):
     return np.repeat(half, 2, axis=0).astype(dtype)
 
 
+@pytest.mark.parametrize("n", [280_000, 100_000])
 @pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("ip", "uint8"), ("cosine", "float32")])
-def test_large_k_on_rows_stored_by_cluster(metric, dtype, rng, screen):
-    """k = 100 and 128 on 280,000 rows: a sample of >= k tiles (step 8), so each keeps fewer bounds than k
-    (render_screen.threshold_keep); the interleaved tiles spread a cluster's rows, so T stays tight and no query
-    overflows the survivors' capacity (where the bound's band is narrow)."""
+def test_large_k_on_rows_stored_by_cluster(metric, dtype, n, rng, screen):
+    """k = 100 and 128 on 280,000 rows (a sample of >= k tiles at step 8: two bounds a tile) and on 100,000 (98
+    tiles: four a tile), each fewer bounds than k (render_screen.threshold_keep); the interleaved tiles spread a
+    cluster's rows, so T stays tight and no query overflows the survivors' capacity (where the bound's band is
+    narrow)."""
     from tinyknn.gpu.screen import sample_step
     from tinyknn.jit import render_screen
 
-    n, dim = 280_000, 40
+    dim = 40
     db = stored_by_cluster(rng, n, dim, dtype)
     queries = db[rng.choice(n, 100)].astype(np.float32)
     if dtype != "uint8":

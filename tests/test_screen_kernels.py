@@ -259,11 +259,16 @@ def test_threshold_keep_rule():
         assert rs.threshold_keep(k) == min(k, rs.THRESHOLD_KEEP)
         for tiles in (1, k - 1, k, 10 * k):
             kept = rs.threshold_keep(k, tiles)
-            assert kept == (min(k, rs.THRESHOLD_KEEP) if tiles >= k else k)
+            if tiles >= k:
+                assert kept == min(k, rs.THRESHOLD_KEEP)
+            else:                                            # a power of two, 2k bounds kept or all k a tile
+                assert kept == k or (kept & (kept - 1) == 0 and tiles * kept >= 2 * k and tiles * kept < 4 * k)
             assert tiles < 1 or tiles * kept >= k            # always k values or more to take the k-th of
     spec = rs.screen_spec("l2", "uint8", 100, "sm_90", threshold=True, sample_tiles=9766)
     assert spec.k == spec.param("kl") == rs.THRESHOLD_KEEP
-    assert rs.screen_spec("l2", "uint8", 100, "sm_90", threshold=True, sample_tiles=20).param("kl") == 100
+    assert rs.screen_spec("l2", "uint8", 100, "sm_90", threshold=True, sample_tiles=20).param("kl") == 16
+    assert rs.screen_spec("l2", "uint8", 100, "sm_90", threshold=True, sample_tiles=98).param("kl") == 4
+    assert rs.threshold_keep(100, 1) == rs.threshold_keep(100, 0) == 100
     assert rs.screen_spec("l2", "uint8", 100, "sm_90", threshold=False).param("kl") == 1
     with pytest.raises(ValueError, match="k must be at least 1; got 0"):
         rs.threshold_keep(0)
@@ -293,11 +298,14 @@ def _model_rows(rng, kind: str, n: int, dim: int) -> np.ndarray:
     return x
 
 
+@pytest.mark.parametrize("n", [140_000, 100_000])
 @pytest.mark.parametrize("kind", ["normal", "clustered", "stored_by_cluster", "duplicates"])
-def test_fewer_bounds_per_tile_still_bound_the_kth_key(rng, kind):
+def test_fewer_bounds_per_tile_still_bound_the_kth_key(rng, kind, n):
+    """Step 8 samples 140,000 rows in 137 tiles (two bounds a tile at k = 100 and 128) and 100,000 rows in 98
+    (fewer tiles than k: four a tile, 2k bounds or more in all)."""
     from tinyknn.jit import render_screen as rs
 
-    n, dim, n_q, step = 140_000, 24, 40, 8             # sample_step at k = 100 and 128: 17,500 rows, 137 tiles
+    dim, n_q, step = 24, 40, 8
     x = _model_rows(rng, kind, n, dim)
     q = x[rng.choice(n, n_q)] + 0.1 * rng.standard_normal((n_q, dim))
     key = (x * x).sum(1)[None, :] - 2 * q @ x.T
@@ -308,17 +316,17 @@ def test_fewer_bounds_per_tile_still_bound_the_kth_key(rng, kind):
         kth = np.partition(key, k - 1, axis=1)[:, k - 1]
         full = _tile_threshold(upper, k, k)
         kept = rs.threshold_keep(k, tiles)
-        assert kept == min(k, rs.THRESHOLD_KEEP)
+        assert kept == (min(k, rs.THRESHOLD_KEEP) if tiles >= k else 4)
         best = np.argsort(upper, axis=1, kind="stable")[:, :k] % tiles          # tiles of the sample's k best
         most_in_a_tile = np.array([np.bincount(b).max() for b in best])
-        for fewer in sorted({1, 2, kept}):
+        for fewer in sorted(f for f in {1, 2, kept} if tiles * f >= k):     # k bounds or more in all
             t = _tile_threshold(upper, k, fewer)
             assert (t >= kth).all(), f"k {k}, {fewer} per tile: T below the true k-th key"   # the bound
             assert (t >= full).all()                                      # a subset's k-th smallest
             tight = most_in_a_tile <= fewer
             assert np.array_equal(t[tight], full[tight])
         # the survivors (rows within T, before the bound's band) stay near those of keeping k per tile (here
-        # the fewest tiles that keep fewer, 137 for k = 128: the loosest case), clustered or not
+        # the fewest tiles that keep two, 137 for k = 128, and four a tile of 98), clustered or not
         t = _tile_threshold(upper, k, kept)
         survivors, before = (key <= t[:, None]).sum(1), (key <= full[:, None]).sum(1)
         print(f"{kind} k {k}: survivors {before.mean():.0f} -> {survivors.mean():.0f}, most {survivors.max()}")
