@@ -70,6 +70,14 @@ def main() -> None:
     parser.add_argument("--threshold-on-hopper", default="with-screen", choices=("with-screen", "always"),
                         help="screen.THRESHOLD_ON_HOPPER: 'always' runs step 2 on the Hopper threshold mode "
                              "whatever step 3 runs (compute capability 9.0)")
+    parser.add_argument("--hopper-tiles", default="default",
+                        help="Hopper screen tiles to compare, comma-separated BNxMW (rows x m64 blocks a warpgroup: "
+                             "128 MW queries a tile; e.g. 128x2,128x1,256x1; default: the library's), a fresh index each")
+    parser.add_argument("--hopper-stages", type=numbers, default=[None],
+                        help="render_screen.HOPPER_STAGES values (the Hopper screen's ring; default: the library's)")
+    parser.add_argument("--force-hopper", action="store_true",
+                        help="the Hopper screen for every batch, whatever its size (screen.forced), on compute "
+                             "capability 9.0")
     args = parser.parse_args()
     screen_module.THRESHOLD_ON_HOPPER = args.threshold_on_hopper
     db, queries = data(args)
@@ -80,8 +88,14 @@ def main() -> None:
     tiles = [default_tile if text == "default" else tuple(int(v) for v in text.split("x"))
              for text in args.tiles.split(",")]
     rules = {"library": _LIBRARY_KEEP, "spread": spread_keep}
-    for group, stages, tile, rule in itertools.product(args.epi_groups, args.threshold_stages, tiles,
-                                                       args.keep_rules.split(",")):
+    default_hopper_tile, default_hopper_stages = render_screen.hopper_tile, render_screen.HOPPER_STAGES
+    hopper_tiles = [None if text == "default" else tuple(int(v) for v in text.split("x"))
+                    for text in args.hopper_tiles.split(",")]
+    for group, stages, tile, rule, hopper_tile, hopper_stages in itertools.product(
+            args.epi_groups, args.threshold_stages, tiles, args.keep_rules.split(","), hopper_tiles,
+            args.hopper_stages):
+        render_screen.hopper_tile = default_hopper_tile if hopper_tile is None else (lambda e, t=hopper_tile: t)
+        render_screen.HOPPER_STAGES = hopper_stages or default_hopper_stages
         render_screen.HOPPER_EPI_GROUP = group or 0
         render_screen.THRESHOLD_STAGES = stages or default_stages
         for name, value in zip(tile_names, tile):
@@ -89,6 +103,7 @@ def main() -> None:
         render_screen.threshold_keep = rules[rule]
         rows += [dict(row, keep_rule=rule) for row in measure(args, db, queries, answers, differ)]
     render_screen.threshold_keep = _LIBRARY_KEEP
+    render_screen.hopper_tile, render_screen.HOPPER_STAGES = default_hopper_tile, default_hopper_stages
     render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
     for name, value in zip(tile_names, default_tile):
         setattr(render_screen, name, value)
@@ -121,6 +136,8 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
     with tinyknn.Index(args.dim, "l2", args.dtype, device="cuda") as index:
         index.add(db)
         screen = index._searcher._screen
+        if args.force_hopper:
+            screen.forced = bool(screen.hopper)
         for keep in args.keeps:
             for step in args.steps:
                 render_screen.THRESHOLD_KEEP = original_keep if keep is None else keep
@@ -151,6 +168,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                                                                   render_screen.SCREEN_WARPS_Q,
                                                                   render_screen.SCREEN_WARPS_N)),
                                "hopper": bool(screen.hopper), "hopper_spec": str(getattr(screen, "hopper_spec", "")),
+                               "hopper_forced": bool(screen.forced),
                                "threshold_on_hopper": screen_module.THRESHOLD_ON_HOPPER,
                                "hopper_thresholds_so_far": screen.hopper_thresholds,
                                "keep": render_screen.THRESHOLD_KEEP, "step": step or original_step(args.n, k),

@@ -129,8 +129,9 @@ def hopper_tile(element: str) -> tuple[int, int]:
     return (256, 1) if element in ("int8", "uint8") else (128, 2)
 
 
-def hopper_smem(bn: int, mw: int, stages: int = HOPPER_STAGES) -> int:
-    """hopper_smem_bytes of kernels/screen_hopper.cuh."""
+def hopper_smem(bn: int, mw: int, stages: int | None = None) -> int:
+    """hopper_smem_bytes of kernels/screen_hopper.cuh (stages not given: HOPPER_STAGES as it is now)."""
+    stages = stages or HOPPER_STAGES
     ring = stages * (128 * mw + bn) * HOPPER_KB
     return 1024 + ring + HOPPER_SCALAR_SLOTS * bn * 4 + 8 * (2 * stages + 2 * HOPPER_SCALAR_SLOTS)
 
@@ -168,7 +169,7 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
         raise ValueError(f"keep is 0 (the screen) or 1 to {HOPPER_MAX_KEEP} (its threshold mode's bounds per tile); "
                          f"got {keep}")
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
-              "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}), **({"kt": keep} if keep else {})}
+              "smem": hopper_smem(bn, mw, HOPPER_STAGES), **({"eg": epi_group} if epi_group else {}), **({"kt": keep} if keep else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
