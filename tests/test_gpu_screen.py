@@ -309,7 +309,8 @@ def test_packed_launches_are_rewritten_for_each_batch(rng, screen):
 
 
 def test_tile_bounds_cover_every_row(rng, screen):
-    """tile_rmax: one float per tile of the Hopper screen, the largest r_x of its rows (after an add too)."""
+    """tile_rmax: one float per tile of the Hopper screen, the largest r_x of its rows (after an add too), for
+    the large tile's rows and the small tile's (16-bit: 128 and 256 rows)."""
     if screen != "wgmma":
         pytest.skip("tile_rmax belongs to the Hopper screen")
     db = (rng.standard_normal((33000, 72)) * rng.uniform(0.1, 10, (33000, 1))).astype(np.float16)
@@ -320,12 +321,13 @@ def test_tile_bounds_cover_every_row(rng, screen):
             searcher.add(db[20000:], np.arange(20000, n))
         searcher.search(rng.standard_normal((64, 72)).astype(np.float32), 10)
         screen_state = searcher._screen
-        rows = screen_state.tile_rows
-        tiles = -(-n // rows)
-        r_x, rmax = np.zeros(n, np.float32), np.zeros(tiles, np.float32)
-        searcher._buffers["screen_rx"].copy_to_host(r_x, n * 4, searcher._stream)
-        searcher._buffers["screen_tile_rmax"].copy_to_host(rmax, tiles * 4, searcher._stream)
-        searcher._stream.synchronize()
-        expected = np.array([r_x[t * rows:(t + 1) * rows].max() for t in range(tiles)], np.float32)
-        np.testing.assert_array_equal(rmax, expected)
+        assert screen_state._tile_rows_all() == [128, 256]
+        for rows in screen_state._tile_rows_all():
+            tiles = -(-n // rows)
+            r_x, rmax = np.zeros(n, np.float32), np.zeros(tiles, np.float32)
+            searcher._buffers["screen_rx"].copy_to_host(r_x, n * 4, searcher._stream)
+            searcher._buffers[screen_state._rmax_name(rows)].copy_to_host(rmax, tiles * 4, searcher._stream)
+            searcher._stream.synchronize()
+            expected = np.array([r_x[t * rows:(t + 1) * rows].max() for t in range(tiles)], np.float32)
+            np.testing.assert_array_equal(rmax, expected)
     index.close()

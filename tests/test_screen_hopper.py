@@ -150,3 +150,24 @@ def test_auto_runs_the_hopper_screen_only_on_batches_where_it_measured_faster():
     assert hopper_pays(1000, 1_000_000) and hopper_pays(2048, 10_000_000)
     assert not hopper_pays(100, 1_000_000)        # 1M x 768 x 100: 1.62 ms against 1.40 through mma.sync
     assert not hopper_pays(1000, 100_000)         # 100k x 128 x 1,000: 0.67 against 0.59
+
+
+def test_small_batches_take_the_small_hopper_tile():
+    """At most 128 queries: one tile of 128 queries x 256 rows (a 256-query tile would be mostly padding), where
+    queries x rows reach HOPPER_SMALL_MIN_PRODUCTS; 8-bit indexes' tile is that one already."""
+    from tinyknn.gpu.screen_hopper import small_tile_pays
+
+    assert small_tile_pays(100, 1_000_000)        # 1M x 768 float32 x 100: 0.60 ms against 1.11 through mma.sync
+    assert small_tile_pays(64, 2_000_000)
+    assert not small_tile_pays(129, 1_000_000) and not small_tile_pays(100, 100_000)
+    large = rs.hopper_spec("l2", "float16", 768, "sm_90")
+    small = rs.hopper_spec("l2", "float16", 768, "sm_90", small=True)
+    assert (large.param("bn"), large.param("mw"), small.param("bn"), small.param("mw")) == (128, 2, 256, 1)
+    assert small.param("smem") == rs.hopper_smem(256, 1)
+    assert rs.hopper_spec("ip", "uint8", 128, "sm_90", small=True) == rs.hopper_spec("ip", "uint8", 128, "sm_90")
+    specs = render.hopper_specs("l2", "float16", 768, "sm_90a")
+    assert small in specs and rs.tiles_spec(256, "sm_90a") in specs and rs.sample_spec(256, "sm_90a") in specs
+    assert rs.hopper_spec("l2", "float16", 768, "sm_90", keep=2, small=True) in specs
+    assert len(specs) == len(set(specs))
+    assert len(render.hopper_specs("l2", "uint8", 128, "sm_90a")) == len(render.hopper_specs("l2", "float16", 128,
+                                                                                              "sm_90a")) // 2

@@ -94,7 +94,8 @@ def main() -> None:
     for group, stages, tile, rule, hopper_tile, hopper_stages in itertools.product(
             args.epi_groups, args.threshold_stages, tiles, args.keep_rules.split(","), hopper_tiles,
             args.hopper_stages):
-        render_screen.hopper_tile = default_hopper_tile if hopper_tile is None else (lambda e, t=hopper_tile: t)
+        render_screen.hopper_tile = (default_hopper_tile if hopper_tile is None
+                                     else (lambda e, small=False, t=hopper_tile: t))
         render_screen.HOPPER_STAGES = hopper_stages or default_hopper_stages
         render_screen.HOPPER_EPI_GROUP = group or 0
         render_screen.THRESHOLD_STAGES = stages or default_stages

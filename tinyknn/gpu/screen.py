@@ -31,7 +31,7 @@ from ..config import get_config
 from ..inputs.validate import check_values
 from ..jit import render, render_screen as rs
 from .memory import Event
-from .screen_hopper import HopperSteps, use_hopper
+from .screen_hopper import HOPPER_SMALL_MAX_QUERIES, HopperSteps, use_hopper
 
 SCREEN_MIN_QUERIES = 64         # smaller batches: the scan and tiled kernels (the screen's tiles hold 128)
 SCREEN_MAX_K = 128              # survivors grow with k (about k x sample_step)
@@ -93,10 +93,12 @@ class Screen(HopperSteps):
         self.element_bytes = render.ITEMSIZE[element]
         self.hopper = use_hopper(searcher._arch, get_config().screen)
         self.forced = self.hopper and get_config().screen == "wgmma"   # every batch, whatever its size (tests)
-        self.hopper_spec = (rs.hopper_spec(searcher.metric, searcher.dtype, self.stride, searcher._arch)
-                            if self.hopper else None)
+        # the Hopper screen's specs by small (a batch of at most 128 queries: its own tile), and the large tile's rows
+        self.hopper_specs = ({small: rs.hopper_spec(searcher.metric, searcher.dtype, self.stride, searcher._arch,
+                                                    small=small) for small in (False, True)} if self.hopper else {})
+        self.hopper_spec = self.hopper_specs.get(False)
         self.tile_rows = self.hopper_spec.param("bn") if self.hopper else 0
-        self._maps: dict[str, tuple] = {}     # "rows" / "queries" / "sample": (what it maps, TensorMapArg)
+        self._maps: dict[str, tuple] = {}     # rows / queries per box, "sample": (what it maps, TensorMapArg)
         self._launches: dict = {}             # spec -> (LoadedKernel, PreparedLaunch): a batch step's launch
         self.timings: dict[str, list] | None = None   # benchmarks: set to {} to get each step's milliseconds
 
@@ -147,11 +149,11 @@ class Screen(HopperSteps):
                 if buffer is None or buffer.nbytes < padded_rows(n) * per_row:
                     self.ready = 0              # a grown buffer starts empty
                     s._device(name, padded_rows(max(n, s._capacity)) * per_row)
-        if self.hopper:
-            buffer = s._buffers.get("screen_tile_rmax")
-            if buffer is None or buffer.nbytes < -(-n // self.tile_rows) * 4:
+        for bn in self._tile_rows_all() if self.hopper else ():
+            buffer = s._buffers.get(self._rmax_name(bn))
+            if buffer is None or buffer.nbytes < -(-n // bn) * 4:
                 self.ready = 0
-                s._device("screen_tile_rmax", -(-max(n, s._capacity) // self.tile_rows) * 4)
+                s._device(self._rmax_name(bn), -(-max(n, s._capacity) // bn) * 4)
         if self.ready >= n:
             return
         loaded = s._kernel(rs.step_spec("screen_rows", s.metric, s.dtype, 0, s._arch))
@@ -230,23 +232,27 @@ class Screen(HopperSteps):
         step = sample_step(n, k)
         n_sample = -(-n // step)
         hopper = self._hopper_for(nq)
-        on_hopper, sample_tiles, kept = self._threshold_shape(
-            n_sample, k, hopper or (THRESHOLD_ON_HOPPER == "always" and self._hopper_rows()))
-        sample = {"screen_sample_sq": sample_tiles * self.tile_rows * 4, "screen_sample_rmax": sample_tiles * 4}
+        if hopper is None and THRESHOLD_ON_HOPPER == "always" and self._hopper_rows():
+            hopper_threshold = self.hopper_specs[nq <= HOPPER_SMALL_MAX_QUERIES]
+        else:
+            hopper_threshold = hopper
+        on_hopper, sample_tiles, kept = self._threshold_shape(n_sample, k, hopper_threshold)
+        sample = ({"screen_sample_sq": sample_tiles * hopper_threshold.param("bn") * 4,
+                   "screen_sample_rmax": sample_tiles * 4} if on_hopper else {})
         # the survivors' room a query is the verify kernel's, read from its spec: one number for both steps
         verify = s._kernel(rs.step_spec("survivors", s.metric, s.dtype, k, s._arch))
         capacity = verify.spec.param("cap")
         self._allocate(nq, capacity, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4,
-                       **(sample if on_hopper else {}))
+                       **sample)
         ptr = s._pointer
         bring_queries()
         marks.record(stream)
-        self._round_queries(nq, hopper or on_hopper)
+        self._round_queries(nq, hopper is not None or on_hopper)
         marks.record(stream)
         rows = self._screened_rows()
         # 2. threshold mode over the sample (KT bounds per tile), then each query's k-th upper bound of them
         if on_hopper:
-            self._threshold_hopper(rows, nq, sample_tiles, step, kept)
+            self._threshold_hopper(rows, nq, sample_tiles, step, kept, hopper_threshold)
         else:
             self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"),
                          sample_tiles)
@@ -276,7 +282,7 @@ class Screen(HopperSteps):
         self._allocate(nq, capacity)
         hopper = self._hopper_for(nq)
         self._upload(queries)
-        self._round_queries(nq, hopper)
+        self._round_queries(nq, hopper is not None)
         thresholds = np.ascontiguousarray(thresholds, dtype=np.float32)
         s._buffers["screen_t"].copy_from_host(thresholds, nq * 4, s._stream)
         self._screen_every_row(nq, hopper, capacity)
@@ -291,12 +297,13 @@ class Screen(HopperSteps):
         for name, nbytes in sizes.items():
             s._device(name, nbytes)
 
-    def _threshold_shape(self, n_sample: int, k: int, hopper: bool) -> tuple[bool, int, int]:
-        """(on the Hopper screen, sample tiles, bounds kept per tile) of step 2. The Hopper threshold mode reads
-        whole tiles only (the sample's last n_sample mod BN rows are left out: a smaller sample is still a
-        sample) and keeps at most HOPPER_MAX_KEEP bounds a tile; elsewhere mma.sync's threshold mode."""
-        if hopper:
-            tiles = n_sample // self.tile_rows
+    def _threshold_shape(self, n_sample: int, k: int, hopper) -> tuple[bool, int, int]:
+        """(on the Hopper screen, sample tiles, bounds kept per tile) of step 2, `hopper` the Hopper screen spec
+        whose tile it may take (None: mma.sync's). The Hopper threshold mode reads whole tiles only (the
+        sample's last n_sample mod BN rows are left out: a smaller sample is still a sample) and keeps at most
+        HOPPER_MAX_KEEP bounds a tile; elsewhere mma.sync's threshold mode."""
+        if hopper is not None:
+            tiles = n_sample // hopper.param("bn")
             kept = rs.threshold_keep(k, tiles) if tiles else 0
             if 1 <= kept <= rs.HOPPER_MAX_KEEP:
                 return True, tiles, kept
@@ -321,13 +328,14 @@ class Screen(HopperSteps):
                      2.0 if s.metric == "l2" else 1.0, ptr("screen_e"), ptr("screen_f"))[1].launch(
             max(1, math.ceil(nq / 8)), 256, 0, s._stream)
 
-    def _screen_every_row(self, nq: int, hopper: bool, capacity: int) -> None:
-        """3. the screen over every row against screen_t: survivors (`capacity` a query) and their counts."""
+    def _screen_every_row(self, nq: int, hopper, capacity: int) -> None:
+        """3. the screen over every row against screen_t: survivors (`capacity` a query) and their counts;
+        `hopper` the Hopper screen spec to run (None: mma.sync's)."""
         s = self.searcher
         ptr = s._pointer
         s._buffers["screen_counts"].fill_bytes(0, nq * 4, s._stream)
-        if hopper:
-            self._screen_hopper(self._screened_rows(), s._n, nq, capacity)
+        if hopper is not None:
+            self._screen_hopper(self._screened_rows(), s._n, nq, capacity, hopper)
         else:
             self._screen(False, 1, self._screened_rows(), s._n, 1, ptr("screen_sq_lo"), nq, ptr("screen_counts"),
                          ptr("screen_survivors"), 0, capacity=capacity)

@@ -18,11 +18,20 @@ from .tensor_map import as_bytes, encode, sample_map_args, tensor_map_args
 HOPPER_MIN_QUERIES = 256          # auto: the Hopper screen only where it measured faster on the H200 (2026-12-01,
 HOPPER_MIN_PRODUCTS = 1 << 28     # bench/results/hopper_screen_check_...): 1M x 768 at 1,000 queries 5.12 against
                                   # 9.04 ms; slower at 1M x 768 x 100 (1.62 / 1.40) and 100k x 128 x 1,000 (0.67 / 0.59)
+HOPPER_SMALL_MAX_QUERIES = 128    # a batch of at most this many: the small tile (render_screen.hopper_tile), where
+HOPPER_SMALL_MIN_PRODUCTS = 1 << 26   # queries x rows reach this (1M x 768 float32 x 100, H200: whole 0.60 against
+                                      # 1.11 ms through mma.sync)
 
 
 def hopper_pays(n_queries: int, n_rows: int) -> bool:
-    """Whether a batch is large enough for the Hopper screen's 128-256-query tiles and persistent grid to win."""
+    """Whether a batch is large enough for the Hopper screen's 256-query tiles and persistent grid to win."""
     return n_queries >= HOPPER_MIN_QUERIES and n_queries * n_rows >= HOPPER_MIN_PRODUCTS
+
+
+def small_tile_pays(n_queries: int, n_rows: int) -> bool:
+    """Whether a batch of at most HOPPER_SMALL_MAX_QUERIES runs the Hopper screen's small tile (one 128-query
+    tile streaming the rows) rather than mma.sync's."""
+    return n_queries <= HOPPER_SMALL_MAX_QUERIES and n_queries * n_rows >= HOPPER_SMALL_MIN_PRODUCTS
 
 
 def use_hopper(arch: str, choice: str) -> bool:
@@ -38,32 +47,50 @@ def use_hopper(arch: str, choice: str) -> bool:
 class HopperSteps:
     """Mixin of Screen: the Hopper screen's launches, its tile bounds and its tensor maps (kept in `_maps`)."""
 
-    def _hopper_for(self, nq: int) -> bool:
-        """Whether step 3 of a batch of nq queries runs the Hopper screen."""
-        return self._hopper_rows() and (self.forced or hopper_pays(nq, self.searcher._n))
+    def _hopper_for(self, nq: int):
+        """The Hopper screen spec step 3 of a batch of nq queries runs (its small tile for at most 128 queries),
+        or None for mma.sync's."""
+        if not self._hopper_rows():
+            return None
+        small = nq <= HOPPER_SMALL_MAX_QUERIES
+        if self.forced or (small_tile_pays(nq, self.searcher._n) if small else hopper_pays(nq, self.searcher._n)):
+            return self.hopper_specs[small]
+        return None
 
     def _hopper_rows(self) -> bool:
         """Whether the Hopper kernels can read this index's rows (compute capability 9.0, under 2^31 rows)."""
         return self.hopper and self.searcher._n < (1 << 31) - 256
 
-    def _tile_bounds(self, first_row: int, n: int) -> None:
-        """tile_rmax of every Hopper tile from the one holding first_row to the last of rows [0, n)."""
-        s = self.searcher
-        first, last = first_row // self.tile_rows, -(-n // self.tile_rows)
-        tiles = s._kernel(rs.tiles_spec(self.tile_rows, s._arch))
-        tiles.prepare(s._pointer("screen_rx"), n, first, last, s._pointer("screen_tile_rmax")).launch(
-            math.ceil((last - first) / 8), 256, 0, s._stream)
+    def _tile_rows_all(self) -> list[int]:
+        """The row-tile heights whose bounds are kept: the large tile's and, where it differs, the small one's."""
+        return sorted({spec.param("bn") for spec in self.hopper_specs.values()})
 
-    def _threshold_hopper(self, rows: int, nq: int, tiles: int, step: int, kept: int) -> None:
-        """Step 2 on sm_90a: the sample's terms in tile order, then the Hopper screen's threshold mode."""
+    def _rmax_name(self, bn: int) -> str:
+        """The device buffer of the tile bounds of tiles of `bn` rows (the large tile's: screen_tile_rmax)."""
+        return "screen_tile_rmax" if bn == self.tile_rows else f"screen_tile_rmax_{bn}"
+
+    def _tile_bounds(self, first_row: int, n: int) -> None:
+        """tile_rmax of every Hopper tile (of each kept height) from the one holding first_row to the last of
+        rows [0, n)."""
+        s = self.searcher
+        for bn in self._tile_rows_all():
+            first, last = first_row // bn, -(-n // bn)
+            tiles = s._kernel(rs.tiles_spec(bn, s._arch))
+            tiles.prepare(s._pointer("screen_rx"), n, first, last, s._pointer(self._rmax_name(bn))).launch(
+                math.ceil((last - first) / 8), 256, 0, s._stream)
+
+    def _threshold_hopper(self, rows: int, nq: int, tiles: int, step: int, kept: int, screen_spec) -> None:
+        """Step 2 on sm_90a: the sample's terms in tile order, then the Hopper screen's threshold mode (with the
+        tile of `screen_spec`, the batch's Hopper screen)."""
         s = self.searcher
         self.hopper_thresholds += 1
-        ptr, bn = s._pointer, self.tile_rows
+        small = screen_spec != self.hopper_specs[False]
+        ptr, bn = s._pointer, screen_spec.param("bn")
         self._packed(rs.sample_spec(bn, s._arch), ptr("screen_sq_hi"), ptr("screen_rx"), step, tiles,
                      ptr("screen_sample_sq"), ptr("screen_sample_rmax"))[1].launch(math.ceil(tiles / 8), 256, 0,
                                                                                    s._stream)
-        spec = rs.hopper_spec(s.metric, s.dtype, self.stride, s._arch, keep=kept)
-        tile_q = 128 * self.hopper_spec.param("mw")
+        spec = rs.hopper_spec(s.metric, s.dtype, self.stride, s._arch, keep=kept, small=small)
+        tile_q = 128 * spec.param("mw")
         sample_map = self._tensor_map("sample", (rows, tiles, step, bn), lambda: sample_map_args(
             rows, tiles, step, self.row_bytes, self.element_bytes, bn))
         query_map = self._query_map(nq, tile_q)
@@ -74,17 +101,16 @@ class HopperSteps:
         launch.launch(max(1, min(-(-nq // tile_q) * tiles, s._sm_count)), loaded.threads, loaded.shared_bytes,
                       s._stream)
 
-    def _screen_hopper(self, rows: int, n_rows: int, nq: int, capacity: int) -> None:
-        """Step 3 on sm_90a: the persistent Hopper screen, one CTA per SM."""
+    def _screen_hopper(self, rows: int, n_rows: int, nq: int, capacity: int, spec) -> None:
+        """Step 3 on sm_90a: the persistent Hopper screen of `spec` (the large or the small tile), one CTA per SM."""
         s = self.searcher
-        spec = self.hopper_spec
         bn, tile_q = spec.param("bn"), 128 * spec.param("mw")
         ptr = s._pointer
-        row_map = self._rows_map("rows", rows, n_rows, bn)
+        row_map = self._rows_map(f"rows{bn}", rows, n_rows, bn)
         query_map = self._query_map(nq, tile_q)
         tiles = -(-nq // tile_q) * -(-n_rows // bn)
         loaded, launch = self._packed(spec, query_map, row_map, n_rows,
-                                      ptr("screen_sq_lo") if s.metric == "l2" else 0, ptr("screen_tile_rmax"), nq,
+                                      ptr("screen_sq_lo") if s.metric == "l2" else 0, ptr(self._rmax_name(bn)), nq,
                                       self.row_bytes, ptr("screen_t"), ptr("screen_e"), ptr("screen_f"),
                                       ptr("screen_counts"), ptr("screen_survivors"), capacity, 0)
         launch.launch(max(1, min(tiles, s._sm_count)), loaded.threads, loaded.shared_bytes, s._stream)
@@ -101,7 +127,8 @@ class HopperSteps:
             address, rows, self.row_bytes, self.element_bytes, box_rows))
 
     def _query_map(self, nq: int, tile_q: int) -> TensorMapArg:
-        return self._rows_map("queries", self.searcher._pointer("screen_q"), nq, tile_q)
+        return self._rows_map(f"queries{tile_q}", self.searcher._pointer("screen_q"), nq, tile_q)
 
 
-__all__ = ["HopperSteps", "HOPPER_MIN_PRODUCTS", "HOPPER_MIN_QUERIES", "hopper_pays", "use_hopper"]
+__all__ = ["HopperSteps", "HOPPER_MIN_PRODUCTS", "HOPPER_MIN_QUERIES", "HOPPER_SMALL_MAX_QUERIES",
+           "HOPPER_SMALL_MIN_PRODUCTS", "hopper_pays", "small_tile_pays", "use_hopper"]
