@@ -19,8 +19,9 @@ HOPPER_MIN_QUERIES = 256          # auto: the Hopper screen only where it measur
 HOPPER_MIN_PRODUCTS = 1 << 28     # bench/results/hopper_screen_check_...): 1M x 768 at 1,000 queries 5.12 against
                                   # 9.04 ms; slower at 1M x 768 x 100 (1.62 / 1.40) and 100k x 128 x 1,000 (0.67 / 0.59)
 HOPPER_SMALL_MAX_QUERIES = 128    # a batch of at most this many: the small tile (render_screen.hopper_tile), where
-HOPPER_SMALL_MIN_PRODUCTS = 1 << 26   # queries x rows reach this (1M x 768 float32 x 100, H200: whole 0.60 against
-                                      # 1.11 ms through mma.sync)
+HOPPER_SMALL_MIN_PRODUCTS = 1 << 25   # queries x rows reach this. H200, k = 10, whole against mma.sync's: 1M x 768
+                                      # float32 x 100 0.61 / 1.11 ms, 1M x 128 float32 x 100 0.25 / 0.41, 2M x 128
+                                      # uint8 x 100 0.41 / 0.54; even at 100k x 128 x 100 (0.18 / 0.16-0.24)
 
 
 def hopper_pays(n_queries: int, n_rows: int) -> bool:
