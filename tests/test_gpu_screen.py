@@ -331,3 +331,17 @@ def test_tile_bounds_cover_every_row(rng, screen):
             expected = np.array([r_x[t * rows:(t + 1) * rows].max() for t in range(tiles)], np.float32)
             np.testing.assert_array_equal(rmax, expected)
     index.close()
+
+
+def test_the_query_tiles_buffer_holds_whole_tiles(rng, screen):
+    """screen_q is sized in whole 256-query tiles, so that no TMA query box runs past its allocation into the
+    buffers after it (the Hopper screen ran 2.6x slower where it did: bench/NOTES_SCREEN.md)."""
+    db = data(rng, "normal", 20000, 72, "float16")
+    index = searcher_index(db, "l2", "float16")
+    check_screen_used(index, screen)
+    queries = near_rows(rng, db, 100, "float16")
+    d, i = index._searcher.search(queries, 10)
+    assert_exact(d, i, db, queries, 10, "l2", "float16")
+    state = index._searcher._screen
+    assert index._searcher._buffers["screen_q"].nbytes >= 256 * state.row_bytes
+    index.close()
