@@ -334,8 +334,8 @@ def test_tile_bounds_cover_every_row(rng, screen):
 
 
 def test_the_query_tiles_buffer_holds_whole_tiles(rng, screen):
-    """screen_q is sized in whole 256-query tiles, so that no TMA query box runs past its allocation into the
-    buffers after it (the Hopper screen ran 2.6x slower where it did: bench/NOTES_SCREEN.md)."""
+    """screen_q is sized in whole 256-query tiles, so that no TMA query box reaches past its allocation (the
+    Hopper screen ran 2.6x slower where one did, next to screen_counts: bench/NOTES_SCREEN.md)."""
     db = data(rng, "normal", 20000, 72, "float16")
     index = searcher_index(db, "l2", "float16")
     check_screen_used(index, screen)

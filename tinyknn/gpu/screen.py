@@ -291,10 +291,10 @@ class Screen(HopperSteps):
     def _allocate(self, nq: int, capacity: int, **more: int) -> None:
         """The per-batch device buffers of steps 1 and 3 (and `more`, name=bytes, of the others)."""
         s = self.searcher
-        # screen_q holds whole 256-query tiles: where a TMA query box ran past the end of its allocation, into
-        # the small buffers after it (screen_counts, whose atomics every tile hits), the Hopper screen ran 2.6x
-        # slower (H200, 1M x 768 float32, exactly 100 queries, k = 100: 1.05 against 0.40 ms; either buffer
-        # moved elsewhere: 0.40)
+        # screen_q holds whole 256-query tiles, so a TMA query box never reaches past its allocation: with the
+        # batch's rows only, its end abutting the small buffers after it, the Hopper screen ran 2.6x slower (H200,
+        # 1M x 768 float32, exactly 100 queries, k = 100: 1.05 against 0.40 ms; growing screen_q or
+        # screen_counts, whose atomics every tile hits, alone removed it; the hardware's reason is not known)
         tile_rows = -(-nq // 256) * 256
         sizes = {"screen_q32": nq * s._stride * 4, "screen_q": tile_rows * self.row_bytes, "screen_e": nq * 4,
                  "screen_f": nq * 4, "screen_t": nq * 4, "screen_counts": nq * 4,
