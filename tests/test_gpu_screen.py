@@ -345,3 +345,28 @@ def test_the_query_tiles_buffer_holds_whole_tiles(rng, screen):
     state = index._searcher._screen
     assert index._searcher._buffers["screen_q"].nbytes >= 256 * state.row_bytes
     index.close()
+
+
+@pytest.mark.parametrize("metric,dtype", [("l2", "uint8"), ("ip", "float16"), ("cosine", "float32"), ("l2", "int8")])
+def test_hopper_pingpong_is_exact(metric, dtype, rng, screen, monkeypatch):
+    """render_screen.HOPPER_PINGPONG: the consumer warpgroups take turns at the tensor cores (named barriers);
+    the same answers, on batches of one tile, several and a partial one, through the screen and its threshold
+    mode, and nothing handed back on normal rows."""
+    from tinyknn.jit import render_screen
+
+    if screen != "wgmma":
+        pytest.skip("the Hopper screen's consumers")
+    monkeypatch.setattr(render_screen, "HOPPER_PINGPONG", 1)
+    n, dim = 60000, 72
+    db = data(rng, "normal", n, dim, dtype)
+    index = searcher_index(db, metric, dtype)
+    check_screen_used(index, screen)
+    assert index._searcher._screen.hopper_spec.param("pp") == 1
+    for count in (100, 300):
+        queries = near_rows(rng, db, count, dtype)
+        for k in (1, 10):
+            d, i = index._searcher.search(queries, k)
+            assert_exact(d, i, db, queries, k, metric, dtype)
+    state = index._searcher._screen
+    assert state.hopper_thresholds == 4 and state.fallbacks == 0
+    index.close()

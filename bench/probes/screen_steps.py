@@ -75,6 +75,9 @@ def main() -> None:
                              "128 MW queries a tile; e.g. 128x2,128x1,256x1; default: the library's), a fresh index each")
     parser.add_argument("--hopper-stages", type=numbers, default=[None],
                         help="render_screen.HOPPER_STAGES values (the Hopper screen's ring; default: the library's)")
+    parser.add_argument("--hopper-pingpong", type=numbers, default=[0],
+                        help="render_screen.HOPPER_PINGPONG values: 1 has the Hopper screen's consumer warpgroups "
+                             "take turns at the tensor cores (one's products over the other's epilogue; default 0)")
     parser.add_argument("--force-hopper", action="store_true",
                         help="the Hopper screen for every batch, whatever its size (screen.forced), on compute "
                              "capability 9.0")
@@ -91,9 +94,10 @@ def main() -> None:
     default_hopper_tile, default_hopper_stages = render_screen.hopper_tile, render_screen.HOPPER_STAGES
     hopper_tiles = [None if text == "default" else tuple(int(v) for v in text.split("x"))
                     for text in args.hopper_tiles.split(",")]
-    for group, stages, tile, rule, hopper_tile, hopper_stages in itertools.product(
+    for group, stages, tile, rule, hopper_tile, hopper_stages, pingpong in itertools.product(
             args.epi_groups, args.threshold_stages, tiles, args.keep_rules.split(","), hopper_tiles,
-            args.hopper_stages):
+            args.hopper_stages, args.hopper_pingpong):
+        render_screen.HOPPER_PINGPONG = pingpong or 0
         render_screen.hopper_tile = (default_hopper_tile if hopper_tile is None
                                      else (lambda e, small=False, t=hopper_tile: t))
         render_screen.HOPPER_STAGES = hopper_stages or default_hopper_stages
@@ -105,6 +109,7 @@ def main() -> None:
         rows += [dict(row, keep_rule=rule) for row in measure(args, db, queries, answers, differ)]
     render_screen.threshold_keep = _LIBRARY_KEEP
     render_screen.hopper_tile, render_screen.HOPPER_STAGES = default_hopper_tile, default_hopper_stages
+    render_screen.HOPPER_PINGPONG = 0
     render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
     for name, value in zip(tile_names, default_tile):
         setattr(render_screen, name, value)
@@ -169,7 +174,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                                                                   render_screen.SCREEN_WARPS_Q,
                                                                   render_screen.SCREEN_WARPS_N)),
                                "hopper": bool(screen.hopper), "hopper_spec": str(getattr(screen, "hopper_spec", "")),
-                               "hopper_forced": bool(screen.forced),
+                               "hopper_forced": bool(screen.forced), "pingpong": render_screen.HOPPER_PINGPONG,
                                "threshold_on_hopper": screen_module.THRESHOLD_ON_HOPPER,
                                "hopper_thresholds_so_far": screen.hopper_thresholds,
                                "keep": render_screen.THRESHOLD_KEEP, "step": step or original_step(args.n, k),

@@ -108,6 +108,7 @@ HOPPER_ARCH = "sm_90a"
 HOPPER_DEVICE_ARCHES = ("sm_90", "sm_90a")      # compute capability 9.0 runs sm_90a code
 HOPPER_STAGES, HOPPER_KB, HOPPER_SCALAR_SLOTS = 4, 128, 8
 HOPPER_EPI_GROUP = 0            # probes only: hopper_spec's epi_group (0: the kernel's own choice)
+HOPPER_PINGPONG = 0             # the consumer warpgroups take turns at the tensor cores (screen_hopper.cuh, PP)
 HOPPER_THREADS = 384
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
@@ -172,7 +173,8 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
         raise ValueError(f"keep is 0 (the screen) or 1 to {HOPPER_MAX_KEEP} (its threshold mode's bounds per tile); "
                          f"got {keep}")
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
-              "smem": hopper_smem(bn, mw, HOPPER_STAGES), **({"eg": epi_group} if epi_group else {}), **({"kt": keep} if keep else {})}
+              "smem": hopper_smem(bn, mw, HOPPER_STAGES), **({"eg": epi_group} if epi_group else {}), **({"kt": keep} if keep else {}),
+              **({"pp": 1} if HOPPER_PINGPONG else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
@@ -215,8 +217,8 @@ def name_expression(spec: KernelSpec) -> str:
     if spec.variant == "screen_hopper":
         flag = lambda v: "true" if v else "false"   # noqa: E731
         args = [element, flag(spec.metric != "l2"), flag(p("exact")), p("bn"), p("mw"), p("stages"), p("smem")]
-        if p("eg", 0) or p("kt", 0):                  # EG: the probes' epilogues; KT: the threshold mode
-            args += [p("eg", 0), p("kt", 0)]
+        if p("eg", 0) or p("kt", 0) or p("pp", 0):   # EG: the probes' epilogues; KT: the threshold mode; PP
+            args += [p("eg", 0), p("kt", 0)] + ([p("pp")] if p("pp", 0) else [])
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         flag = lambda v: "true" if v else "false"   # noqa: E731
