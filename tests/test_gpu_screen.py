@@ -370,3 +370,28 @@ def test_hopper_pingpong_is_exact(metric, dtype, rng, screen, monkeypatch):
     state = index._searcher._screen
     assert state.hopper_thresholds == 4 and state.fallbacks == 0
     index.close()
+
+
+@pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("ip", "uint8"), ("cosine", "float32")])
+def test_threshold_in_parts_gives_the_same_answers(metric, dtype, rng, screen, monkeypatch):
+    """screen.THRESHOLD_PART_QUERIES: a host batch uploaded, rounded and thresholded in parts of 256 queries
+    (700: two whole parts and one of 188), then screened whole: the same answers, bit for bit, as one part, and
+    exact, on both screens and their threshold modes."""
+    from tinyknn.gpu import screen as screen_module
+
+    n, dim = 60000, 72
+    db = data(rng, "clustered", n, dim, dtype)
+    queries = near_rows(rng, db, 700, dtype)
+    index = searcher_index(db, metric, dtype)
+    check_screen_used(index, screen)
+    state = index._searcher._screen
+    assert state._query_parts(700) == ((0, 700),)
+    whole = {k: index._searcher.search(queries, k) for k in (1, 10, 100)}
+    monkeypatch.setattr(screen_module, "THRESHOLD_PART_QUERIES", 256)
+    assert state._query_parts(700) == ((0, 256), (256, 512), (512, 700))
+    for k, (d_whole, i_whole) in whole.items():
+        d, i = index._searcher.search(queries, k)
+        assert np.array_equal(i, i_whole) and np.array_equal(d.view(np.int32), d_whole.view(np.int32)), k
+        assert_exact(d, i, db, queries, k, metric, dtype)
+    assert state.queries == 6 * len(queries)
+    index.close()
