@@ -149,8 +149,11 @@ def test_range_survivors_spec_names_its_kernel():
     spec = render_screen.step_spec("range_survivors", "cosine", "float16", 0, "sm_90")
     assert cuda_source.name_expression(spec) == "tinyknn::range_survivors_kernel<tinyknn::Cosine, tinyknn::half_bits>"
     specs = render_screen.specs_for_range_screen("l2", "float32", "sm_90", stride=128)
-    assert [s.variant for s in specs] == ["screen_hopper", "screen_tiles", "screen", "screen_queries", "screen_rows",
-                                          "range_survivors"]
+    assert [s.variant for s in specs] == ["screen_hopper", "screen_tiles", "screen_hopper", "screen_tiles", "screen",
+                                          "screen_queries", "screen_rows", "range_survivors"]
+    assert [s.param("bn") for s in specs[:4]] == [128, 128, 256, 256]          # the large tile's, then the small's
+    assert [s.variant for s in render_screen.specs_for_range_screen("l2", "uint8", "sm_90", 128)][:3] == \
+        ["screen_hopper", "screen_tiles", "screen"]                            # 8-bit: one tile for both
     assert "screen_hopper" not in [s.variant for s in render_screen.specs_for_range_screen("l2", "uint8", "sm_80", 128)]
 
 
