@@ -389,6 +389,9 @@ def test_threshold_in_parts_gives_the_same_answers(metric, dtype, rng, screen, m
     whole = {k: index._searcher.search(queries, k) for k in (1, 10, 100)}
     monkeypatch.setattr(screen_module, "THRESHOLD_PART_QUERIES", 256)
     assert state._query_parts(700) == ((0, 256), (256, 512), (512, 700))
+    monkeypatch.setattr(screen_module, "THRESHOLD_PART_QUERIES", 300)        # rounded up to whole tiles
+    assert state._query_parts(700) == ((0, 512), (512, 700))
+    monkeypatch.setattr(screen_module, "THRESHOLD_PART_QUERIES", 256)
     for k, (d_whole, i_whole) in whole.items():
         d, i = index._searcher.search(queries, k)
         assert np.array_equal(i, i_whole) and np.array_equal(d.view(np.int32), d_whole.view(np.int32)), k

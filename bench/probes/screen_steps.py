@@ -80,7 +80,8 @@ def main() -> None:
                              "take turns at the tensor cores (one's products over the other's epilogue; default 0)")
     parser.add_argument("--threshold-parts", type=numbers, default=[0],
                         help="screen.THRESHOLD_PART_QUERIES values: a host batch's steps 1-2 in parts of this many "
-                             "queries, each after its part's copy (0: one part; default 0)")
+                             "queries (rounded up to whole 256-query tiles), each after its part's copy (0: one "
+                             "part; default 0); in parts, steps_ms shows steps 1-2 of every part as 'threshold'")
     parser.add_argument("--force-hopper", action="store_true",
                         help="the Hopper screen for every batch, whatever its size (screen.forced), on compute "
                              "capability 9.0")

@@ -252,18 +252,21 @@ class Screen(HopperSteps):
                        **sample)
         ptr = s._pointer
         rows = self._screened_rows()
+        in_parts = len(parts) > 1           # then steps 1-2 of every part show as the threshold step's time
         for first, stop in parts:           # one part, or several (each part's steps 1-2 before the next's copy)
             count = stop - first
             bring_queries(first, stop)
             if first == 0:
                 marks.record(stream)
+                if in_parts:
+                    marks.record(stream)
             self._round_queries(count, hopper is not None or on_hopper, first)
-            if stop == nq:
+            if not in_parts:
                 marks.record(stream)
             # 2. threshold mode over the sample (KT bounds per tile), then each query's k-th upper bound of them
             upper = ptr("screen_upper") + first * sample_tiles * kept * 4
             if on_hopper:
-                self._threshold_hopper(rows, count, sample_tiles, step, kept, hopper_threshold, first)
+                self._threshold_hopper(rows, count, sample_tiles, step, kept, hopper_threshold, first, in_parts)
             else:
                 self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), count, 0, 0, upper, sample_tiles,
                              first=first)
@@ -359,8 +362,9 @@ class Screen(HopperSteps):
                          ptr("screen_survivors"), 0, capacity=capacity)
 
     def _query_parts(self, nq: int) -> tuple:
-        """(first, stop) of each part a host batch's steps 1-2 run in (THRESHOLD_PART_QUERIES)."""
-        size = THRESHOLD_PART_QUERIES
+        """(first, stop) of each part a host batch's steps 1-2 run in (THRESHOLD_PART_QUERIES, rounded up to
+        whole 256-query tiles so that no part's query box reaches past screen_q)."""
+        size = -(-THRESHOLD_PART_QUERIES // 256) * 256
         if size <= 0 or nq <= size or getattr(self.searcher, "keeps_queries", False):
             return ((0, nq),)
         return tuple((first, min(first + size, nq)) for first in range(0, nq, size))
