@@ -124,14 +124,17 @@ def environment() -> dict:
 ADD_PIECE = 250_000
 
 
-def normal_index(rng, n: int, dim: int, metric: str = "l2", dtype: str = "float32", device: str = "cuda"):
-    """An index of n standard normal float32 rows drawn from rng, ADD_PIECE rows an add."""
+def normal_index(rng, n: int, dim: int, metric: str = "l2", dtype: str = "float32", device: str = "cuda",
+                 labels=None):
+    """An index of n standard normal float32 rows drawn from rng, ADD_PIECE rows an add (labels: one int64 a
+    row, or None)."""
     import numpy as np
     import tinyknn
 
     index = tinyknn.Index(dim, metric, dtype, device=device)
     for start in range(0, n, ADD_PIECE):
-        index.add(rng.standard_normal((min(ADD_PIECE, n - start), dim), dtype=np.float32))
+        piece = rng.standard_normal((min(ADD_PIECE, n - start), dim), dtype=np.float32)
+        index.add(piece, labels=None if labels is None else labels[start:start + len(piece)])
     return index
 
 

@@ -7,6 +7,9 @@ mode, the threshold, the screen, the verify):
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \\
         --section LaunchStats python3 bench/probes/batch_kernels.py
     nsys profile --capture-range=cudaProfilerApi --stats=true -o $OUT/batch python3 bench/probes/batch_kernels.py
+
+--filtered label / allow: the same for a filtered batch (a 1 % label, a 1 % random allow-list), whose kernels
+are not the screen's.
 """
 from __future__ import annotations
 
@@ -32,16 +35,22 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--warm", type=int, default=5)
     parser.add_argument("--profiled", type=int, default=1)
+    parser.add_argument("--filtered", choices=("none", "label", "allow"), default="none",
+                        help="a filtered batch (bench/index_ops.py's rows): 'label' one label of 100 (1 %% of the "
+                             "rows), 'allow' a random allow-list of 1 %% of the ids")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     q = rng.standard_normal((args.queries, args.dim), dtype=np.float32)
-    with _common.normal_index(rng, args.n, args.dim, args.metric, args.dtype) as index:
+    labels = rng.integers(0, 100, args.n) if args.filtered == "label" else None
+    allow = np.sort(rng.choice(args.n, max(1, args.n // 100), replace=False))
+    more = {"none": {}, "label": {"labels": np.full(args.queries, 7)}, "allow": {"filter": allow}}[args.filtered]
+    with _common.normal_index(rng, args.n, args.dim, args.metric, args.dtype, labels=labels) as index:
         for _ in range(args.warm):
-            index.search(q, args.k)
+            index.search(q, args.k, **more)
         before = index._searcher._screen.queries
         driver.cuProfilerStart()
         for _ in range(args.profiled):
-            index.search(q, args.k)
+            index.search(q, args.k, **more)
         driver.cuProfilerStop()
         screened = index._searcher._screen.queries - before
     print(f"{args.profiled} searches of {args.queries} queries profiled, {screened} queries screened")
