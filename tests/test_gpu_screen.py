@@ -398,3 +398,34 @@ def test_threshold_in_parts_gives_the_same_answers(metric, dtype, rng, screen, m
         assert_exact(d, i, db, queries, k, metric, dtype)
     assert state.queries == 6 * len(queries)
     index.close()
+
+
+@pytest.mark.parametrize("metric,dtype", [("l2", "float32"), ("ip", "float16"), ("cosine", "uint8")])
+def test_a_label_run_is_screened_in_place(metric, dtype, rng, screen, monkeypatch):
+    """screen.SCREEN_RUNS: once the label order keeps each label's rows together, a label's batch is screened
+    over its run of rows in place (mma.sync's screen: the Hopper one's tile bounds start at row 0), the row
+    terms, ids and rows read from the run's first row; answers exact at k = 1, 10 and 100 for runs that start
+    at row 0 and further in."""
+    import tinyknn
+    from tinyknn.gpu import screen as screen_module
+
+    monkeypatch.setattr(screen_module, "SCREEN_RUNS", True)
+    n, dim = 60000, 72
+    db = data(rng, "clustered", n, dim, dtype)
+    labels = rng.integers(0, 4, n)
+    index = tinyknn.Index(dim, metric, dtype, device="cuda")
+    index.add(db, labels=labels)
+    with index._add_lock, index._view:
+        index._layout.reorder(index._searcher, index._ids, index._labels)
+    state = index._searcher._screen
+    for label in (0, 2, 3):
+        run = index._labels.rows_of(label)
+        assert run[-1] - run[0] == len(run) - 1 and len(run) >= screen_module.SCREEN_RUN_MIN_ROWS
+        allowed = np.flatnonzero(labels == label)
+        queries = near_rows(rng, db[allowed], 300, dtype)
+        for k in (1, 10, 100):
+            before = state.queries
+            d, i = index.search(queries, k, labels=np.full(len(queries), label))
+            assert state.queries == before + len(queries)                  # screened
+            assert_exact(d, i, db[allowed], queries, k, metric, dtype, id_map=allowed)
+    index.close()

@@ -36,6 +36,8 @@ from .screen_hopper import HOPPER_SMALL_MAX_QUERIES, HopperSteps, use_hopper
 SCREEN_MIN_QUERIES = 64         # smaller batches: the scan and tiled kernels (the screen's tiles hold 128)
 SCREEN_MAX_K = 128              # survivors grow with k (about k x sample_step)
 SCREEN_MIN_ROWS = 16384
+SCREEN_RUNS = False             # screen a run of rows too (a label's rows after the label order) from
+SCREEN_RUN_MIN_ROWS = 4096      # this many rows, on mma.sync's screen (not yet measured: off by default)
 SCREEN_METRICS = ("l2", "ip", "cosine")
 WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
 THRESHOLD_PART_QUERIES = 0      # > 0 (a multiple of 256): a larger host batch is uploaded, rounded and
@@ -136,10 +138,15 @@ class Screen(HopperSteps):
         if self.hopper and self.ready:
             self._tile_bounds(0, self.ready)
 
-    def applies(self, n_queries: int, k: int) -> bool:
+    def applies(self, n_queries: int, k: int, runs: bool = True) -> bool:
+        """Whether a batch of the searcher's current view is screened: every row, or (SCREEN_RUNS, `runs`) a
+        run of them in place."""
         s = self.searcher
+        view = s._view
+        rows = ((view.prefix == "" and view.n >= SCREEN_MIN_ROWS) or
+                (runs and SCREEN_RUNS and view.prefix == "run" and view.n >= SCREEN_RUN_MIN_ROWS))
         return (self.usable and s.metric in SCREEN_METRICS and n_queries >= SCREEN_MIN_QUERIES and k <= SCREEN_MAX_K
-                and s._view.prefix == "" and s._view.n >= SCREEN_MIN_ROWS and s.dim >= 16)
+                and rows and s.dim >= 16)
 
     # -- rows ------------------------------------------------------------------------------------------
     def _rows(self) -> None:
@@ -234,7 +241,9 @@ class Screen(HopperSteps):
         self._rows()
         if not self.usable:
             return False
-        n, stream = s._n, s._stream
+        view, stream = s._view, s._stream
+        n = view.n                          # every row, or a run of them from view.start
+        self._first_row = view.start if view.prefix == "run" else 0
         step = sample_step(n, k)
         n_sample = -(-n // step)
         hopper = self._hopper_for(nq)
@@ -268,16 +277,17 @@ class Screen(HopperSteps):
             if on_hopper:
                 self._threshold_hopper(rows, count, sample_tiles, step, kept, hopper_threshold, first, in_parts)
             else:
-                self._screen(True, k, rows, n_sample, step, ptr("screen_sq_hi"), count, 0, 0, upper, sample_tiles,
-                             first=first)
+                self._screen(True, k, rows, n_sample, step, self._term("screen_sq_hi"), count, 0, 0, upper,
+                             sample_tiles, first=first)
             self._packed(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch), upper, sample_tiles * kept,
                          ptr("screen_t") + first * 4)[1].launch(count, 256, 0, stream)
         marks.record(stream)
-        self._screen_every_row(nq, hopper, capacity)
+        self._screen_every_row(nq, hopper, capacity, n)
         marks.record(stream)
-        # 4. the survivors in float64
+        # 4. the survivors (rows of the view) in float64
         out = ptr("screen_out")
-        self._packed(verify.spec, ptr("screen_survivors"), ptr("screen_counts"), ptr("ids"), ptr("data"),
+        self._packed(verify.spec, ptr("screen_survivors"), ptr("screen_counts"), view.pointer(s, "ids"),
+                     view.pointer(s, "data"),
                      ptr("screen_q32"), s._stride, s.dim, out, out + nq * k * 4, out + nq * k * 12)[1].launch(
             nq, verify.threads, verify.shared_bytes, stream)
         marks.record(stream)
@@ -294,6 +304,7 @@ class Screen(HopperSteps):
             return False
         nq = len(queries)
         self._allocate(nq, capacity)
+        self._first_row = 0                 # range search screens every row (applies(runs=False))
         hopper = self._hopper_for(nq)
         self._upload(queries)
         self._round_queries(nq, hopper is not None)
@@ -330,8 +341,16 @@ class Screen(HopperSteps):
         return False, tiles, rs.threshold_keep(k, tiles)
 
     def _screened_rows(self) -> int:
-        s = self.searcher
-        return s._pointer("screen_shadow") if self.shadow else s._pointer("data")
+        """The address of the first row the screen reads: of the float16 shadow or the stored rows, from the
+        view's first row."""
+        return self.searcher._pointer("screen_shadow" if self.shadow else "data") + self._first_row * self.row_bytes
+
+    _first_row = 0          # the batch's first row: a run's start, else 0 (set by _steps and screen_within)
+
+    def _term(self, name: str) -> int:
+        """The address of a row term (screen_sq_lo, screen_sq_hi, screen_rx: 4 bytes a row) from the batch's
+        first row."""
+        return self.searcher._pointer(name) + self._first_row * 4
 
     def _round_queries(self, nq: int, hopper: bool, first: int = 0) -> None:
         """1. queries rounded, error terms (gamma's n: instructions per dot product, zero-filled ones included;
@@ -349,17 +368,19 @@ class Screen(HopperSteps):
                      ptr("screen_f", 4))[1].launch(
             max(1, math.ceil(nq / 8)), 256, 0, s._stream)
 
-    def _screen_every_row(self, nq: int, hopper, capacity: int) -> None:
-        """3. the screen over every row against screen_t: survivors (`capacity` a query) and their counts;
-        `hopper` the Hopper screen spec to run (None: mma.sync's)."""
+    def _screen_every_row(self, nq: int, hopper, capacity: int, n_rows: int | None = None) -> None:
+        """3. the screen over every row (of the view: n_rows from the batch's first row) against screen_t:
+        survivors (`capacity` a query) and their counts; `hopper` the Hopper screen spec to run (None:
+        mma.sync's, the only one a run takes)."""
         s = self.searcher
         ptr = s._pointer
+        n_rows = s._n if n_rows is None else n_rows
         s._buffers["screen_counts"].fill_bytes(0, nq * 4, s._stream)
         if hopper is not None:
-            self._screen_hopper(self._screened_rows(), s._n, nq, capacity, hopper)
+            self._screen_hopper(self._screened_rows(), n_rows, nq, capacity, hopper)
         else:
-            self._screen(False, 1, self._screened_rows(), s._n, 1, ptr("screen_sq_lo"), nq, ptr("screen_counts"),
-                         ptr("screen_survivors"), 0, capacity=capacity)
+            self._screen(False, 1, self._screened_rows(), n_rows, 1, self._term("screen_sq_lo"), nq,
+                         ptr("screen_counts"), ptr("screen_survivors"), 0, capacity=capacity)
 
     def _query_parts(self, nq: int) -> tuple:
         """(first, stop) of each part a host batch's steps 1-2 run in (THRESHOLD_PART_QUERIES, rounded up to
@@ -412,7 +433,8 @@ class Screen(HopperSteps):
         resident = s._sm_count * loaded.blocks_per_sm
         per_block = max(1, query_tiles * row_tiles // (WAVES * resident))
         grid = query_tiles * -(-row_tiles // per_block)
-        _, launch = self._packed(spec, rows, n_rows, row_step, sq_norms if s.metric == "l2" else 0, ptr("screen_rx"),
+        _, launch = self._packed(spec, rows, n_rows, row_step, sq_norms if s.metric == "l2" else 0,
+                                 self._term("screen_rx"),
                                  ptr("screen_q") + first * self.row_bytes, nq, self.row_bytes,
                                  ptr("screen_t") + first * 4, ptr("screen_e") + first * 4,
                                  ptr("screen_f") + first * 4, counts, survivors, capacity, upper, per_block)

@@ -59,8 +59,10 @@ class HopperSteps:
         return None
 
     def _hopper_rows(self) -> bool:
-        """Whether the Hopper kernels can read this index's rows (compute capability 9.0, under 2^31 rows)."""
-        return self.hopper and self.searcher._n < (1 << 31) - 256
+        """Whether the Hopper kernels can read this index's rows (compute capability 9.0, under 2^31 rows, every
+        row: their tile bounds start at row 0, so a run of rows takes mma.sync's screen)."""
+        s = self.searcher
+        return self.hopper and s._n < (1 << 31) - 256 and getattr(s._view, "prefix", "") == ""
 
     def _tile_rows_all(self) -> list[int]:
         """The row-tile heights whose bounds are kept: the large tile's and, where it differs, the small one's."""
