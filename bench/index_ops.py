@@ -465,7 +465,7 @@ def run_tests(args) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.screen_runs:
+    if args.screen_runs and args.device == "cuda":    # (this process only: not the --pytest run)
         from tinyknn.gpu import screen
 
         screen.SCREEN_RUNS = True

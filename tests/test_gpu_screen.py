@@ -400,13 +400,13 @@ def test_threshold_in_parts_gives_the_same_answers(metric, dtype, rng, screen, m
     index.close()
 
 
-@pytest.mark.parametrize("metric,dtype", [("l2", "float32"), ("ip", "float16"), ("cosine", "uint8")])
+@pytest.mark.parametrize("metric,dtype", [("l2", "float32"), ("ip", "float16"), ("cosine", "uint8"), ("l2", "uint8"),
+                                          ("ip", "bfloat16")])
 def test_a_label_run_is_screened_in_place(metric, dtype, rng, screen, monkeypatch):
     """screen.SCREEN_RUNS: once the label order keeps each label's rows together, a label's batch is screened
     over its run of rows in place (mma.sync's screen: the Hopper one's tile bounds start at row 0), the row
     terms, ids and rows read from the run's first row; answers exact at k = 1, 10 and 100 for runs that start
     at row 0 and further in."""
-    import tinyknn
     from tinyknn.gpu import screen as screen_module
 
     monkeypatch.setattr(screen_module, "SCREEN_RUNS", True)
@@ -424,8 +424,11 @@ def test_a_label_run_is_screened_in_place(metric, dtype, rng, screen, monkeypatc
         allowed = np.flatnonzero(labels == label)
         queries = near_rows(rng, db[allowed], 300, dtype)
         for k in (1, 10, 100):
-            before = state.queries
+            before, handed_back = state.queries, state.fallbacks
             d, i = index.search(queries, k, labels=np.full(len(queries), label))
             assert state.queries == before + len(queries)                  # screened
+            assert state.fallbacks - handed_back < len(queries) // 10      # and answered by the screen
             assert_exact(d, i, db[allowed], queries, k, metric, dtype, id_map=allowed)
+        with index._searcher._reading(run):
+            assert index._searcher._view.prefix == "run" and state._hopper_for(300) is None   # mma.sync's
     index.close()

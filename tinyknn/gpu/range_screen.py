@@ -32,7 +32,8 @@ RESCREEN_ROUNDS = 2             # a count can change once: a first screen on the
 
 
 def applies(searcher, n_queries: int) -> bool:
-    """Where a batch search would be screened (Screen.applies: metric, dtype, rows, queries, no filter)."""
+    """Where a batch search would be screened (Screen.applies: metric, dtype, rows, queries, no filter; every
+    row, never a run)."""
     return bool(getattr(searcher, "use_screen", False)) and searcher._screen.applies(n_queries, 1, runs=False)
 
 

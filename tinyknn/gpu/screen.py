@@ -11,8 +11,9 @@ their norms, the query divided by its own):
    of each query's key (render_screen.threshold_keep): the k-th smallest of them, bounds of k distinct rows,
    is an upper bound of the query's true k-th key, T (on compute capability 9.0, where step 3 is the Hopper
    screen and KT <= 2, the Hopper screen's threshold mode over whole tiles of the sample);
-3. the screen runs over every row on the tensor cores: a row survives a query when its lower bound is
-   within T, so every row whose key is within T, the true k nearest among them, survives;
+3. the screen runs over every row (or, SCREEN_RUNS, a label's run of them) on the tensor cores: a row
+   survives a query when its lower bound is within T, so every row whose key is within T, the true k nearest
+   among them, survives;
 4. the survivors get their float64 distances (exactness contract), sorted by (distance, id), k written.
 A query with more survivors than SURVIVOR_CAPACITY is answered by the other kernels and counted
 (`screen_fallbacks`). The row terms (and shadow) are computed once per added row.

@@ -13,8 +13,8 @@ class Rows:
     label together, tinyknn.index.layout); the rows the "row_list" buffer names, read in place by the listed
     kernels (prefix "list": a filter's scattered rows; plans of one list length serve every list of it); or
     the copy of the allowed rows gathered into the "sub_" buffers (range search, k beyond the kernels, and
-    the band search of a listed one). Only prefix "" is every row: the screen and the prepared searches
-    serve that one alone."""
+    the band search of a listed one). Only prefix "" is every row: the prepared searches serve that one
+    alone, the screen that one and (screen.SCREEN_RUNS) a run."""
 
     prefix: str
     n: int
