@@ -402,17 +402,16 @@ class Screen(HopperSteps):
         if keeps and s.kept_queries is not None and s.kept_queries[0] is queries and s.kept_queries[1] == target.ptr:
             return
         stage = s._pinned("screen_stage", nq * s._stride * 4)
-        if first == 0 and stop == nq:
-            staged = stage.array(np.float32, (nq, s._stride))
-            staged[:, :s.dim] = queries
-            if s._stride > s.dim:
-                staged[:, s.dim:] = 0.0
+        whole = first == 0 and stop == nq
+        staged = stage.array(np.float32, (nq, s._stride))
+        if not whole:
+            staged = staged[first:stop]
+        staged[:, :s.dim] = queries if whole else queries[first:stop]
+        if s._stride > s.dim:
+            staged[:, s.dim:] = 0.0
+        if whole:       # the whole stage: copy_from_host's hot path
             target.copy_from_host(stage, nq * s._stride * 4, s._stream)
         else:
-            staged = stage.array(np.float32, (nq, s._stride))[first:stop]
-            staged[:, :s.dim] = queries[first:stop]
-            if s._stride > s.dim:
-                staged[:, s.dim:] = 0.0
             target.copy_from_host(staged, staged.nbytes, s._stream, offset=first * s._stride * 4)
         if keeps:
             s.kept_queries = (queries, target.ptr)

@@ -16,7 +16,7 @@ kernels/screen_steps.cuh); cuda_source.name_expression hands these variants here
 
 from __future__ import annotations
 
-from ..spec import KernelSpec, parse_arch
+from ..spec import KernelSpec, numpy_dtype, parse_arch
 
 SCREEN_ELEMENTS = {"float16": "tinyknn::ScreenF16", "bfloat16": "tinyknn::ScreenBF16",
                    "int8": "tinyknn::ScreenS8", "uint8": "tinyknn::ScreenU8"}
@@ -147,7 +147,7 @@ def hopper_k_blocks(row_bytes: int) -> int:
 def pingpong_fits(element: str, stride: int) -> bool:
     """Whether a row's k-blocks fit the Hopper ring, the condition of the ping-pong consumers (screen_hopper.cuh,
     PP: the kernel checks it too and runs cooperatively where it fails)."""
-    return hopper_k_blocks(stride * (1 if element in ("int8", "uint8") else 2)) <= HOPPER_STAGES
+    return hopper_k_blocks(stride * numpy_dtype(element).itemsize) <= HOPPER_STAGES
 
 
 def exact_conversion(element: str, stride: int) -> bool:
@@ -179,7 +179,8 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
         raise ValueError(f"keep is 0 (the screen) or 1 to {HOPPER_MAX_KEEP} (its threshold mode's bounds per tile); "
                          f"got {keep}")
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
-              "smem": hopper_smem(bn, mw, HOPPER_STAGES), **({"eg": epi_group} if epi_group else {}), **({"kt": keep} if keep else {}),
+              "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}),
+              **({"kt": keep} if keep else {}),
               **({"pp": 1} if HOPPER_PINGPONG and pingpong_fits(element, stride) else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
