@@ -271,9 +271,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) 
 // PP: ping-pong. The two consumer warpgroups take turns at the tensor cores (named barriers 1 and 2): one
 // issues its products for a tile while the other runs the previous tile's epilogue, in place of both issuing
 // and then both comparing (where a tile's K is short, e.g. 128 bytes of uint8, the epilogue is most of it).
-// The same products, keys and survivors either way. Only where a tile's k-blocks fit the ring (k_blocks <=
-// STAGES): the stages are shared, so a warpgroup whose turn needed a stage the other has not consumed yet
-// (waiting for its own turn) would wait forever; longer rows run cooperatively.
+// The same products, keys and survivors either way.
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0, int PP = 0>
 __global__ void __launch_bounds__(384, 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
@@ -361,7 +359,6 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
     regs_inc<232>();
     const int c = wg - 1;
     const int g = lane >> 2, t4 = lane & 3;
-    const bool turns = PP != 0 && k_blocks <= STAGES;   // ping-pong (above); the same for every consumer
     Acc acc[MW][NACC];
 #pragma unroll
     for (int m = 0; m < MW; ++m)
@@ -414,9 +411,11 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
 
       // ---- k loop ----
       int pos = i * k_blocks;
-      if (turns && (c == 1 || i > 0)) named_sync(1 + c, 256);   // this warpgroup's turn: the other has issued
+      if constexpr (PP) {                  // this warpgroup's turn: the other has issued its products
+        if (c == 1 || i > 0) named_sync(1 + c, 256);
+      }
       products(acc, pos);
-      if (turns) named_arrive(2 - c, 256);                       // the other's turn
+      if constexpr (PP) named_arrive(2 - c, 256);    // the other's turn
       wgmma_wait<0>();
       release((pos - 1) % STAGES);
 #pragma unroll
@@ -446,7 +445,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       __syncwarp();
       if (lane == 0) mbar_arrive(sempty(b));
     }
-    if (turns && c == 0 && i > 0) named_sync(1, 256);           // the last turn the other handed over
+    if constexpr (PP) {                    // the last turn the other warpgroup handed over
+      if (c == 0 && i > 0) named_sync(1, 256);
+    }
   }
 }
 

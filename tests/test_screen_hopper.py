@@ -171,16 +171,3 @@ def test_small_batches_take_the_small_hopper_tile():
     assert len(specs) == len(set(specs))
     assert len(render.hopper_specs("l2", "uint8", 128, "sm_90a")) == len(render.hopper_specs("l2", "float16", 128,
                                                                                               "sm_90a")) // 2
-
-
-def test_pingpong_only_where_a_tile_fits_the_ring(monkeypatch):
-    """HOPPER_PINGPONG marks a spec only where a row's 128-byte k-blocks fit the ring's stages: the consumers
-    share the stages, so a turn that needed one the other warpgroup still holds would never end (the kernel
-    checks the same and runs cooperatively)."""
-    assert "pp" not in dict(rs.hopper_spec("l2", "uint8", 128, "sm_90").params)       # off by default
-    monkeypatch.setattr(rs, "HOPPER_PINGPONG", 1)
-    assert rs.hopper_spec("l2", "uint8", 512, "sm_90").param("pp") == 1                # 4 k-blocks, 4 stages
-    assert rs.hopper_spec("ip", "float16", 256, "sm_90", small=True).param("pp") == 1
-    assert rs.hopper_spec("l2", "uint8", 528, "sm_90").param("pp", 0) == 0
-    assert rs.hopper_spec("l2", "float16", 768, "sm_90").param("pp", 0) == 0           # 12 k-blocks
-    assert "1>" in cuda_source.name_expression(rs.hopper_spec("l2", "uint8", 128, "sm_90"))

@@ -144,12 +144,6 @@ def hopper_k_blocks(row_bytes: int) -> int:
     return -(-row_bytes // HOPPER_KB)
 
 
-def pingpong_fits(element: str, stride: int) -> bool:
-    """Whether a row's k-blocks fit the Hopper ring, the condition of the ping-pong consumers (screen_hopper.cuh,
-    PP: the kernel checks it too and runs cooperatively where it fails)."""
-    return hopper_k_blocks(stride * numpy_dtype(element).itemsize) <= HOPPER_STAGES
-
-
 def exact_conversion(element: str, stride: int) -> bool:
     """Whether every 8-bit dot product of `stride` elements is below 2^24 in magnitude, so that converting it
     to float32 rounds nothing (round-to-nearest, a full-rate instruction, then equals rounding up)."""
@@ -180,8 +174,7 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
                          f"got {keep}")
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
               "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}),
-              **({"kt": keep} if keep else {}),
-              **({"pp": 1} if HOPPER_PINGPONG and pingpong_fits(element, stride) else {})}
+              **({"kt": keep} if keep else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
