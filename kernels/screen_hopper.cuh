@@ -57,9 +57,6 @@ TINYKNN_D void mbar_init(unsigned bar, unsigned count) {
 TINYKNN_D void mbar_expect_tx(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
-// Named barriers 1.. (0 is __syncthreads): `count` threads, whole warps, arrive or wait.
-TINYKNN_D void named_sync(int id, int count) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory"); }
-TINYKNN_D void named_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory"); }
 TINYKNN_D void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
@@ -268,11 +265,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) 
 // bytes x (128 MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
-// PP: ping-pong. The two consumer warpgroups take turns at the tensor cores (named barriers 1 and 2): one
-// issues its products for a tile while the other runs the previous tile's epilogue, in place of both issuing
-// and then both comparing (where a tile's K is short, e.g. 128 bytes of uint8, the epilogue is most of it).
-// The same products, keys and survivors either way.
-template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0, int PP = 0>
+template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0>
 __global__ void __launch_bounds__(384, 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -411,11 +404,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
 
       // ---- k loop ----
       int pos = i * k_blocks;
-      if constexpr (PP) {                  // this warpgroup's turn: the other has issued its products
-        if (c == 1 || i > 0) named_sync(1 + c, 256);
-      }
       products(acc, pos);
-      if constexpr (PP) named_arrive(2 - c, 256);    // the other's turn
       wgmma_wait<0>();
       release((pos - 1) % STAGES);
 #pragma unroll
@@ -444,9 +433,6 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncwarp();
       if (lane == 0) mbar_arrive(sempty(b));
-    }
-    if constexpr (PP) {                    // the last turn the other warpgroup handed over
-      if (c == 0 && i > 0) named_sync(1, 256);
     }
   }
 }

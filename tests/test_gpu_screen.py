@@ -347,59 +347,6 @@ def test_the_query_tiles_buffer_holds_whole_tiles(rng, screen):
     index.close()
 
 
-@pytest.mark.parametrize("metric,dtype", [("l2", "uint8"), ("ip", "float16"), ("cosine", "float32"), ("l2", "int8")])
-def test_hopper_pingpong_is_exact(metric, dtype, rng, screen, monkeypatch):
-    """render_screen.HOPPER_PINGPONG: the consumer warpgroups take turns at the tensor cores (named barriers);
-    the same answers, on batches of one tile, several and a partial one, through the screen and its threshold
-    mode, and nothing handed back on normal rows."""
-    from tinyknn.jit import render_screen
-
-    if screen != "wgmma":
-        pytest.skip("the Hopper screen's consumers")
-    monkeypatch.setattr(render_screen, "HOPPER_PINGPONG", 1)
-    n, dim = 60000, 72
-    db = data(rng, "normal", n, dim, dtype)
-    index = searcher_index(db, metric, dtype)
-    check_screen_used(index, screen)
-    assert index._searcher._screen.hopper_spec.param("pp") == 1
-    for count in (100, 300):
-        queries = near_rows(rng, db, count, dtype)
-        for k in (1, 10):
-            d, i = index._searcher.search(queries, k)
-            assert_exact(d, i, db, queries, k, metric, dtype)
-    state = index._searcher._screen
-    assert state.hopper_thresholds == 4 and state.fallbacks == 0
-    index.close()
-
-
-@pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("ip", "uint8"), ("cosine", "float32")])
-def test_threshold_in_parts_gives_the_same_answers(metric, dtype, rng, screen, monkeypatch):
-    """screen.THRESHOLD_PART_QUERIES: a host batch uploaded, rounded and thresholded in parts of 256 queries
-    (700: two whole parts and one of 188), then screened whole: the same answers, bit for bit, as one part, and
-    exact, on both screens and their threshold modes."""
-    from tinyknn.gpu import screen as screen_module
-
-    n, dim = 60000, 72
-    db = data(rng, "clustered", n, dim, dtype)
-    queries = near_rows(rng, db, 700, dtype)
-    index = searcher_index(db, metric, dtype)
-    check_screen_used(index, screen)
-    state = index._searcher._screen
-    assert state._query_parts(700) == ((0, 700),)
-    whole = {k: index._searcher.search(queries, k) for k in (1, 10, 100)}
-    monkeypatch.setattr(screen_module, "THRESHOLD_PART_QUERIES", 256)
-    assert state._query_parts(700) == ((0, 256), (256, 512), (512, 700))
-    monkeypatch.setattr(screen_module, "THRESHOLD_PART_QUERIES", 300)        # rounded up to whole tiles
-    assert state._query_parts(700) == ((0, 512), (512, 700))
-    monkeypatch.setattr(screen_module, "THRESHOLD_PART_QUERIES", 256)
-    for k, (d_whole, i_whole) in whole.items():
-        d, i = index._searcher.search(queries, k)
-        assert np.array_equal(i, i_whole) and np.array_equal(d.view(np.int32), d_whole.view(np.int32)), k
-        assert_exact(d, i, db, queries, k, metric, dtype)
-    assert state.queries == 6 * len(queries)
-    index.close()
-
-
 @pytest.mark.parametrize("metric,dtype", [("l2", "float32"), ("ip", "float16"), ("cosine", "uint8"), ("l2", "uint8"),
                                           ("ip", "bfloat16")])
 def test_a_label_run_is_screened_in_place(metric, dtype, rng, screen, monkeypatch):

@@ -98,7 +98,7 @@ def test_manifest_kernels_need_no_local_memory(arch, kernel_cache, spill_free_nv
 HOPPER = [("l2", "float16", 768), ("ip", "bfloat16", 128), ("l2", "uint8", 128), ("ip", "int8", 2048)]
 
 
-def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
+def test_hopper_screen_needs_no_local_memory(kernel_cache):
     from tinyknn.jit import render_screen
 
     specs = [spec for combination in HOPPER for spec in render.hopper_specs(*combination, "sm_90a")]
@@ -108,11 +108,6 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
                for metric, dtype, stride in HOPPER[2:] for group in (1, 8)]
     assert {s.param("eg") for s in grouped} == {1, 8}                  # the probes' epilogues
     specs += grouped
-    monkeypatch.setattr(render_screen, "HOPPER_PINGPONG", 1)          # the probes' turn-taking consumers
-    pingpong = [spec for combination in HOPPER[1:3] for spec in render.hopper_specs(*combination, "sm_90a")
-                if spec.variant == "screen_hopper"]
-    assert pingpong and all(s.param("pp") == 1 for s in pingpong)
-    specs += pingpong
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
     for spec in specs:

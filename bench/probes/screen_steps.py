@@ -75,13 +75,6 @@ def main() -> None:
                              "128 MW queries a tile; e.g. 128x2,128x1,256x1; default: the library's), a fresh index each")
     parser.add_argument("--hopper-stages", type=numbers, default=[None],
                         help="render_screen.HOPPER_STAGES values (the Hopper screen's ring; default: the library's)")
-    parser.add_argument("--hopper-pingpong", type=numbers, default=[0],
-                        help="render_screen.HOPPER_PINGPONG values: 1 has the Hopper screen's consumer warpgroups "
-                             "take turns at the tensor cores (one's products over the other's epilogue; default 0)")
-    parser.add_argument("--threshold-parts", type=numbers, default=[0],
-                        help="screen.THRESHOLD_PART_QUERIES values: a host batch's steps 1-2 in parts of this many "
-                             "queries (rounded up to whole 256-query tiles), each after its part's copy (0: one "
-                             "part; default 0); in parts, steps_ms shows steps 1-2 of every part as 'threshold'")
     parser.add_argument("--force-hopper", action="store_true",
                         help="the Hopper screen for every batch, whatever its size (screen.forced), on compute "
                              "capability 9.0")
@@ -98,11 +91,9 @@ def main() -> None:
     default_hopper_tile, default_hopper_stages = render_screen.hopper_tile, render_screen.HOPPER_STAGES
     hopper_tiles = [None if text == "default" else tuple(int(v) for v in text.split("x"))
                     for text in args.hopper_tiles.split(",")]
-    for group, stages, tile, rule, hopper_tile, hopper_stages, pingpong, parts in itertools.product(
+    for group, stages, tile, rule, hopper_tile, hopper_stages in itertools.product(
             args.epi_groups, args.threshold_stages, tiles, args.keep_rules.split(","), hopper_tiles,
-            args.hopper_stages, args.hopper_pingpong, args.threshold_parts):
-        render_screen.HOPPER_PINGPONG = pingpong or 0
-        screen_module.THRESHOLD_PART_QUERIES = parts or 0
+            args.hopper_stages):
         render_screen.hopper_tile = (default_hopper_tile if hopper_tile is None
                                      else (lambda e, small=False, t=hopper_tile: t))
         render_screen.HOPPER_STAGES = hopper_stages or default_hopper_stages
@@ -114,7 +105,6 @@ def main() -> None:
         rows += [dict(row, keep_rule=rule) for row in measure(args, db, queries, answers, differ)]
     render_screen.threshold_keep = _LIBRARY_KEEP
     render_screen.hopper_tile, render_screen.HOPPER_STAGES = default_hopper_tile, default_hopper_stages
-    render_screen.HOPPER_PINGPONG, screen_module.THRESHOLD_PART_QUERIES = 0, 0
     render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
     for name, value in zip(tile_names, default_tile):
         setattr(render_screen, name, value)
@@ -179,8 +169,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                                                                   render_screen.SCREEN_WARPS_Q,
                                                                   render_screen.SCREEN_WARPS_N)),
                                "hopper": bool(screen.hopper), "hopper_spec": str(getattr(screen, "hopper_spec", "")),
-                               "hopper_forced": bool(screen.forced), "pingpong": render_screen.HOPPER_PINGPONG,
-                               "threshold_parts": screen_module.THRESHOLD_PART_QUERIES,
+                               "hopper_forced": bool(screen.forced),
                                "threshold_on_hopper": screen_module.THRESHOLD_ON_HOPPER,
                                "hopper_thresholds_so_far": screen.hopper_thresholds,
                                "keep": render_screen.THRESHOLD_KEEP, "step": step or original_step(args.n, k),

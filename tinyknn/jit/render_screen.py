@@ -108,7 +108,6 @@ HOPPER_ARCH = "sm_90a"
 HOPPER_DEVICE_ARCHES = ("sm_90", "sm_90a")      # compute capability 9.0 runs sm_90a code
 HOPPER_STAGES, HOPPER_KB, HOPPER_SCALAR_SLOTS = 4, 128, 8
 HOPPER_EPI_GROUP = 0            # probes only: hopper_spec's epi_group (0: the kernel's own choice)
-HOPPER_PINGPONG = 0             # the consumer warpgroups take turns at the tensor cores (screen_hopper.cuh, PP)
 HOPPER_THREADS = 384
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
@@ -217,8 +216,8 @@ def name_expression(spec: KernelSpec) -> str:
     if spec.variant == "screen_hopper":
         flag = lambda v: "true" if v else "false"   # noqa: E731
         args = [element, flag(spec.metric != "l2"), flag(p("exact")), p("bn"), p("mw"), p("stages"), p("smem")]
-        if p("eg", 0) or p("kt", 0) or p("pp", 0):   # EG: the probes' epilogues; KT: the threshold mode; PP
-            args += [p("eg", 0), p("kt", 0)] + ([p("pp")] if p("pp", 0) else [])
+        if p("eg", 0) or p("kt", 0):                  # EG: the probes' epilogues; KT: the threshold mode
+            args += [p("eg", 0), p("kt", 0)]
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         flag = lambda v: "true" if v else "false"   # noqa: E731
