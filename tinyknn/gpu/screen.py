@@ -40,10 +40,8 @@ SCREEN_MIN_ROWS = 16384
 SCREEN_RUNS = False             # screen a run of rows too (a label's rows after the label order) from
 SCREEN_RUN_MIN_ROWS = 4096      # this many rows, on mma.sync's screen (not yet measured: off by default)
 SCREEN_METRICS = ("l2", "ip", "cosine")
+STAGE_WRITE_COMBINED = False    # the queries' pinned staging write-combined (the host only writes it)
 WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
-THRESHOLD_PART_QUERIES = 0      # > 0 (a multiple of 256): a larger host batch is uploaded, rounded and
-                                # thresholded in parts of this many queries, each part's steps 1-2 running while
-                                # the host copies the next part (step 3 and on: the whole batch). 0: one part
 
 
 ROW_PAD = 256                   # row terms are allocated in whole multiples of this many rows: the Hopper
@@ -189,8 +187,7 @@ class Screen(HopperSteps):
         s = self.searcher
         nq, stream = len(queries), s._stream
         marks = self._marks()
-        if not self._steps(nq, k, lambda first, stop: self._upload(queries, first, stop), marks,
-                           self._query_parts(nq)):
+        if not self._steps(nq, k, lambda: self._upload(queries), marks):
             return None
         results = s._pinned("screen_results", nq * k * 12 + nq * 4)
         s._buffers["screen_out"].copy_to_host(results, nq * k * 12 + nq * 4, stream)
@@ -215,9 +212,8 @@ class Screen(HopperSteps):
         the stream synchronised (the caller reads the bad-value flag), resident_unproven() says which
         queries the screen handed back."""
         s = self.searcher
-        if not self._steps(nq, k, lambda first, stop: s._ingest(source_ptr, source_dtype, row_step, nq, "float32",
-                                                                  s._pointer("screen_q32"), 0, False),
-                           StageMarks(False), ((0, nq),)):
+        if not self._steps(nq, k, lambda: s._ingest(source_ptr, source_dtype, row_step, nq, "float32",
+                                                       s._pointer("screen_q32"), 0, False), StageMarks(False)):
             return False
         out, stream = s._buffers["screen_out"], s._stream
         out.copy_to_device(distances_ptr, nq * k * 4, stream)
@@ -233,11 +229,10 @@ class Screen(HopperSteps):
         self.fallbacks += len(unproven)
         return unproven
 
-    def _steps(self, nq: int, k: int, bring_queries, marks: "StageMarks", parts: tuple) -> bool:
-        """Steps 1-4 of a batch of nq queries, enqueued: `bring_queries(first, stop)` puts queries [first, stop)
-        into screen_q32 (float32, padded rows), for each of `parts` in turn, steps 1-2 of a part following its
-        copy; the results land in screen_out (distances, ids, then each query's unproven flag). False when the
-        screen cannot run (a row beyond float16)."""
+    def _steps(self, nq: int, k: int, bring_queries, marks: "StageMarks") -> bool:
+        """Steps 1-4 of a batch of nq queries, enqueued: `bring_queries()` puts them into screen_q32 (float32,
+        padded rows), the results land in screen_out (distances, ids, then each query's unproven flag).
+        False when the screen cannot run (a row beyond float16)."""
         s = self.searcher
         self._rows()
         if not self.usable:
@@ -261,27 +256,19 @@ class Screen(HopperSteps):
         self._allocate(nq, capacity, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4,
                        **sample)
         ptr = s._pointer
+        bring_queries()
+        marks.record(stream)
+        self._round_queries(nq, hopper is not None or on_hopper)
+        marks.record(stream)
         rows = self._screened_rows()
-        in_parts = len(parts) > 1           # then steps 1-2 of every part show as the threshold step's time
-        for first, stop in parts:           # one part, or several (each part's steps 1-2 before the next's copy)
-            count = stop - first
-            bring_queries(first, stop)
-            if first == 0:
-                marks.record(stream)
-                if in_parts:
-                    marks.record(stream)
-            self._round_queries(count, hopper is not None or on_hopper, first)
-            if not in_parts:
-                marks.record(stream)
-            # 2. threshold mode over the sample (KT bounds per tile), then each query's k-th upper bound of them
-            upper = ptr("screen_upper") + first * sample_tiles * kept * 4
-            if on_hopper:
-                self._threshold_hopper(rows, count, sample_tiles, step, kept, hopper_threshold, first, in_parts)
-            else:
-                self._screen(True, k, rows, n_sample, step, self._term("screen_sq_hi"), count, 0, 0, upper,
-                             sample_tiles, first=first)
-            self._packed(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch), upper, sample_tiles * kept,
-                         ptr("screen_t") + first * 4)[1].launch(count, 256, 0, stream)
+        # 2. threshold mode over the sample (KT bounds per tile), then each query's k-th upper bound of them
+        if on_hopper:
+            self._threshold_hopper(rows, nq, sample_tiles, step, kept, hopper_threshold)
+        else:
+            self._screen(True, k, rows, n_sample, step, self._term("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"),
+                         sample_tiles)
+        self._packed(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch), ptr("screen_upper"),
+                     sample_tiles * kept, ptr("screen_t"))[1].launch(nq, 256, 0, stream)
         marks.record(stream)
         self._screen_every_row(nq, hopper, capacity, n)
         marks.record(stream)
@@ -353,20 +340,18 @@ class Screen(HopperSteps):
         first row."""
         return self.searcher._pointer(name) + self._first_row * 4
 
-    def _round_queries(self, nq: int, hopper: bool, first: int = 0) -> None:
+    def _round_queries(self, nq: int, hopper: bool) -> None:
         """1. queries rounded, error terms (gamma's n: instructions per dot product, zero-filled ones included;
-        hopper: a Hopper kernel runs step 2 or 3, whose count, the larger, then holds for both), for the nq
-        queries from `first` on."""
+        hopper: a Hopper kernel runs step 2 or 3, whose count, the larger, then holds for both)."""
         s = self.searcher
-        ptr = lambda name, per_query: s._pointer(name) + first * per_query   # noqa: E731
+        ptr = s._pointer
         if hopper:
             n_mma = 4 * rs.hopper_k_blocks(self.row_bytes)
         else:
             n_mma = -(-self.row_bytes // rs.SCREEN_BKB) * (rs.SCREEN_BKB // 32)
-        self._packed(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch), ptr("screen_q32", s._stride * 4),
-                     nq, s._stride, s.dim, ptr("screen_q", self.row_bytes), self.stride, n_mma, int(self.shadow),
-                     int(self.normalize), 2.0 if s.metric == "l2" else 1.0, ptr("screen_e", 4),
-                     ptr("screen_f", 4))[1].launch(
+        self._packed(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch), ptr("screen_q32"), nq,
+                     s._stride, s.dim, ptr("screen_q"), self.stride, n_mma, int(self.shadow), int(self.normalize),
+                     2.0 if s.metric == "l2" else 1.0, ptr("screen_e"), ptr("screen_f"))[1].launch(
             max(1, math.ceil(nq / 8)), 256, 0, s._stream)
 
     def _screen_every_row(self, nq: int, hopper, capacity: int, n_rows: int | None = None) -> None:
@@ -383,36 +368,22 @@ class Screen(HopperSteps):
             self._screen(False, 1, self._screened_rows(), n_rows, 1, self._term("screen_sq_lo"), nq,
                          ptr("screen_counts"), ptr("screen_survivors"), 0, capacity=capacity)
 
-    def _query_parts(self, nq: int) -> tuple:
-        """(first, stop) of each part a host batch's steps 1-2 run in (THRESHOLD_PART_QUERIES, rounded up to
-        whole 256-query tiles so that no part's query box reaches past screen_q)."""
-        size = -(-THRESHOLD_PART_QUERIES // 256) * 256
-        if size <= 0 or nq <= size or getattr(self.searcher, "keeps_queries", False):
-            return ((0, nq),)
-        return tuple((first, min(first + size, nq)) for first in range(0, nq, size))
-
-    def _upload(self, queries: np.ndarray, first: int = 0, stop: int | None = None) -> None:
-        """The float32 queries [first, stop), padded, into screen_q32. A searcher that keeps_queries (the host
-        tier's chunk workers: the same queries for every chunk, whose copy would otherwise queue behind the
-        other worker's chunk on the bus) uploads them once until forget_queries()."""
+    def _upload(self, queries: np.ndarray) -> None:
+        """The float32 queries, padded, into screen_q32. A searcher that keeps_queries (the host tier's chunk
+        workers: the same queries for every chunk, whose copy would otherwise queue behind the other worker's
+        chunk on the bus) uploads them once until forget_queries()."""
         s = self.searcher
         nq, target = len(queries), s._buffers["screen_q32"]
-        stop = nq if stop is None else stop
         keeps = getattr(s, "keeps_queries", False)    # its kept_queries: (array, buffer address) or None
         if keeps and s.kept_queries is not None and s.kept_queries[0] is queries and s.kept_queries[1] == target.ptr:
             return
-        stage = s._pinned("screen_stage", nq * s._stride * 4)
-        whole = first == 0 and stop == nq
+        stage = (s._pinned("screen_stage_wc", nq * s._stride * 4, write_combined=True) if STAGE_WRITE_COMBINED
+                 else s._pinned("screen_stage", nq * s._stride * 4))
         staged = stage.array(np.float32, (nq, s._stride))
-        if not whole:
-            staged = staged[first:stop]
-        staged[:, :s.dim] = queries if whole else queries[first:stop]
+        staged[:, :s.dim] = queries
         if s._stride > s.dim:
             staged[:, s.dim:] = 0.0
-        if whole:       # the whole stage: copy_from_host's hot path
-            target.copy_from_host(stage, nq * s._stride * 4, s._stream)
-        else:
-            target.copy_from_host(staged, staged.nbytes, s._stream, offset=first * s._stride * 4)
+        target.copy_from_host(stage, nq * s._stride * 4, s._stream)
         if keeps:
             s.kept_queries = (queries, target.ptr)
 
@@ -421,9 +392,9 @@ class Screen(HopperSteps):
 
     def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, nq: int,
                 counts: int, survivors: int, upper: int, sample_tiles: int | None = None,
-                capacity: int = 0, first: int = 0) -> None:
+                capacity: int = 0) -> None:
         """mma.sync's screen: threshold mode (bounds into `upper`, no survivors: capacity 0) or step 3 (survivors
-        with `capacity` room a query, the verify kernel's), for the nq queries from `first` on."""
+        with `capacity` room a query, the verify kernel's)."""
         s = self.searcher
         spec = rs.screen_spec(s.metric, s.dtype, k, s._arch, threshold=threshold, sample_tiles=sample_tiles)
         loaded = s._kernel(spec)
@@ -435,9 +406,8 @@ class Screen(HopperSteps):
         grid = query_tiles * -(-row_tiles // per_block)
         _, launch = self._packed(spec, rows, n_rows, row_step, sq_norms if s.metric == "l2" else 0,
                                  self._term("screen_rx"),
-                                 ptr("screen_q") + first * self.row_bytes, nq, self.row_bytes,
-                                 ptr("screen_t") + first * 4, ptr("screen_e") + first * 4,
-                                 ptr("screen_f") + first * 4, counts, survivors, capacity, upper, per_block)
+                                 ptr("screen_q"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
+                                 ptr("screen_f"), counts, survivors, capacity, upper, per_block)
         launch.launch(grid, loaded.threads, loaded.shared_bytes, s._stream)
 
 

@@ -82,27 +82,25 @@ class HopperSteps:
             tiles.prepare(s._pointer("screen_rx"), n, first, last, s._pointer(self._rmax_name(bn))).launch(
                 math.ceil((last - first) / 8), 256, 0, s._stream)
 
-    def _threshold_hopper(self, rows: int, nq: int, tiles: int, step: int, kept: int, screen_spec,
-                          first: int = 0, part: bool = False) -> None:
-        """Step 2 on sm_90a: the sample's terms in tile order (once a batch), then the Hopper screen's threshold
-        mode (with the tile of `screen_spec`, the batch's Hopper screen) for the nq queries from `first` on."""
+    def _threshold_hopper(self, rows: int, nq: int, tiles: int, step: int, kept: int, screen_spec) -> None:
+        """Step 2 on sm_90a: the sample's terms in tile order, then the Hopper screen's threshold mode (with the
+        tile of `screen_spec`, the batch's Hopper screen)."""
         s = self.searcher
+        self.hopper_thresholds += 1
         small = screen_spec != self.hopper_specs[False]
         ptr, bn = s._pointer, screen_spec.param("bn")
-        if first == 0:
-            self.hopper_thresholds += 1
-            self._packed(rs.sample_spec(bn, s._arch), ptr("screen_sq_hi"), ptr("screen_rx"), step, tiles,
-                         ptr("screen_sample_sq"), ptr("screen_sample_rmax"))[1].launch(math.ceil(tiles / 8), 256,
-                                                                                       0, s._stream)
+        self._packed(rs.sample_spec(bn, s._arch), ptr("screen_sq_hi"), ptr("screen_rx"), step, tiles,
+                     ptr("screen_sample_sq"), ptr("screen_sample_rmax"))[1].launch(math.ceil(tiles / 8), 256, 0,
+                                                                                   s._stream)
         spec = rs.hopper_spec(s.metric, s.dtype, self.stride, s._arch, keep=kept, small=small)
         tile_q = 128 * spec.param("mw")
         sample_map = self._tensor_map("sample", (rows, tiles, step, bn), lambda: sample_map_args(
             rows, tiles, step, self.row_bytes, self.element_bytes, bn))
-        query_map = self._query_map(nq, tile_q, first if part else None)
+        query_map = self._query_map(nq, tile_q)
         loaded, launch = self._packed(spec, query_map, sample_map, tiles * bn,
                                       ptr("screen_sample_sq") if s.metric == "l2" else 0, ptr("screen_sample_rmax"),
-                                      nq, self.row_bytes, 0, ptr("screen_e") + first * 4, ptr("screen_f") + first * 4,
-                                      0, 0, 0, ptr("screen_upper") + first * tiles * kept * 4)
+                                      nq, self.row_bytes, 0, ptr("screen_e"), ptr("screen_f"), 0, 0, 0,
+                                      ptr("screen_upper"))
         launch.launch(max(1, min(-(-nq // tile_q) * tiles, s._sm_count)), loaded.threads, loaded.shared_bytes,
                       s._stream)
 
@@ -131,12 +129,8 @@ class HopperSteps:
         return self._tensor_map(name, (address, rows, box_rows), lambda: tensor_map_args(
             address, rows, self.row_bytes, self.element_bytes, box_rows))
 
-    def _query_map(self, nq: int, tile_q: int, first: int | None = None) -> TensorMapArg:
-        """The map of the batch's nq rounded queries, or of a part's from `first` on (one map kept per tile
-        height for the whole batch, and one per tile height and part)."""
-        address = self.searcher._pointer("screen_q") + (first or 0) * self.row_bytes
-        name = f"queries{tile_q}" if first is None else f"queries{tile_q}@{first}"
-        return self._rows_map(name, address, nq, tile_q)
+    def _query_map(self, nq: int, tile_q: int) -> TensorMapArg:
+        return self._rows_map(f"queries{tile_q}", self.searcher._pointer("screen_q"), nq, tile_q)
 
 
 __all__ = ["HopperSteps", "HOPPER_MIN_PRODUCTS", "HOPPER_MIN_QUERIES", "HOPPER_SMALL_MAX_QUERIES",
