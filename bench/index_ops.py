@@ -59,8 +59,8 @@ def parse_args(argv=None):
     add("--pytest", default="", help="pytest arguments to run first (-x -q added; log in --out-dir); when they "
         "fail the run still measures, then exits with pytest's status")
     add("--pytest-timeout", type=float, default=420.0, help="seconds the tests may take (default 420; then status 124)")
-    add("--screen-runs", action="store_true", help="screen a label's run of rows on the GPU (screen.SCREEN_RUNS, "
-        "off by default while it is measured)")
+    add("--no-screen-runs", action="store_true", help="screen no label's run of rows on the GPU (screen.SCREEN_RUNS "
+        "off: a label's batch takes the other kernels, as before runs were screened)")
     add("--sections", default=",".join(s.__name__ for s in SECTIONS),
         help="comma-separated sections to run (default: all of " + ",".join(s.__name__ for s in SECTIONS) + ")")
     args = parser.parse_args(argv)
@@ -465,10 +465,10 @@ def run_tests(args) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.screen_runs and args.device == "cuda":    # (this process only: not the --pytest run)
+    if args.no_screen_runs and args.device == "cuda":    # (this process only: not the --pytest run)
         from tinyknn.gpu import screen
 
-        screen.SCREEN_RUNS = True
+        screen.SCREEN_RUNS = False
     tests_status = run_tests(args) if args.pytest else 0
     env = _common.environment()
     if args.device == "cpu":       # name the file after the CPU even on a GPU host (the GPU is not used)

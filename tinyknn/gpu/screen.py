@@ -37,8 +37,8 @@ from .screen_hopper import HOPPER_SMALL_MAX_QUERIES, HopperSteps, use_hopper
 SCREEN_MIN_QUERIES = 64         # smaller batches: the scan and tiled kernels (the screen's tiles hold 128)
 SCREEN_MAX_K = 128              # survivors grow with k (about k x sample_step)
 SCREEN_MIN_ROWS = 16384
-SCREEN_RUNS = False             # screen a run of rows too (a label's rows after the label order) from
-SCREEN_RUN_MIN_ROWS = 4096      # this many rows, on mma.sync's screen (not yet measured: off by default)
+SCREEN_RUNS = True              # screen a run of rows too (a label's rows after the label order) from
+SCREEN_RUN_MIN_ROWS = 4096      # this many rows, on mma.sync's screen
 SCREEN_METRICS = ("l2", "ip", "cosine")
 STAGE_WRITE_COMBINED = False    # the queries' pinned staging write-combined (the host only writes it)
 WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
