@@ -11,8 +11,9 @@ of unproven queries (far data, 40 tied copies), the single-query kernel (its las
 tiled blocks of 16, graph
 replay, float16 storage and every metric; then the tensor-core screen (float16, bfloat16, int8, uint8
 and a float32 index's float16 shadow), filters read in place (a position list read by the LISTED single, scan and
-tiled kernels; a run of rows as a view), the rows permuted on the device, remove, get, range search and
-k > 2,048 (SCREEN_AND_OPS). Each result is checked against the float64 oracle
+tiled kernels; a run of rows as a view, screened in place from 4,096 rows), the rows permuted on the
+device, remove, get, range search and k > 2,048 (SCREEN_AND_OPS), and a batch of 100 queries on the Hopper
+screen's small tile. Each result is checked against the float64 oracle
 (assert_exact), so a broken run also fails without the tool. Exit status 0
 means every search was correct.
 """
@@ -76,7 +77,8 @@ def screen_and_ops(rng) -> None:
             distances, ids = index.search(q, k)
             assert_exact(distances, ids, db, q, k, metric, dtype)
             assert index._searcher._screen.queries > 0, "the screen did not run"
-            for allowed in (np.arange(0, n, 3), np.arange(100, 900)):      # a position list; a run
+            # a position list; a short run (the other kernels); a run of 6,000 rows (screened in place)
+            for allowed in (np.arange(0, n, 3), np.arange(100, 900), np.arange(2000, 8000)):
                 for batch in (q[:1], q[:5], q):
                     distances, ids = index.search(batch, k, filter=allowed)
                     assert_exact(distances, ids, db[allowed], batch, k, metric, dtype, id_map=allowed)
@@ -102,6 +104,11 @@ def screen_and_ops(rng) -> None:
         distances, ids = index.search(q, 3000)
         assert_exact(distances, ids, db, q, 3000, "l2", "float32")
     print("ok range_search, k=3000", flush=True)
+    db, q = stored(rng, "float16", (340_000, 32)), stored(rng, "float16", (100, 32))
+    with tinyknn.Index(32, "l2", "float16", device="cuda") as index:      # at most 128 queries x >= 2^25
+        index.add(db)                                                     # products: the Hopper screen's
+        assert_exact(*index.search(q, 10), db, q, 10, "l2", "float16")   # small tile, on compute capability 9.0
+    print("ok screen, 100 queries x 340,000 rows", flush=True)
 
 
 SCAN_MAX_QUERIES = plan.SCAN_MAX_QUERIES

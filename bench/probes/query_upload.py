@@ -5,7 +5,6 @@ A screened batch copies its queries into pinned staging with one NumPy copy, the
 host that copy ran at ~10 GB/s (296 us for 1,000 x 768) while the device idled. Variants of Screen._upload,
 patched in turn (interleaved rounds, answers checked equal to the current one's):
   stage       the current upload (one copy into pinned staging, one DMA)
-  wc          the same into write-combined pinned staging (screen.STAGE_WRITE_COMBINED)
   direct      cuMemcpyHtoDAsync straight from the caller's pageable array where its rows need no padding (the
               driver stages it in pieces, its copies overlapping the DMA); else stage
   threads-N   the staging copy in N pieces by N threads (N - 1 pool workers and the caller), each piece's DMA
@@ -87,15 +86,7 @@ def pieces(n_pieces: int, threaded: bool):
     return upload
 
 
-def write_combined(self, queries):
-    screen_module.STAGE_WRITE_COMBINED = True
-    try:
-        ORIGINAL(self, queries)
-    finally:
-        screen_module.STAGE_WRITE_COMBINED = False
-
-
-VARIANTS = {"stage": ORIGINAL, "wc": write_combined, "direct": direct, "pieces-4": pieces(4, False),
+VARIANTS = {"stage": ORIGINAL, "direct": direct, "pieces-4": pieces(4, False),
             "threads-2": pieces(2, True), "threads-4": pieces(4, True), "threads-8": pieces(8, True)}
 
 

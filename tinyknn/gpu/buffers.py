@@ -18,10 +18,10 @@ class Buffers:
     def _device(self, name: str, nbytes: int) -> DeviceBuffer:
         return self._buffer(name, nbytes, DeviceBuffer)
 
-    def _pinned(self, name: str, nbytes: int, write_combined: bool = False) -> PinnedBuffer:
-        return self._buffer(name, nbytes, PinnedBuffer, write_combined=write_combined)
+    def _pinned(self, name: str, nbytes: int) -> PinnedBuffer:
+        return self._buffer(name, nbytes, PinnedBuffer)
 
-    def _allocate(self, kind, size: int, what: str, pending: int = 0, **options):
+    def _allocate(self, kind, size: int, what: str, pending: int = 0):
         """A new buffer of `size` bytes; device memory beyond the configured cap
         (TINYKNN_DEVICE_MEMORY_LIMIT) or beyond what the GPU has free is a MemoryError that says how much
         was asked for, what is in use and what is free (nothing is changed). `pending`: bytes of this
@@ -34,7 +34,7 @@ class Buffers:
                     f"this GPU index needs {size:,} more bytes of device memory for {what} ({in_use:,} in use); "
                     f"TINYKNN_DEVICE_MEMORY_LIMIT allows {limit:,} bytes")
         try:
-            return kind(size, **options)
+            return kind(size)
         except CudaError as exc:
             if exc.error_name != "CUDA_ERROR_OUT_OF_MEMORY":
                 raise
@@ -59,18 +59,18 @@ class Buffers:
             raise
         return made
 
-    def _buffer(self, name, nbytes, kind, **options):
+    def _buffer(self, name, nbytes, kind):
         """The named buffer, grown (doubling, or exactly when doubling does not fit) when too small;
         growth invalidates the plans. A failed allocation leaves the old buffer in place."""
         buffer = self._buffers.get(name)
         if buffer is None or buffer.nbytes < nbytes:
             size = max(nbytes, 2 * buffer.nbytes if buffer is not None else 0, 64)
             try:
-                grown = self._allocate(kind, size, f"{name!r} ({size:,} bytes)", **options)
+                grown = self._allocate(kind, size, f"{name!r} ({size:,} bytes)")
             except MemoryError:
                 if size == max(nbytes, 64):
                     raise
-                grown = self._allocate(kind, max(nbytes, 64), f"{name!r} ({nbytes:,} bytes)", **options)
+                grown = self._allocate(kind, max(nbytes, 64), f"{name!r} ({nbytes:,} bytes)")
             size = grown.nbytes
             if buffer is not None:
                 self._stream.synchronize()     # nothing enqueued may still use the old one

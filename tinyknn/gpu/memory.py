@@ -216,23 +216,19 @@ class _HostMemory:
 
 
 class PinnedBuffer(_Owned):
-    """`nbytes` of page-locked host memory (cuMemHostAlloc, portable across contexts, mapped for kernels);
-    `write_combined` for staging the host only writes (its reads are uncached and slow).
+    """`nbytes` of page-locked host memory (cuMemHostAlloc, portable across contexts, mapped for kernels).
 
     `array()` returns NumPy views that keep the memory alive (not this object, so the views it caches
     form no reference cycle); after close() they must not be used.
     """
 
-    def __init__(self, nbytes: int, write_combined: bool = False):
+    def __init__(self, nbytes: int):
         self.nbytes = _check_nbytes(nbytes, "PinnedBuffer")
-        self.write_combined = write_combined
         self.ptr = self.device_ptr = 0    # device_ptr: where kernels read and write it (mapped; equal under UVA)
         self._views: dict = {}
         if self.nbytes:
             ctx = ensure_context()
             flags = driver.CU_MEMHOSTALLOC_PORTABLE | driver.CU_MEMHOSTALLOC_DEVICEMAP
-            if write_combined:
-                flags |= driver.CU_MEMHOSTALLOC_WRITECOMBINED
             self.ptr = int(check(driver.cuMemHostAlloc(self.nbytes, flags), "cuMemHostAlloc"))
             self._memory = _HostMemory(self.ptr, self.nbytes)
             self._own("cuMemFreeHost", self.ptr, ctx, holder=self._memory)

@@ -40,7 +40,6 @@ SCREEN_MIN_ROWS = 16384
 SCREEN_RUNS = True              # screen a run of rows too (a label's rows after the label order) from
 SCREEN_RUN_MIN_ROWS = 4096      # this many rows, on mma.sync's screen
 SCREEN_METRICS = ("l2", "ip", "cosine")
-STAGE_WRITE_COMBINED = False    # the queries' pinned staging write-combined (the host only writes it)
 WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
 
 
@@ -377,8 +376,7 @@ class Screen(HopperSteps):
         keeps = getattr(s, "keeps_queries", False)    # its kept_queries: (array, buffer address) or None
         if keeps and s.kept_queries is not None and s.kept_queries[0] is queries and s.kept_queries[1] == target.ptr:
             return
-        stage = (s._pinned("screen_stage_wc", nq * s._stride * 4, write_combined=True) if STAGE_WRITE_COMBINED
-                 else s._pinned("screen_stage", nq * s._stride * 4))
+        stage = s._pinned("screen_stage", nq * s._stride * 4)
         staged = stage.array(np.float32, (nq, s._stride))
         staged[:, :s.dim] = queries
         if s._stride > s.dim:
