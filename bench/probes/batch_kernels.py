@@ -9,7 +9,8 @@ mode, the threshold, the screen, the verify):
     nsys profile --capture-range=cudaProfilerApi --stats=true -o $OUT/batch python3 bench/probes/batch_kernels.py
 
 --filtered label / allow: the same for a filtered batch (a 1 % label, a 1 % random allow-list), whose kernels
-are not the screen's.
+are not the screen's. --range-radius R: range searches of radius R in place of k-NN ones (index_ops's range
+row: 1M rows, R = 153.07, ~121 hits a query).
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def main() -> None:
     parser.add_argument("--filtered", choices=("none", "label", "allow"), default="none",
                         help="a filtered batch (bench/index_ops.py's rows): 'label' one label of 100 (1 %% of the "
                              "rows), 'allow' a random allow-list of 1 %% of the ids")
+    parser.add_argument("--range-radius", type=float, default=None,
+                        help="profile range_search(q, R) in place of search(q, k)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     q = rng.standard_normal((args.queries, args.dim), dtype=np.float32)
@@ -45,14 +48,19 @@ def main() -> None:
     allow = np.sort(rng.choice(args.n, max(1, args.n // 100), replace=False))
     more = {"none": {}, "label": {"labels": np.full(args.queries, 7)}, "allow": {"filter": allow}}[args.filtered]
     with _common.normal_index(rng, args.n, args.dim, args.metric, args.dtype, labels=labels) as index:
+        def call():
+            if args.range_radius is None:
+                return index.search(q, args.k, **more)
+            return index.range_search(q, args.range_radius, **more)
+
         for _ in range(args.warm):
-            index.search(q, args.k, **more)
-        before = index._searcher._screen.queries
+            call()
+        before = index._searcher._screen.queries + index._searcher._screen.range_queries
         driver.cuProfilerStart()
         for _ in range(args.profiled):
-            index.search(q, args.k, **more)
+            call()
         driver.cuProfilerStop()
-        screened = index._searcher._screen.queries - before
+        screened = index._searcher._screen.queries + index._searcher._screen.range_queries - before
     print(f"{args.profiled} searches of {args.queries} queries profiled, {screened} queries screened")
 
 
