@@ -38,12 +38,33 @@ def median_ms(fn, reps: int) -> float:
     return statistics.median(_common.time_calls(fn, reps, warmup=1)) * 1e3
 
 
+def profile(fn, reps: int) -> list:
+    """[(function, calls a search, own ms a search, cumulative ms a search)], the 25 largest own times."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(reps):
+        fn()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(((f"{Path(file).name}:{line}:{name}", calls / reps, own / reps * 1e3, cum / reps * 1e3)
+                   for (file, line, name), (_, calls, own, cum, _) in stats.items()), key=lambda r: -r[2])[:25]
+    for name, calls, own, cum in rows:
+        print(f"  {own:8.3f} ms own {cum:8.3f} cum {calls:6.1f} calls  {name}")
+    return [list(row) for row in rows]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--radius", type=float, default=RADIUS)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--profile", action="store_true",
+                        help="also one cProfile pass over --reps whole range searches: the top functions by own "
+                             "time a search (a driver call's own time includes what it waits for)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)              # index_ops's Bench draws x, labels, queries in this order
     x = rng.standard_normal((args.rows, 128), dtype=np.float32)
@@ -57,6 +78,8 @@ def main() -> int:
         ms["knn"] = median_ms(lambda: index.search(q, 100), args.reps)
         ms["whole"] = median_ms(lambda: index.range_search(q, args.radius), args.reps)
         whole = index.range_search(q, args.radius)
+        if args.profile:
+            out["profile"] = profile(lambda: index.range_search(q, args.radius), args.reps)
         with s._lock, s._reading(None, gather=True):
             thresholds = range_screen.radius_thresholds(s.metric, q, args.radius, 0.0)
             ms["thresholds"] = median_ms(lambda: range_screen.radius_thresholds(s.metric, q, args.radius, 0.0),
