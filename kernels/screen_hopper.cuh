@@ -11,7 +11,7 @@
 // query tile fastest: the CTAs running at one time read the same few row tiles, which then come from L2).
 // Persistent grid (one CTA per SM): CTA b takes tiles b, b + grid, ...  CTA = 3 warpgroups (384 threads):
 //   WG0, the producer (setmaxnreg.dec 40), one thread: per tile a bulk copy of the tile's |x|^2 lower
-//        bounds (l2) into an 8-slot scalar ring, then per k-block of 128 bytes of K one TMA box of the
+//        bounds (l2) into an 8-slot scalar ring (a slot is free once all 256 consumer threads arrived), then per k-block of 128 bytes of K one TMA box of the
 //        tile's queries and one of its rows into the STAGES-deep ring (128-byte swizzle), completing on
 //        the stage's "full" mbarrier (arrive.expect_tx + complete_tx); it waits on the stage's "empty"
 //        mbarrier before reusing it.
@@ -307,7 +307,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
     }
     for (int b = 0; b < HOPPER_SCALAR_SLOTS; ++b) {
       mbar_init(sfull(b), 1);
-      mbar_init(sempty(b), 8);
+      mbar_init(sempty(b), 256);                     // every consumer thread: each read the slot
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -429,10 +429,11 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       else
         hopper_epilogue<Mma, IP, BN, MW, EPI_G>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows,
                                                 counts, survivors, capacity);
-      // the scalar slot is free (its generic reads done) for the producer's next bulk copy (async proxy)
+      // the scalar slot is free for the producer's next bulk copy (async proxy) once every consumer thread,
+      // each after its own reads of it and a proxy fence, has arrived (one arrival per warp after __syncwarp
+      // left compute-sanitizer's racecheck seeing no order between lanes' reads and the next copy)
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncwarp();
-      if (lane == 0) mbar_arrive(sempty(b));
+      mbar_arrive(sempty(b));
     }
   }
 }
