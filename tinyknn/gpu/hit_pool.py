@@ -46,9 +46,10 @@ def sort_segments(searcher, n_segments: int, keys_ptr: int, ids_ptr: int, places
                   distances_ptr: int, out_ids_ptr: int) -> None:
     """segment_sort_kernel: places is the device buffer of [segment offsets (n_segments + 1), output offsets
     (n_segments + 1)], int64."""
-    loaded = searcher._kernel(render.selection_spec("segment_sort", searcher._arch))
-    loaded.prepare(keys_ptr, ids_ptr, places.ptr, counts_ptr, places.ptr + (n_segments + 1) * 8, int(larger),
-                   distances_ptr, out_ids_ptr).launch(n_segments, loaded.threads, 0, searcher._stream)
+    loaded, launch = searcher._screen._packed(
+        render.selection_spec("segment_sort", searcher._arch), keys_ptr, ids_ptr, places.ptr, counts_ptr,
+        places.ptr + (n_segments + 1) * 8, int(larger), distances_ptr, out_ids_ptr)
+    launch.launch(n_segments, loaded.threads, 0, searcher._stream)
 
 
 def group_and_sort(searcher, pool_keys: int, pool_ids: int, pool_queries: int, n_hits: int,
@@ -69,10 +70,10 @@ def group_and_sort(searcher, pool_keys: int, pool_ids: int, pool_queries: int, n
         searcher._device(f"range_grouped_{name}", size) for name, size in sizes.items()]
     device_places.copy_from_host(places, places.nbytes, stream)
     cursors.fill_bytes(0, n_queries * 4, stream)
-    loaded = searcher._kernel(render.selection_spec("scatter", searcher._arch))
-    blocks = max(1, min(math.ceil(n_hits / loaded.threads), searcher._sm_count * 8))
-    loaded.prepare(pool_keys, pool_ids, pool_queries, n_hits, device_places.ptr, cursors.ptr, keys.ptr,
-                   group_ids.ptr).launch(blocks, loaded.threads, 0, stream)
+    loaded, launch = searcher._screen._packed(render.selection_spec("scatter", searcher._arch), pool_keys, pool_ids,
+                                              pool_queries, n_hits, device_places.ptr, cursors.ptr, keys.ptr,
+                                              group_ids.ptr)
+    launch.launch(max(1, min(math.ceil(n_hits / loaded.threads), searcher._sm_count * 8)), loaded.threads, 0, stream)
     sort_segments(searcher, n_queries, keys.ptr, group_ids.ptr, device_places, counts, larger, out_d.ptr,
                   out_i.ptr)
     out_d.copy_to_host(distances, n_hits * 4, stream)

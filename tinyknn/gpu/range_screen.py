@@ -152,7 +152,7 @@ def _screen_batch(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_
     if not len(over):
         return counts, distances, ids, over
     searcher._screen.range_rescreens += len(over)
-    kept = np.setdiff1d(np.arange(len(queries)), over)
+    kept = _others(len(queries), over)
     answers, back = _screen_again(searcher, queries, thresholds, radius_key, larger, over, needed)
     lims, distances, ids = combine(len(queries), [(kept, offsets(counts[kept]), distances, ids), *answers])
     return np.diff(lims), distances, ids, back
@@ -182,13 +182,20 @@ def _screen_again(searcher, queries, thresholds, radius_key: float, larger: bool
                 back.append(group)
                 continue
             counts, distances, ids, over, more = part
-            kept = np.setdiff1d(np.arange(len(group)), over)
+            kept = _others(len(group), over)
             answers.append((group[kept], offsets(counts[kept]), distances, ids))
             again.append((group[over], more))
         which = np.concatenate([g for g, _ in again]) if again else np.zeros(0, np.int64)
         needed = np.concatenate([m for _, m in again]) if again else np.zeros(0, np.int64)
     back.append(which)
     return answers, np.sort(np.concatenate(back))
+
+
+def _others(n: int, which: np.ndarray) -> np.ndarray:
+    """0..n-1 without `which` (np.setdiff1d's hashing cost ~60 us a call on the H200's host)."""
+    keep = np.ones(n, dtype=bool)
+    keep[which] = False
+    return np.flatnonzero(keep)
 
 
 def _groups(which: np.ndarray, needed: np.ndarray) -> list:
@@ -222,7 +229,8 @@ def _screen_once(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_k
     s, stream, nq = searcher, searcher._stream, len(queries)
     survivors = np.empty(nq, np.int32)
     s._buffers["screen_counts"].copy_to_host(survivors, nq * 4, stream)
-    step = s._kernel(rs.step_spec("range_survivors", s.metric, s.dtype, 0, s._arch))
+    step_spec = rs.step_spec("range_survivors", s.metric, s.dtype, 0, s._arch)
+    step = s._kernel(step_spec)
     hits, total = s._device("range_hits", nq * 4), s._device("range_total", 8)
     wanted = max(POOL_FIRST, POOL_PER_QUERY * nq)
     grid = (nq, _blocks_a_query(s, nq, capacity, step.threads), 1)
@@ -232,9 +240,10 @@ def _screen_once(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_k
         keys, ids, owners = pool.ptr, pool.ptr + room * 8, pool.ptr + room * 16
         hits.fill_bytes(0, nq * 4, stream)
         total.fill_bytes(0, 8, stream)
-        step.prepare(s._pointer("screen_survivors"), s._pointer("screen_counts"), capacity, s._pointer("ids"),
-                     s._pointer("data"), s._pointer("screen_q32"), s._stride, s.dim, radius_key, room, keys, ids,
-                     owners, hits.ptr, total.ptr).launch(grid, step.threads, 0, stream)
+        s._screen._packed(step_spec, s._pointer("screen_survivors"), s._pointer("screen_counts"), capacity,
+                          s._pointer("ids"), s._pointer("data"), s._pointer("screen_q32"), s._stride, s.dim,
+                          radius_key, room, keys, ids, owners, hits.ptr, total.ptr)[1].launch(
+            grid, step.threads, 0, stream)
         found, n_hits = np.empty(nq, np.uint32), np.empty(1, np.uint64)
         hits.copy_to_host(found, nq * 4, stream)
         total.copy_to_host(n_hits, 8, stream)
