@@ -11,7 +11,8 @@
 // query tile fastest: the CTAs running at one time read the same few row tiles, which then come from L2).
 // Persistent grid (one CTA per SM): CTA b takes tiles b, b + grid, ...  CTA = 3 warpgroups (384 threads):
 //   WG0, the producer (setmaxnreg.dec 40), one thread: per tile a bulk copy of the tile's |x|^2 lower
-//        bounds (l2) into an 8-slot scalar ring (a slot is free once all 256 consumer threads arrived), then per k-block of 128 bytes of K one TMA box of the
+//        bounds (l2) into an 8-slot scalar ring (a slot is free again once all 256 consumer threads have
+//        arrived on its "empty" mbarrier), then per k-block of 128 bytes of K one TMA box of the
 //        tile's queries and one of its rows into the STAGES-deep ring (128-byte swizzle), completing on
 //        the stage's "full" mbarrier (arrive.expect_tx + complete_tx); it waits on the stage's "empty"
 //        mbarrier before reusing it.

@@ -12,8 +12,8 @@ tiled blocks of 16, graph
 replay, float16 storage and every metric; then the tensor-core screen (float16, bfloat16, int8, uint8
 and a float32 index's float16 shadow), filters read in place (a position list read by the LISTED single, scan and
 tiled kernels; a run of rows as a view, screened in place from 4,096 rows), the rows permuted on the
-device, remove, get, range search and k > 2,048 (SCREEN_AND_OPS), and a batch of 100 queries on the Hopper
-screen's small tile. Each result is checked against the float64 oracle
+device, remove, get, range search (range_kernel, and the screen with the radius as threshold) and
+k > 2,048 (SCREEN_AND_OPS), and a batch of 100 queries on the Hopper screen's small tile. Each result is checked against the float64 oracle
 (assert_exact), so a broken run also fails without the tool. Exit status 0
 means every search was correct.
 """
@@ -92,18 +92,26 @@ def screen_and_ops(rng) -> None:
             assert not np.isin(index.search(q[:3], k)[1], np.arange(0, n, 7)).any()
             assert np.array_equal(index.get([1, 2]), db[[1, 2]].astype(index._storage))
         print(f"ok screen+ops {metric} {dtype} dim={dim} n={n} k={k} nq={n_queries}", flush=True)
-    db, q = stored(rng, "float32", (6000, 16)), stored(rng, "float32", (3, 16))
-    with tinyknn.Index(16, "l2", "float32", device="cuda") as index:
-        index.add(db)
-        lims, distances, ids = index.range_search(q, 20.0)
+    def check_range(index, db, q, radius):
+        lims, _, ids = index.range_search(q, radius)
         keys = contract_distances(stored64(db, "float32"), searched(q), "l2")
         for i in range(len(q)):
-            inside = np.flatnonzero(keys[i] < 20.0)
+            inside = np.flatnonzero(keys[i] < radius)
             inside = inside[np.lexsort((inside, keys[i][inside]))]
             assert np.array_equal(ids[lims[i]:lims[i + 1]], inside)
+
+    db, q = stored(rng, "float32", (6000, 16)), stored(rng, "float32", (3, 16))
+    with tinyknn.Index(16, "l2", "float32", device="cuda") as index:     # 3 queries: range_kernel
+        index.add(db)
+        check_range(index, db, q, 20.0)
         distances, ids = index.search(q, 3000)
         assert_exact(distances, ids, db, q, 3000, "l2", "float32")
-    print("ok range_search, k=3000", flush=True)
+    db, q = stored(rng, "float32", (17000, 16)), stored(rng, "float32", (64, 16))
+    with tinyknn.Index(16, "l2", "float32", device="cuda") as index:     # 64 queries: through the screen
+        index.add(db)
+        check_range(index, db, q, 12.0)
+        assert index._searcher._screen.range_queries == len(q), "the range screen did not run"
+    print("ok range_search (range_kernel and the screen), k=3000", flush=True)
     db, q = stored(rng, "float16", (340_000, 32)), stored(rng, "float16", (100, 32))
     with tinyknn.Index(32, "l2", "float16", device="cuda") as index:      # at most 128 queries x >= 2^25
         index.add(db)                                                     # products: the Hopper screen's

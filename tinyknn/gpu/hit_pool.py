@@ -56,27 +56,30 @@ def group_and_sort(searcher, pool_keys: int, pool_ids: int, pool_queries: int, n
                    counts_host: np.ndarray, counts: int, larger: bool) -> tuple[np.ndarray, np.ndarray]:
     """(distances, ids) of the pool's n_hits hits (device addresses of its keys, ids and queries), grouped by
     query (scatter_kernel), each query's sorted and written at its CSR offset. counts_host: hits per query
-    (counts: the same on the device, uint32). Its buffers are the searcher's, kept and grown like the hit pool:
-    allocating and freeing six a call cost ~0.5 ms of a 4 ms range search on the H200."""
+    (counts: the same on the device, uint32)."""
     stream, n_queries = searcher._stream, len(counts_host)
     distances, ids = np.empty(n_hits, np.float32), np.empty(n_hits, np.int64)
     if n_hits == 0:
         return distances, ids
     places = np.concatenate([offsets(segment_sizes(counts_host)), offsets(counts_host)])
     room = int(places[n_queries])
-    sizes = {"places": places.nbytes, "cursors": n_queries * 4, "keys": room * 8, "ids": room * 8,
-             "out_d": n_hits * 4, "out_i": n_hits * 8}
-    device_places, cursors, keys, group_ids, out_d, out_i = [
-        searcher._device(f"range_grouped_{name}", size) for name, size in sizes.items()]
-    device_places.copy_from_host(places, places.nbytes, stream)
-    cursors.fill_bytes(0, n_queries * 4, stream)
-    loaded, launch = searcher._screen._packed(render.selection_spec("scatter", searcher._arch), pool_keys, pool_ids,
-                                              pool_queries, n_hits, device_places.ptr, cursors.ptr, keys.ptr,
-                                              group_ids.ptr)
-    launch.launch(max(1, min(math.ceil(n_hits / loaded.threads), searcher._sm_count * 8)), loaded.threads, 0, stream)
-    sort_segments(searcher, n_queries, keys.ptr, group_ids.ptr, device_places, counts, larger, out_d.ptr,
-                  out_i.ptr)
-    out_d.copy_to_host(distances, n_hits * 4, stream)
-    out_i.copy_to_host(ids, n_hits * 8, stream)
-    stream.synchronize()
+    buffers = searcher._scratch("range search hits, grouped", places.nbytes, n_queries * 4, room * 8, room * 8,
+                                n_hits * 4, n_hits * 8)
+    device_places, cursors, keys, group_ids, out_d, out_i = buffers
+    try:
+        device_places.copy_from_host(places, places.nbytes, stream)
+        cursors.fill_bytes(0, n_queries * 4, stream)
+        loaded, launch = searcher._screen._packed(render.selection_spec("scatter", searcher._arch), pool_keys,
+                                                  pool_ids, pool_queries, n_hits, device_places.ptr, cursors.ptr,
+                                                  keys.ptr, group_ids.ptr)
+        launch.launch(max(1, min(math.ceil(n_hits / loaded.threads), searcher._sm_count * 8)), loaded.threads, 0,
+                      stream)
+        sort_segments(searcher, n_queries, keys.ptr, group_ids.ptr, device_places, counts, larger, out_d.ptr,
+                      out_i.ptr)
+        out_d.copy_to_host(distances, n_hits * 4, stream)
+        out_i.copy_to_host(ids, n_hits * 8, stream)
+        stream.synchronize()
+    finally:
+        for buffer in buffers:
+            buffer.close()
     return distances, ids

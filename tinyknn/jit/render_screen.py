@@ -16,7 +16,7 @@ kernels/screen_steps.cuh); cuda_source.name_expression hands these variants here
 
 from __future__ import annotations
 
-from ..spec import KernelSpec, numpy_dtype, parse_arch
+from ..spec import KernelSpec, parse_arch
 
 SCREEN_ELEMENTS = {"float16": "tinyknn::ScreenF16", "bfloat16": "tinyknn::ScreenBF16",
                    "int8": "tinyknn::ScreenS8", "uint8": "tinyknn::ScreenU8"}
