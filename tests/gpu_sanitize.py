@@ -13,8 +13,8 @@ replay, float16 storage and every metric; then the tensor-core screen (float16, 
 and a float32 index's float16 shadow), filters read in place (a position list read by the LISTED single, scan and
 tiled kernels; a run of rows as a view, screened in place from 4,096 rows), the rows permuted on the
 device, remove, get, range search (range_kernel, and the screen with the radius as threshold) and
-k > 2,048 (SCREEN_AND_OPS), and a batch of 100 queries on the Hopper screen's small tile. Each result is checked against the float64 oracle
-(assert_exact), so a broken run also fails without the tool. Exit status 0
+k > 2,048 (SCREEN_AND_OPS), and a batch of 100 queries on the Hopper screen's small tile. Each result is
+checked against the float64 oracle (assert_exact), so a broken run also fails without the tool. Exit status 0
 means every search was correct.
 """
 

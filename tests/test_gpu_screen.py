@@ -289,9 +289,9 @@ def test_long_rows_and_several_query_tiles_are_exact(metric, dtype, rng, screen)
 
 
 def test_packed_launches_are_rewritten_for_each_batch(rng, screen):
-    """Each step's launch is packed once per searcher (Screen._packed) and its values rewritten for every
-    batch: batches of other sizes and k in turn on one index stay exact, and no new launch is packed once
-    every (step, k) has been seen."""
+    """Each step's launch is packed once per searcher (GpuSearcher._packed) and its values rewritten for
+    every batch: batches of other sizes and k in turn on one index stay exact, and no new launch is packed
+    once every (step, k) has been seen."""
     db = data(rng, "clustered", 30000, 72, "float16")
     index = searcher_index(db, "l2", "float16")
     check_screen_used(index, screen)
@@ -302,9 +302,9 @@ def test_packed_launches_are_rewritten_for_each_batch(rng, screen):
                 d, i = index._searcher.search(queries, k)
                 assert_exact(d, i, db, queries, k, "l2", "float16")
         if round_ == 0:
-            packed = dict(index._searcher._screen._launches)
-    assert index._searcher._screen._launches.keys() == packed.keys()
-    assert all(index._searcher._screen._launches[spec][1] is launch for spec, (_, launch) in packed.items())
+            packed = dict(index._searcher._launches)
+    assert index._searcher._launches.keys() == packed.keys()
+    assert all(index._searcher._launches[spec][1] is launch for spec, (_, launch) in packed.items())
     index.close()
 
 

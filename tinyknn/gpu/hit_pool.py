@@ -46,7 +46,7 @@ def sort_segments(searcher, n_segments: int, keys_ptr: int, ids_ptr: int, places
                   distances_ptr: int, out_ids_ptr: int) -> None:
     """segment_sort_kernel: places is the device buffer of [segment offsets (n_segments + 1), output offsets
     (n_segments + 1)], int64."""
-    loaded, launch = searcher._screen._packed(
+    loaded, launch = searcher._packed(
         render.selection_spec("segment_sort", searcher._arch), keys_ptr, ids_ptr, places.ptr, counts_ptr,
         places.ptr + (n_segments + 1) * 8, int(larger), distances_ptr, out_ids_ptr)
     launch.launch(n_segments, loaded.threads, 0, searcher._stream)
@@ -69,9 +69,9 @@ def group_and_sort(searcher, pool_keys: int, pool_ids: int, pool_queries: int, n
     try:
         device_places.copy_from_host(places, places.nbytes, stream)
         cursors.fill_bytes(0, n_queries * 4, stream)
-        loaded, launch = searcher._screen._packed(render.selection_spec("scatter", searcher._arch), pool_keys,
-                                                  pool_ids, pool_queries, n_hits, device_places.ptr, cursors.ptr,
-                                                  keys.ptr, group_ids.ptr)
+        loaded, launch = searcher._packed(render.selection_spec("scatter", searcher._arch), pool_keys, pool_ids,
+                                          pool_queries, n_hits, device_places.ptr, cursors.ptr, keys.ptr,
+                                          group_ids.ptr)
         launch.launch(max(1, min(math.ceil(n_hits / loaded.threads), searcher._sm_count * 8)), loaded.threads, 0,
                       stream)
         sort_segments(searcher, n_queries, keys.ptr, group_ids.ptr, device_places, counts, larger, out_d.ptr,

@@ -240,9 +240,9 @@ def _screen_once(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_k
         keys, ids, owners = pool.ptr, pool.ptr + room * 8, pool.ptr + room * 16
         hits.fill_bytes(0, nq * 4, stream)
         total.fill_bytes(0, 8, stream)
-        s._screen._packed(step_spec, s._pointer("screen_survivors"), s._pointer("screen_counts"), capacity,
-                          s._pointer("ids"), s._pointer("data"), s._pointer("screen_q32"), s._stride, s.dim,
-                          radius_key, room, keys, ids, owners, hits.ptr, total.ptr)[1].launch(
+        s._packed(step_spec, s._pointer("screen_survivors"), s._pointer("screen_counts"), capacity,
+                  s._pointer("ids"), s._pointer("data"), s._pointer("screen_q32"), s._stride, s.dim, radius_key,
+                  room, keys, ids, owners, hits.ptr, total.ptr)[1].launch(
             grid, step.threads, 0, stream)
         found, n_hits = np.empty(nq, np.uint32), np.empty(1, np.uint64)
         hits.copy_to_host(found, nq * 4, stream)

@@ -102,19 +102,11 @@ class Screen(HopperSteps):
         self.hopper_spec = self.hopper_specs.get(False)
         self.tile_rows = self.hopper_spec.param("bn") if self.hopper else 0
         self._maps: dict[str, tuple] = {}     # rows / queries per box, "sample": (what it maps, TensorMapArg)
-        self._launches: dict = {}             # spec -> (LoadedKernel, PreparedLaunch): a batch step's launch
         self.timings: dict[str, list] | None = None   # benchmarks: set to {} to get each step's milliseconds
 
     def _packed(self, spec, *values):
-        """(the kernel of `spec`, its launch holding `values`): packed once per searcher and rewritten in place
-        after, since a searcher's calls take turns and a launch takes its parameters' values when enqueued (on
-        the H200's host a fresh packing cost about as much as the step's own host work)."""
-        kept = self._launches.get(spec)
-        if kept is None:
-            loaded = self.searcher._kernel(spec)
-            kept = self._launches[spec] = (loaded, loaded.prepare())
-        kept[1].set_all(*values)
-        return kept
+        """The searcher's packed launch of `spec` (GpuSearcher._packed)."""
+        return self.searcher._packed(spec, *values)
 
     def forget_rows(self) -> None:
         """Rows moved or went away (truncate, reset): recompute every row's terms before the next use."""

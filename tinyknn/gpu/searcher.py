@@ -103,7 +103,7 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
         self._events = (Event(timing=False), Event(timing=False))
         self._buffers: dict[str, DeviceBuffer | PinnedBuffer] = {}
         self._kernels: dict = {}
-        self._ingest_launches: dict = {}
+        self._launches: dict = {}          # spec -> (LoadedKernel, PreparedLaunch), see _packed
         self._plans: OrderedDict = OrderedDict()
         self._n = 0
         self._view: Rows | None = None     # set by _reading() for the duration of a search
@@ -125,6 +125,17 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
             loaded = self._kernels[spec] = plans.load_kernel(spec)
         return loaded
 
+    def _packed(self, spec, *values):
+        """(the kernel of `spec`, its launch holding `values`): packed once per searcher and rewritten in place
+        after, since a searcher's calls take turns and a launch takes its parameters' values when enqueued (on
+        the H200's host a fresh packing cost about as much as a screened step's own host work)."""
+        kept = self._launches.get(spec)
+        if kept is None:
+            loaded = self._kernel(spec)
+            kept = self._launches[spec] = (loaded, loaded.prepare())
+        kept[1].set_all(*values)
+        return kept
+
     def _ingest(self, source_ptr: int, source_dtype, row_step: int, rows: int, storage: str,
                 dest_ptr: int, norms_ptr: int, database: bool) -> None:
         """Enqueue the ingest kernel: rows of any float dtype -> padded `storage` rows, NaN flag set;
@@ -132,15 +143,12 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
         facts the verify step's bounds need (row_stats)."""
         squared = int(bool(norms_ptr) and self.metric == "l2")
         row_stats = self._pointer("row_stats") if database else 0
-        loaded = self._kernel(render.norms_spec(storage, self.dim, self._arch))
-        launch = self._ingest_launches.get(storage)
-        if launch is None:     # packed once per index; the slots are rewritten in place
-            launch = self._ingest_launches[storage] = loaded.prepare(*[0] * len(plans.ARGUMENTS["norms"]))
         kind = SOURCE_KINDS.get(np.dtype(source_dtype).name)
         if kind is None:
             raise TypeError(f"tinyknn's GPU ingest reads {', '.join(SOURCE_KINDS)} elements; got {np.dtype(source_dtype)}")
-        launch.set_all(source_ptr, kind, row_step, rows, self.dim, dest_ptr, self._stride, norms_ptr, squared,
-                       row_stats, self._pointer("status"))
+        loaded, launch = self._packed(render.norms_spec(storage, self.dim, self._arch), source_ptr, kind, row_step,
+                                      rows, self.dim, dest_ptr, self._stride, norms_ptr, squared, row_stats,
+                                      self._pointer("status"))
         blocks = max(1, min(math.ceil(rows / (loaded.threads // 32)), self._sm_count * 8))
         launch.launch(blocks, loaded.threads, 0, self._stream)
 
