@@ -145,8 +145,10 @@ def test_small_batches_and_filters_take_range_kernel(rng):
 
 def test_screened_range_search_under_a_device_cap(rng, monkeypatch):
     """Under a device-memory cap that leaves no room for the screen's survivor lists the batch is handed to
-    range_kernel (counted), exact; with room for them the screen answers."""
+    range_kernel (counted), exact; with room for the screen's own lists but not a first screen's larger room
+    the screen answers with its own; with room for all, with the larger room."""
     from tinyknn.config import reset_config
+    from tinyknn.gpu import range_screen
 
     db = data(rng, "normal", N, DIM, "float32")
     q = queries_for(rng, db, "float32")
@@ -162,10 +164,18 @@ def test_screened_range_search_under_a_device_cap(rng, monkeypatch):
             assert_exact_range(index.range_search(q, radius), db, q, radius, "l2", "float32", np.arange(N))
             state = searcher._screen
             assert state.range_queries == len(q) and state.range_fallbacks == len(q)
+            # room for the screen's own lists (1.6 MB), not for a first screen's larger room (every row: 8 MB)
+            monkeypatch.setenv("TINYKNN_DEVICE_MEMORY_LIMIT", str(in_use + (6 << 20)))
+            reset_config()
+            assert range_screen.first_room(N, len(q)) == N
+            assert_exact_range(index.range_search(q, radius), db, q, radius, "l2", "float32", np.arange(N))
+            assert state.range_queries == 2 * len(q) and state.range_fallbacks == len(q)
+            assert searcher._buffers["screen_survivors"].nbytes < len(q) * N * 4
             monkeypatch.setenv("TINYKNN_DEVICE_MEMORY_LIMIT", str(in_use + (256 << 20)))
             reset_config()
             assert_exact_range(index.range_search(q, radius), db, q, radius, "l2", "float32", np.arange(N))
-            assert state.range_queries == 2 * len(q) and state.range_fallbacks == len(q)
+            assert state.range_queries == 3 * len(q) and state.range_fallbacks == len(q)
+            assert searcher._buffers["screen_survivors"].nbytes >= len(q) * N * 4
     finally:
         monkeypatch.delenv("TINYKNN_DEVICE_MEMORY_LIMIT", raising=False)
         reset_config()
@@ -196,7 +206,7 @@ def test_overflowed_queries_are_screened_again(metric, dtype, rng, screen, monke
     from tinyknn.jit import render_screen
 
     monkeypatch.setattr(render_screen, "SURVIVOR_CAPACITY", 64)
-    monkeypatch.setattr(range_screen, "RESCREEN_BYTES", 16 << 10)
+    monkeypatch.setattr(range_screen, "SURVIVOR_BYTES", 16 << 10)
     db = data(rng, "clustered", N, DIM, dtype)
     q = queries_for(rng, db, dtype)
     ids = rng.permutation(N) + 7

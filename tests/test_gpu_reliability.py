@@ -54,6 +54,39 @@ def test_a_search_whose_scratch_does_not_fit_says_so(device_cap, rng):
         assert_exact(d, i, db, db[:3], 5, "ip")
 
 
+def test_a_calls_scratch_is_one_allocation_in_aligned_slices(device_cap, rng):
+    """_scratch carves one allocation: each slice its own aligned, disjoint bytes (copies round-trip through
+    each), closing any one closes them all, and the cap counts them together, all or none."""
+    from tinyknn.gpu.buffers import SCRATCH_ALIGN
+
+    with tinyknn.Index(16, "l2", device="cuda") as index:
+        index.add(rng.standard_normal((100, 16)).astype(np.float32))
+        searcher = index._searcher
+        sizes = (12, 0, 1000, 256, 8)
+        parts = searcher._scratch("a test", *sizes)
+        assert [p.nbytes for p in parts] == list(sizes)
+        assert all(p.ptr % SCRATCH_ALIGN == 0 for p in parts)
+        ends = [p.ptr + p.nbytes for p in parts]
+        assert all(ends[i] <= parts[i + 1].ptr for i in range(len(parts) - 1))
+        written = [rng.integers(0, 256, size, dtype=np.uint8) for size in sizes]
+        for part, data in zip(parts, written):
+            part.copy_from_host(data, data.nbytes, searcher._stream)
+        for part, data in zip(parts, written):
+            back = np.empty_like(data)
+            part.copy_to_host(back, back.nbytes, searcher._stream)
+            searcher._stream.synchronize()
+            np.testing.assert_array_equal(back, data)
+        parts[2].close()
+        assert all(p.closed for p in parts)
+        with pytest.raises(ValueError, match="closed"):
+            parts[0].copy_to_host(np.empty(12, np.uint8), 12, searcher._stream)
+        parts[0].close()                                   # closing again does nothing
+        in_use = sum(b.nbytes for b in searcher._buffers.values() if hasattr(b, "fill_bytes"))
+        device_cap(str(in_use + (1 << 20)))
+        with pytest.raises(MemoryError, match="for a test"):
+            searcher._scratch("a test", 600 << 10, 600 << 10)   # each fits under the cap, not both
+
+
 def test_truncate_drops_the_newest_rows(rng):
     db = rng.standard_normal((500, 16)).astype(np.float32)
     with tinyknn.Index(16, "cosine", device="cuda") as index:

@@ -208,7 +208,7 @@ def screen_model(monkeypatch, model, n_queries):
 
     monkeypatch.setattr(range_screen, "_screen_once", model)
     state = SimpleNamespace(range_queries=0, range_fallbacks=0, range_rescreens=0)
-    searcher = SimpleNamespace(metric="l2", _screen=state)
+    searcher = SimpleNamespace(metric="l2", _screen=state, _n=10**6)
     queries = np.repeat(np.arange(n_queries, dtype=np.float32)[:, None], 4, axis=1)
     return (*range_screen.screened(searcher, queries, 1.0), state)
 
@@ -216,12 +216,12 @@ def screen_model(monkeypatch, model, n_queries):
 @pytest.mark.parametrize("case", ["fit", "drift once", "refused", "drift always"])
 def test_overflowed_queries_are_screened_again_and_merged_in_csr_order(case, rng, monkeypatch):
     """The queries whose survivors overflowed the first screen are screened again in groups (each of at most
-    RESCREEN_BYTES of survivor lists at its largest count, or one query) with room for all their counted
+    SURVIVOR_BYTES of survivor lists at its largest count, or one query) with room for all their counted
     survivors; a count that grows once (another kernel) is screened a third time; a group the device
     refuses is halved down to one query, handed back then; a count that keeps growing is handed back after
     RESCREEN_ROUNDS. Every other query's hits come back in CSR order, as one screen of all would give them."""
     cap, n_queries = render_screen.SURVIVOR_CAPACITY, 300
-    monkeypatch.setattr(range_screen, "RESCREEN_BYTES", 4 * 6 * cap)
+    monkeypatch.setattr(range_screen, "SURVIVOR_BYTES", 4 * 6 * cap)
     hits = rng.integers(0, 6, n_queries)
     survivors = rng.integers(0, 3 * cap, n_queries)
     overflowed = np.flatnonzero(survivors > cap)
@@ -247,7 +247,7 @@ def test_overflowed_queries_are_screened_again_and_merged_in_csr_order(case, rng
     screened_again = np.concatenate([which for which, _ in model.calls[1:]])
     assert set(screened_again) == set(overflowed)
     for which, capacity in model.calls[1:]:
-        assert len(which) == 1 or len(which) * capacity * 4 <= range_screen.RESCREEN_BYTES
+        assert len(which) == 1 or len(which) * capacity * 4 <= range_screen.SURVIVOR_BYTES
         assert capacity >= survivors[which].max()
         assert capacity == survivors[which].max() or case.startswith("drift")
     rounds = np.bincount(screened_again, minlength=n_queries)[overflowed]

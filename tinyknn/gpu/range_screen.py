@@ -5,8 +5,8 @@ key strictly inside the radius's key, so the screen's steps 1 and 3 with that ke
 (radius_thresholds, rounded so that no such row is lost) leave every hit among the survivors. Step 4 here
 is range_survivors_kernel (kernels/screen_steps.cuh): each survivor's contract distance, a hit when strictly
 inside, into the hit pool that gpu/hit_pool.py groups and sorts, as range_kernel's. A query with more
-survivors than SURVIVOR_CAPACITY is screened again with room for all of them (the screen keeps counting past
-its capacity; Screen.range_rescreens): the same query, rows and threshold, so the same argument leaves every
+survivors than its room (first_room) is screened again with room for all of them (the screen keeps counting
+past its capacity; Screen.range_rescreens): the same query, rows and threshold, so the same argument leaves every
 hit among its survivors, and a pass of the few such queries costs far less than range_kernel's float64 pass
 over every row for each. Only a query whose memory the device refuses (or, past RESCREEN_ROUNDS, whose
 survivors overflow again) is handed back: gpu/ranges.py searches it with range_kernel, counted in
@@ -21,12 +21,15 @@ from ..csr import combine, offsets
 from ..jit import render_screen as rs
 from .hit_pool import HIT_BYTES, group_and_sort
 
-SCREEN_BATCH = 2048             # queries a screen pass takes: survivor lists of 32 MB, at most 8.4M hits
+SCREEN_BATCH = 2048             # queries a screen pass takes
+SURVIVOR_BYTES = 64 << 20       # survivor lists a screen pass holds at most: a first screen gives each query
+                                # SURVIVOR_BYTES / 4 / queries of room (at least SURVIVOR_CAPACITY, at most the
+                                # rows), since a query past its room costs a second pass with every fixed cost
+                                # of the first (H200, 1M x 128 clustered, 1,000 queries: 5 of them, 4,480-12,333
+                                # survivors); a group screened again holds no more (a query needing more alone)
 POOL_FIRST = 1 << 16            # hits the pool holds at first, at the least, or this many a query (grown to
 POOL_PER_QUERY = 256            # the count when they are more: only step 4 runs again)
 UNIT = 2.0 ** -53               # float64's unit roundoff
-RESCREEN_BYTES = SCREEN_BATCH * rs.SURVIVOR_CAPACITY * 4   # a group screened again holds survivor lists no larger
-                                # than a full batch's (a query needing more goes alone)
 RESCREEN_ROUNDS = 2             # a count can change once: a first screen on the Hopper kernel has other error
                                 # terms than a smaller group's mma.sync one; the same kernel counts the same
 
@@ -77,7 +80,8 @@ def radius_thresholds(metric: str, queries: np.ndarray, radius: float, max_squar
     Each T is rounded up to float32 (the screen compares float32 lower bounds with it)."""
     q = np.asarray(queries, dtype=np.float32).astype(np.float64)
     dim = q.shape[1]
-    squares = (q * q).sum(axis=1)               # exact squares, summed (any order): within gamma_dim
+    squares = np.einsum("ij,ij->i", q, q)       # exact squares, summed (any order): within gamma_dim; no
+                                                # q * q temporary (its pages cost ~0.2 ms at 1,000 x 128)
     if metric == "l2":
         inside = _up(radius * (1.0 + 4.0 * (dim + 2) * UNIT))
         least_qq = _down(squares * _down(1.0 - gamma(dim)))
@@ -145,7 +149,13 @@ def screened(searcher, queries: np.ndarray, radius: float):
 def _screen_batch(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_key: float, larger: bool):
     """(counts, distances, ids, handed_back) of one batch: screened once, its overflowed queries again (their
     answers merged in query order, each query's hits as one screen of it alone would sort them)."""
-    first = _screen_once(searcher, queries, thresholds, radius_key, larger, rs.SURVIVOR_CAPACITY)
+    room = first_room(searcher._n, len(queries))
+    try:
+        first = _screen_once(searcher, queries, thresholds, radius_key, larger, room)
+    except MemoryError:                 # no room for the larger lists: the screen's own capacity (or the error)
+        if room <= rs.SURVIVOR_CAPACITY:
+            raise
+        first = _screen_once(searcher, queries, thresholds, radius_key, larger, rs.SURVIVOR_CAPACITY)
     if first is None:
         return None
     counts, distances, ids, over, needed = first
@@ -191,6 +201,12 @@ def _screen_again(searcher, queries, thresholds, radius_key: float, larger: bool
     return answers, np.sort(np.concatenate(back))
 
 
+def first_room(n_rows: int, n_queries: int) -> int:
+    """Survivors a query has room for in a batch's first screen: SURVIVOR_BYTES shared by its queries, at
+    least SURVIVOR_CAPACITY, at most every row."""
+    return max(rs.SURVIVOR_CAPACITY, min(n_rows, SURVIVOR_BYTES // (4 * max(1, n_queries))))
+
+
 def _others(n: int, which: np.ndarray) -> np.ndarray:
     """0..n-1 without `which` (np.setdiff1d's hashing cost ~60 us a call on the H200's host)."""
     keep = np.ones(n, dtype=bool)
@@ -199,13 +215,13 @@ def _others(n: int, which: np.ndarray) -> np.ndarray:
 
 
 def _groups(which: np.ndarray, needed: np.ndarray) -> list:
-    """(queries, counts) groups, by ascending count, each holding at most RESCREEN_BYTES of survivor lists at
+    """(queries, counts) groups, by ascending count, each holding at most SURVIVOR_BYTES of survivor lists at
     its largest count (a query needing more alone)."""
     order = np.argsort(needed, kind="stable")
     which, needed = which[order], needed[order]
     groups, first = [], 0
     for i in range(1, len(which) + 1):
-        if i == len(which) or (i + 1 - first) * int(needed[i]) * 4 > RESCREEN_BYTES:
+        if i == len(which) or (i + 1 - first) * int(needed[i]) * 4 > SURVIVOR_BYTES:
             groups.append((which[first:i], needed[first:i]))
             first = i
     return groups
@@ -227,11 +243,10 @@ def _screen_once(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_k
     if not searcher._screen.screen_within(queries, thresholds, capacity):
         return None
     s, stream, nq = searcher, searcher._stream, len(queries)
-    survivors = np.empty(nq, np.int32)
-    s._buffers["screen_counts"].copy_to_host(survivors, nq * 4, stream)
     step_spec = rs.step_spec("range_survivors", s.metric, s.dtype, 0, s._arch)
     step = s._kernel(step_spec)
     hits, total = s._device("range_hits", nq * 4), s._device("range_total", 8)
+    counted = s._pinned("range_counted", 8 + nq * 8)      # the total (uint64), survivors and hits (uint32 each)
     wanted = max(POOL_FIRST, POOL_PER_QUERY * nq)
     grid = (nq, _blocks_a_query(s, nq, capacity, step.threads), 1)
     while True:
@@ -244,16 +259,21 @@ def _screen_once(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_k
                   s._pointer("ids"), s._pointer("data"), s._pointer("screen_q32"), s._stride, s.dim, radius_key,
                   room, keys, ids, owners, hits.ptr, total.ptr)[1].launch(
             grid, step.threads, 0, stream)
-        found, n_hits = np.empty(nq, np.uint32), np.empty(1, np.uint64)
-        hits.copy_to_host(found, nq * 4, stream)
-        total.copy_to_host(n_hits, 8, stream)
+        # the total and both counts into one pinned buffer with one wait, after step 4 (which reads the
+        # survivors' counts on the device): no pageable copy and wait before it
+        total.copy_to_host(counted.ptr, 8, stream)
+        s._buffers["screen_counts"].copy_to_host(counted.ptr + 8, nq * 4, stream)
+        hits.copy_to_host(counted.ptr + 8 + nq * 4, nq * 4, stream)
         stream.synchronize()
-        if int(n_hits[0]) <= room:
+        words = counted.array(np.uint32, 2 + 2 * nq)
+        n_hits = int(words[:2].view(np.uint64)[0])
+        if n_hits <= room:
             break
-        wanted = int(n_hits[0])           # at most nq x capacity; the survivors are kept: step 4 again
-    distances, out_ids = group_and_sort(s, keys, ids, owners, int(n_hits[0]), found, hits.ptr, larger)
+        wanted = n_hits                   # at most nq x capacity; the survivors are kept: step 4 again
+    survivors, found = words[2:2 + nq].astype(np.int64), words[2 + nq:].copy()
+    distances, out_ids = group_and_sort(s, keys, ids, owners, n_hits, found, hits.ptr, larger)
     over = np.flatnonzero(survivors > capacity)
-    return found.astype(np.int64), distances, out_ids, over, survivors[over].astype(np.int64)
+    return found.astype(np.int64), distances, out_ids, over, survivors[over]
 
 
 __all__ = ["applies", "radius_thresholds", "screened", "float32_up", "gamma"]
