@@ -73,11 +73,17 @@ def assert_exact_range(got, db, q, radius, metric, dtype, ids):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("metric", ["l2", "ip", "cosine"])
-def test_screened_range_search_is_exact_from_no_hits_to_thousands(metric, dtype, rng, screen):  # noqa: F811
-    """Radii for about 0, 3, 100 and 8,000 hits a query (the last past the survivors' capacity for most
-    queries: those are screened again with room for all their survivors, and counted; a query's hits are
-    among its survivors, so every query with more hits than the capacity was screened again, none handed
-    back to range_kernel)."""
+def test_screened_range_search_is_exact_from_no_hits_to_thousands(metric, dtype, rng, screen,  # noqa: F811
+                                                                   monkeypatch):
+    """Radii for about 0, 3, 100 and 8,000 hits a query, a first screen with room for 4,096 survivors a query
+    (SURVIVOR_BYTES set so; by default 100 queries on 20,000 rows have room for every row): the last radius
+    is past that room for most queries, which are screened again with room for all their survivors, and
+    counted; a query's hits are among its survivors, so every query with more hits than the room was
+    screened again, none handed back to range_kernel."""
+    from tinyknn.gpu import range_screen
+
+    monkeypatch.setattr(range_screen, "SURVIVOR_BYTES", 4 * 4096 * QUERIES)
+    assert range_screen.first_room(N, QUERIES) == 4096
     db = data(rng, "clustered", N, DIM, dtype)
     q = queries_for(rng, db, dtype)
     ids = rng.permutation(N) + 7
