@@ -54,8 +54,8 @@ def test_a_search_whose_scratch_does_not_fit_says_so(device_cap, rng):
         assert_exact(d, i, db, db[:3], 5, "ip")
 
 
-def test_a_calls_scratch_is_one_allocation_in_aligned_slices(device_cap, rng):
-    """_scratch carves one allocation: each slice its own aligned, disjoint bytes (copies round-trip through
+def test_scratch_slices_are_one_allocation_in_aligned_slices(device_cap, rng):
+    """_scratch_slices carves one allocation: each slice its own aligned, disjoint bytes (copies round-trip through
     each), closing any one closes them all, and the cap counts them together, all or none."""
     from tinyknn.gpu.buffers import SCRATCH_ALIGN
 
@@ -63,7 +63,7 @@ def test_a_calls_scratch_is_one_allocation_in_aligned_slices(device_cap, rng):
         index.add(rng.standard_normal((100, 16)).astype(np.float32))
         searcher = index._searcher
         sizes = (12, 0, 1000, 256, 8)
-        parts = searcher._scratch("a test", *sizes)
+        parts = searcher._scratch_slices("a test", *sizes)
         assert [p.nbytes for p in parts] == list(sizes)
         assert all(p.ptr % SCRATCH_ALIGN == 0 for p in parts)
         ends = [p.ptr + p.nbytes for p in parts]
@@ -84,7 +84,7 @@ def test_a_calls_scratch_is_one_allocation_in_aligned_slices(device_cap, rng):
         in_use = sum(b.nbytes for b in searcher._buffers.values() if hasattr(b, "fill_bytes"))
         device_cap(str(in_use + (1 << 20)))
         with pytest.raises(MemoryError, match="for a test"):
-            searcher._scratch("a test", 600 << 10, 600 << 10)   # each fits under the cap, not both
+            searcher._scratch_slices("a test", 600 << 10, 600 << 10)   # each fits under the cap, not both
 
 
 def test_truncate_drops_the_newest_rows(rng):

@@ -67,10 +67,23 @@ class Buffers:
                               f"{int(free):,} of {int(total):,} bytes free") from None
 
     def _scratch(self, what: str, *sizes: int) -> list[DeviceBuffer]:
-        """Device buffers of one call (the caller closes them; closing one closes all), allocated as the
-        index's own are: the configured cap counts them with what the index holds, and a GPU out of memory
-        is a MemoryError. One allocation carved into slices (SCRATCH_ALIGN apart): cuMemAlloc and cuMemFree
-        cost ~20 us each on the H200's host, a range search asked for six twice a batch."""
+        """Device buffers of one call (the caller closes them), allocated as the index's own are: the
+        configured cap counts them with what the index holds, and a GPU out of memory is a MemoryError;
+        all of them or none."""
+        made: list[DeviceBuffer] = []
+        try:
+            for size in sizes:
+                made.append(self._allocate(DeviceBuffer, size, what, pending=sum(b.nbytes for b in made)))
+        except BaseException:
+            for buffer in made:
+                buffer.close()
+            raise
+        return made
+
+    def _scratch_slices(self, what: str, *sizes: int) -> list[DeviceBuffer]:
+        """As _scratch, in one allocation carved into slices (SCRATCH_ALIGN apart; closing one closes all):
+        cuMemAlloc and cuMemFree cost ~20 us each on the H200's host, and a range search asked for six
+        twice a batch."""
         starts, total = [], 0
         for size in sizes:
             starts.append(total)
