@@ -63,8 +63,8 @@ def group_and_sort(searcher, pool_keys: int, pool_ids: int, pool_queries: int, n
         return distances, ids
     places = np.concatenate([offsets(segment_sizes(counts_host)), offsets(counts_host)])
     room = int(places[n_queries])
-    buffers = searcher._scratch_slices("range search hits, grouped", places.nbytes, n_queries * 4, room * 8, room * 8,
-                                n_hits * 4, n_hits * 8)
+    buffers = searcher._scratch_slices("range search hits, grouped", places.nbytes, n_queries * 4, room * 8,
+                                       room * 8, n_hits * 4, n_hits * 8)
     device_places, cursors, keys, group_ids, out_d, out_i = buffers
     try:
         device_places.copy_from_host(places, places.nbytes, stream)
