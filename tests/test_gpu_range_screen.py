@@ -202,6 +202,35 @@ def test_a_pool_too_small_grows_and_only_step_4_runs_again(rng, monkeypatch):
         assert counts.sum() > 16 and index._searcher._screen.range_queries == len(q)
 
 
+@pytest.mark.parametrize("staged", ["pinned", "beyond the pinned size", "pinned memory refused"])
+def test_hits_come_back_through_pinned_staging_or_pageable_copies(staged, rng, monkeypatch):
+    """The grouped hits come back in one copy into a kept pinned buffer, or (past STAGED_BYTES, or when the
+    host refuses pinned memory) in two pageable copies, with the same exact answer; the pinned buffer is
+    kept only in the first case."""
+    from tinyknn.gpu import hit_pool
+
+    if staged == "beyond the pinned size":
+        monkeypatch.setattr(hit_pool, "STAGED_BYTES", 0)
+    db = data(rng, "random", N, DIM, "float32")
+    q = queries_for(rng, db, "float32")
+    dist = contract_distances(stored(db, "float32"), searched(q), "l2")
+    radius = radius_for_hits(dist, 50, False)
+    with build(db, "l2", "float32", np.arange(N) * 3) as index:
+        searcher = index._searcher
+        if staged == "pinned memory refused":
+            pinned = searcher._pinned
+
+            def refused(name, nbytes):
+                if name == "range_results":
+                    raise MemoryError(f"no pinned memory for {name}")
+                return pinned(name, nbytes)
+            monkeypatch.setattr(searcher, "_pinned", refused)
+        counts = assert_exact_range(index.range_search(q, radius), db, q, radius, "l2", "float32", np.arange(N) * 3)
+        assert counts.sum() > len(q) and searcher._screen.range_queries == len(q)
+        kept = searcher._buffers.get("range_results")
+        assert (kept is not None and kept.nbytes >= counts.sum() * 12) == (staged == "pinned")
+
+
 @pytest.mark.parametrize("metric,dtype", [("l2", "float32"), ("ip", "float16"), ("cosine", "uint8"), ("l2", "int8")])
 def test_overflowed_queries_are_screened_again(metric, dtype, rng, screen, monkeypatch):  # noqa: F811
     """A first screen with room for 64 survivors a query (render_screen.SURVIVOR_CAPACITY, which range_screen

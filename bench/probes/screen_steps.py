@@ -75,11 +75,15 @@ def main() -> None:
                              "128 MW queries a tile; e.g. 128x2,128x1,256x1; default: the library's), a fresh index each")
     parser.add_argument("--hopper-stages", type=numbers, default=[None],
                         help="render_screen.HOPPER_STAGES values (the Hopper screen's ring; default: the library's)")
+    parser.add_argument("--screen-min-rows", type=int, default=None,
+                        help="screen.SCREEN_MIN_ROWS for this run (smaller databases are otherwise not screened)")
     parser.add_argument("--force-hopper", action="store_true",
                         help="the Hopper screen for every batch, whatever its size (screen.forced), on compute "
                              "capability 9.0")
     args = parser.parse_args()
     screen_module.THRESHOLD_ON_HOPPER = args.threshold_on_hopper
+    if args.screen_min_rows is not None:
+        screen_module.SCREEN_MIN_ROWS = args.screen_min_rows
     db, queries = data(args)
     rows, answers, differ = [], {}, []
     default_stages = render_screen.THRESHOLD_STAGES

@@ -15,6 +15,7 @@ from ..csr import combine, offsets
 from ..jit import render
 
 HIT_BYTES = 8 + 8 + 4           # a pool entry: key (float64), id (int64), query (int32)
+STAGED_BYTES = 64 << 20         # answers up to this size come back through a kept pinned buffer
 
 
 def segment_sizes(counts: np.ndarray) -> np.ndarray:
@@ -76,10 +77,30 @@ def group_and_sort(searcher, pool_keys: int, pool_ids: int, pool_queries: int, n
                       stream)
         sort_segments(searcher, n_queries, keys.ptr, group_ids.ptr, device_places, counts, larger, out_d.ptr,
                       out_i.ptr)
-        out_d.copy_to_host(distances, n_hits * 4, stream)
-        out_i.copy_to_host(ids, n_hits * 8, stream)
-        stream.synchronize()
+        span = out_i.ptr + n_hits * 8 - out_d.ptr         # both outputs and the alignment gap between them
+        stage = _stage(searcher, span)
+        if stage is None:
+            out_d.copy_to_host(distances, n_hits * 4, stream)
+            out_i.copy_to_host(ids, n_hits * 8, stream)
+            stream.synchronize()
+        else:                           # one copy into pinned memory: pageable copies ran at a few GB/s
+            out_d.whole.copy_to_host(stage, span, stream, offset=out_d.ptr - out_d.whole.ptr)
+            stream.synchronize()
+            raw = stage.array(np.uint8, span)
+            distances[:] = raw[:n_hits * 4].view(np.float32)
+            ids[:] = raw[span - n_hits * 8:].view(np.int64)
     finally:
         for buffer in buffers:
             buffer.close()
     return distances, ids
+
+
+def _stage(searcher, nbytes: int):
+    """The kept pinned buffer for an answer of `nbytes`, or None (pageable copies) past STAGED_BYTES, so that
+    no pinned buffer is kept at the size of a rare large answer, or when the host refuses the memory."""
+    if nbytes > STAGED_BYTES:
+        return None
+    try:
+        return searcher._pinned("range_results", nbytes)
+    except MemoryError:
+        return None

@@ -245,35 +245,36 @@ def _screen_once(searcher, queries: np.ndarray, thresholds: np.ndarray, radius_k
     s, stream, nq = searcher, searcher._stream, len(queries)
     step_spec = rs.step_spec("range_survivors", s.metric, s.dtype, 0, s._arch)
     step = s._kernel(step_spec)
-    hits, total = s._device("range_hits", nq * 4), s._device("range_total", 8)
-    counted = s._pinned("range_counted", 8 + nq * 8)      # the total (uint64), survivors and hits (uint32 each)
+    # the total (uint64) then the hits a query (uint32): one fill, one copy into `counted`, which has the
+    # survivors a query (uint32) after them
+    found = s._device("range_found", 8 + nq * 4)
+    total, hits = found.ptr, found.ptr + 8
+    counted = s._pinned("range_counted", 8 + nq * 8)
     wanted = max(POOL_FIRST, POOL_PER_QUERY * nq)
     grid = (nq, _blocks_a_query(s, nq, capacity, step.threads), 1)
     while True:
         pool = s._device("range_pool", wanted * HIT_BYTES)
         room = pool.nbytes // HIT_BYTES           # keys, then ids, then queries
         keys, ids, owners = pool.ptr, pool.ptr + room * 8, pool.ptr + room * 16
-        hits.fill_bytes(0, nq * 4, stream)
-        total.fill_bytes(0, 8, stream)
+        found.fill_bytes(0, 8 + nq * 4, stream)
         s._packed(step_spec, s._pointer("screen_survivors"), s._pointer("screen_counts"), capacity,
                   s._pointer("ids"), s._pointer("data"), s._pointer("screen_q32"), s._stride, s.dim, radius_key,
-                  room, keys, ids, owners, hits.ptr, total.ptr)[1].launch(
+                  room, keys, ids, owners, hits, total)[1].launch(
             grid, step.threads, 0, stream)
-        # the total and both counts into one pinned buffer with one wait, after step 4 (which reads the
-        # survivors' counts on the device): no pageable copy and wait before it
-        total.copy_to_host(counted.ptr, 8, stream)
-        s._buffers["screen_counts"].copy_to_host(counted.ptr + 8, nq * 4, stream)
-        hits.copy_to_host(counted.ptr + 8 + nq * 4, nq * 4, stream)
+        # the counts into one pinned buffer with one wait, after step 4 (which reads the survivors' counts on
+        # the device): no pageable copy and wait before it
+        found.copy_to_host(counted.ptr, 8 + nq * 4, stream)
+        s._buffers["screen_counts"].copy_to_host(counted.ptr + 8 + nq * 4, nq * 4, stream)
         stream.synchronize()
         words = counted.array(np.uint32, 2 + 2 * nq)
         n_hits = int(words[:2].view(np.uint64)[0])
         if n_hits <= room:
             break
         wanted = n_hits                   # at most nq x capacity; the survivors are kept: step 4 again
-    survivors, found = words[2:2 + nq].astype(np.int64), words[2 + nq:].copy()
-    distances, out_ids = group_and_sort(s, keys, ids, owners, n_hits, found, hits.ptr, larger)
+    counts, survivors = words[2:2 + nq].copy(), words[2 + nq:].astype(np.int64)
+    distances, out_ids = group_and_sort(s, keys, ids, owners, n_hits, counts, hits, larger)
     over = np.flatnonzero(survivors > capacity)
-    return found.astype(np.int64), distances, out_ids, over, survivors[over]
+    return counts.astype(np.int64), distances, out_ids, over, survivors[over]
 
 
 __all__ = ["applies", "radius_thresholds", "screened", "float32_up", "gamma"]
