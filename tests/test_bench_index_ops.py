@@ -33,4 +33,8 @@ def test_index_ops_bench_cpu_writes_every_target_row(tmp_path):
         assert row["met"] == (row["measured"] <= row["limit"] if row["direction"] == "<=" else
                               row["measured"] >= row["limit"]), row
     assert {row["target_applies"] for row in rows} == {True, False}    # the cuda-only rows say so
-    assert len(results["exactness"]) == 9 and results["all_exact"], results["exactness"]
+    for row in rows:                    # each filter beside an index of its allowed rows alone (its ceiling)
+        if row["name"].startswith("filtered"):
+            assert row["rows_alone_ms"] > 0 and row["rows_alone_speedup"] > 0, row
+    assert len(results["exactness"]) == 11 and results["all_exact"], results["exactness"]
+    assert sum("allowed rows alone" in check["what"] for check in results["exactness"]) == 2
