@@ -160,24 +160,29 @@ threshold_kernel(const float* __restrict__ upper, int per_query, float* __restri
 // One block per query: the survivors' contract distances (exact.cuh), sorted by (key, id), the K first written as
 // verify_kernel writes them. Every row whose key is within the threshold survived and the threshold is at
 // least the true K-th key, so these are the answer; status[q] = 1 when the survivors overflowed CAP (the
-// query is searched by the other kernels).
-template <class Metric, class T, int K, int CAP, int WARPS>
+// query is searched by the other kernels). A launch answers the queries with ABOVE < count <= UPTO and holds
+// UPTO survivors in shared memory (20 bytes each): a first launch with UPTO well below CAP holds several
+// blocks an SM for the usual few hundred survivors, a second (ABOVE = the first's UPTO, UPTO = CAP) takes
+// the rest and the overflowed; every query's status is written by exactly one of them.
+template <class Metric, class T, int K, int CAP, int WARPS, int ABOVE, int UPTO>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 verify_survivors_kernel(const int* __restrict__ survivors, const int* __restrict__ counts, const long long* __restrict__ ids,
                         const T* __restrict__ data, const float* __restrict__ queries, int row_stride, int dim,
                         float* __restrict__ out_distances, long long* __restrict__ out_ids, int* __restrict__ status) {
+  static_assert(UPTO <= CAP && ABOVE < UPTO && (UPTO & (UPTO - 1)) == 0, "verify_survivors_kernel: tiers");
   extern __shared__ float4 shared_space[];
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(shared_space);
-  long long* row_ids = reinterpret_cast<long long*>(keys + CAP);
-  int* positions = reinterpret_cast<int*>(row_ids + CAP);
+  long long* row_ids = reinterpret_cast<long long*>(keys + UPTO);
+  int* positions = reinterpret_cast<int*>(row_ids + UPTO);
   __shared__ double query_qq;
-  require_dynamic_smem(CAP * 20);
+  require_dynamic_smem(UPTO * 20);
   const long long q = blockIdx.x;
   const int count = counts[q];
   if (count > CAP) {
-    if (threadIdx.x == 0) status[q] = 1;
+    if (UPTO == CAP && threadIdx.x == 0) status[q] = 1;
     return;
   }
+  if (count <= ABOVE || count > UPTO) return;     // the other launch's query
   const float* query = queries + q * row_stride;
   if (threadIdx.x == 0) query_qq = Metric::needs_norms ? exact_squares(query, dim) : 0.0;
   __syncthreads();

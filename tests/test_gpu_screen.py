@@ -154,6 +154,35 @@ def stored_by_cluster(rng, n, dim, dtype):
     return np.repeat(half, 2, axis=0).astype(dtype)
 
 
+def test_the_verify_step_in_two_launches_answers_every_query_once(rng, screen, monkeypatch):
+    """The verify step's first launch takes the queries with at most SURVIVOR_FEW survivors, the second the
+    rest (and marks the overflowed). With one launch (0), then with SURVIVOR_FEW between the fewest and the
+    most survivors of the batch (queries on both sides of it): the same exact answers, no query handed back."""
+    from tinyknn.jit import render_screen
+
+    k = 2
+    db = data(rng, "clustered", 20000, 72, "float16")
+    queries = near_rows(rng, db, 100, "float16")
+    index = searcher_index(db, "l2", "float16")
+    check_screen_used(index, screen)
+    state = index._searcher._screen
+    monkeypatch.setattr(render_screen, "SURVIVOR_FEW", 0)
+    assert len(render_screen.survivor_specs("l2", "float16", k, "sm_90")) == 1
+    whole = index._searcher.search(queries, k)
+    assert_exact(*whole, db, queries, k, "l2", "float16")
+    counts = np.zeros(len(queries), np.int32)
+    index._searcher._buffers["screen_counts"].copy_to_host(counts, counts.nbytes)
+    splits = [1 << b for b in range(3, 12) if counts.min() <= 1 << b < counts.max()]
+    assert splits, f"survivors {counts.min()}-{counts.max()}: no power of two between"
+    monkeypatch.setattr(render_screen, "SURVIVOR_FEW", splits[0])
+    assert len(render_screen.survivor_specs("l2", "float16", k, "sm_90")) == 2
+    d, i = index._searcher.search(queries, k)
+    assert_exact(d, i, db, queries, k, "l2", "float16")
+    assert np.array_equal(i, whole[1]) and np.array_equal(d.view(np.uint32), whole[0].view(np.uint32))
+    assert state.fallbacks == 0
+    index.close()
+
+
 @pytest.mark.parametrize("n", [280_000, 100_000])
 @pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("ip", "uint8"), ("cosine", "float32")])
 def test_large_k_on_rows_stored_by_cluster(metric, dtype, n, rng, screen):

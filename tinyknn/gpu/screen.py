@@ -242,8 +242,8 @@ class Screen(HopperSteps):
         sample = ({"screen_sample_sq": sample_tiles * hopper_threshold.param("bn") * 4,
                    "screen_sample_rmax": sample_tiles * 4} if on_hopper else {})
         # the survivors' room a query is the verify kernel's, read from its spec: one number for both steps
-        verify = s._kernel(rs.step_spec("survivors", s.metric, s.dtype, k, s._arch))
-        capacity = verify.spec.param("cap")
+        verifies = [s._kernel(spec) for spec in rs.survivor_specs(s.metric, s.dtype, k, s._arch)]
+        capacity = verifies[0].spec.param("cap")
         self._allocate(nq, capacity, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4,
                        **sample)
         ptr = s._pointer
@@ -263,12 +263,12 @@ class Screen(HopperSteps):
         marks.record(stream)
         self._screen_every_row(nq, hopper, capacity, n)
         marks.record(stream)
-        # 4. the survivors (rows of the view) in float64
+        # 4. the survivors (rows of the view) in float64: the queries with few, then those with more
         out = ptr("screen_out")
-        self._packed(verify.spec, ptr("screen_survivors"), ptr("screen_counts"), view.pointer(s, "ids"),
-                     view.pointer(s, "data"),
-                     ptr("screen_q32"), s._stride, s.dim, out, out + nq * k * 4, out + nq * k * 12)[1].launch(
-            nq, verify.threads, verify.shared_bytes, stream)
+        for verify in verifies:
+            self._packed(verify.spec, ptr("screen_survivors"), ptr("screen_counts"), view.pointer(s, "ids"),
+                         view.pointer(s, "data"), ptr("screen_q32"), s._stride, s.dim, out, out + nq * k * 4,
+                         out + nq * k * 12)[1].launch(nq, verify.threads, verify.shared_bytes, stream)
         marks.record(stream)
         return True
 

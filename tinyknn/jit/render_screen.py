@@ -16,6 +16,8 @@ kernels/screen_steps.cuh); cuda_source.name_expression hands these variants here
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..spec import KernelSpec, parse_arch
 
 SCREEN_ELEMENTS = {"float16": "tinyknn::ScreenF16", "bfloat16": "tinyknn::ScreenBF16",
@@ -43,6 +45,9 @@ THRESHOLD_STAGES = 2            # the threshold mode's ring: its [BQ][BN + 1] bo
                                 # 1.42 ms; 1M x 768 float32, 100 queries: 0.250 -> 0.211 ms (bench/NOTES_SCREEN.md)
 SURVIVOR_CAPACITY = 4096        # survivors kept per query (more: the query goes to the other kernels)
 SURVIVOR_WARPS = 8
+SURVIVOR_FEW = 1024             # the verify step's first launch: queries with at most this many survivors, in
+                                # 20 KB of shared memory a block (the whole capacity's 80 KB held two blocks an
+                                # SM, for ~90 survivors a query at k = 10); the second launch takes the rest
 THRESHOLD_KEEP = 2              # upper bounds per (query, sample tile) at most: threshold_keep
 
 _STORAGE = {"float32": "float", "float16": "tinyknn::half_bits", "bfloat16": "tinyknn::bf16_bits",
@@ -94,7 +99,8 @@ def step_spec(variant: str, metric: str, dtype: str, k: int, arch: str) -> Kerne
     range_survivors (per metric, dtype)."""
     params = {}
     if variant == "survivors":
-        params = {"cap": SURVIVOR_CAPACITY, "warps": SURVIVOR_WARPS, "smem": SURVIVOR_CAPACITY * 20}
+        params = {"cap": SURVIVOR_CAPACITY, "warps": SURVIVOR_WARPS, "above": -1, "upto": SURVIVOR_CAPACITY,
+                  "smem": SURVIVOR_CAPACITY * 20}
     keeps_k = variant in ("threshold", "survivors")
     keeps_metric = variant in ("survivors", "range_survivors") or (metric == "cosine" and variant != "threshold")
     return KernelSpec(metric if keeps_metric else "l2", dtype if variant != "threshold" else "float32", 1,
@@ -232,8 +238,19 @@ def name_expression(spec: KernelSpec) -> str:
         return f"tinyknn::threshold_kernel<{spec.k}>"
     if spec.variant == "range_survivors":
         return f"tinyknn::range_survivors_kernel<{_METRICS[spec.metric]}, {_STORAGE[spec.dtype]}>"
-    args = [_METRICS[spec.metric], _STORAGE[spec.dtype], spec.k, p("cap"), p("warps")]
+    args = [_METRICS[spec.metric], _STORAGE[spec.dtype], spec.k, p("cap"), p("warps"), p("above"), p("upto")]
     return f"tinyknn::verify_survivors_kernel<{', '.join(str(a) for a in args)}>"
+
+
+def survivor_specs(metric: str, dtype: str, k: int, arch: str) -> list[KernelSpec]:
+    """The verify step's launches: the queries with at most SURVIVOR_FEW survivors, then the rest (one launch
+    of the whole capacity where k is too large for the first to hold a typical query's survivors)."""
+    whole = step_spec("survivors", metric, dtype, k, arch)
+    if not SURVIVOR_FEW or 4 * k > SURVIVOR_FEW or SURVIVOR_FEW >= SURVIVOR_CAPACITY:
+        return [whole]
+    few = {**dict(whole.params), "upto": SURVIVOR_FEW, "smem": SURVIVOR_FEW * 20}
+    rest = {**dict(whole.params), "above": SURVIVOR_FEW}
+    return [replace(whole, params=tuple(few.items())), replace(whole, params=tuple(rest.items()))]
 
 
 def specs_for_screen(metric: str, dtype: str, k: int, arch: str, stride: int | None = None) -> list[KernelSpec]:
@@ -244,7 +261,7 @@ def specs_for_screen(metric: str, dtype: str, k: int, arch: str, stride: int | N
         hopper = hopper_kernels(metric, dtype, stride, arch, keeps=(min(k, HOPPER_MAX_KEEP),))
     return hopper + [screen_spec(metric, dtype, k, arch, threshold=True), screen_spec(metric, dtype, k, arch, threshold=False),
             step_spec("screen_queries", metric, dtype, k, arch), step_spec("screen_rows", metric, dtype, k, arch),
-            step_spec("threshold", metric, dtype, k, arch), step_spec("survivors", metric, dtype, k, arch)]
+            step_spec("threshold", metric, dtype, k, arch), *survivor_specs(metric, dtype, k, arch)]
 
 
 def specs_for_range_screen(metric: str, dtype: str, arch: str, stride: int | None = None) -> list[KernelSpec]:
