@@ -165,7 +165,7 @@ threshold_kernel(const float* __restrict__ upper, int per_query, float* __restri
 // blocks an SM for the usual few hundred survivors, a second (ABOVE = the first's UPTO, UPTO = CAP) takes
 // the rest and the overflowed; every query's status is written by exactly one of them.
 template <class Metric, class T, int K, int CAP, int WARPS, int ABOVE, int UPTO>
-__global__ void __launch_bounds__(WARPS * 32, 1)
+__global__ void __launch_bounds__(WARPS * 32, UPTO < CAP ? 4 : 1)
 verify_survivors_kernel(const int* __restrict__ survivors, const int* __restrict__ counts, const long long* __restrict__ ids,
                         const T* __restrict__ data, const float* __restrict__ queries, int row_stride, int dim,
                         float* __restrict__ out_distances, long long* __restrict__ out_ids, int* __restrict__ status) {

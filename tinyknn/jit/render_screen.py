@@ -45,9 +45,9 @@ THRESHOLD_STAGES = 2            # the threshold mode's ring: its [BQ][BN + 1] bo
                                 # 1.42 ms; 1M x 768 float32, 100 queries: 0.250 -> 0.211 ms (bench/NOTES_SCREEN.md)
 SURVIVOR_CAPACITY = 4096        # survivors kept per query (more: the query goes to the other kernels)
 SURVIVOR_WARPS = 8
-SURVIVOR_FEW = 1024             # the verify step's first launch: queries with at most this many survivors, in
-                                # 20 KB of shared memory a block (the whole capacity's 80 KB held two blocks an
-                                # SM, for ~90 survivors a query at k = 10); the second launch takes the rest
+SURVIVOR_FEW = 2048             # the verify step's first launch: queries with at most this many survivors, in
+                                # 40 KB of shared memory and 64 registers a thread, four blocks an SM (the whole
+                                # capacity's 80 KB and 82 registers held two); the second launch takes the rest
 THRESHOLD_KEEP = 2              # upper bounds per (query, sample tile) at most: threshold_keep
 
 _STORAGE = {"float32": "float", "float16": "tinyknn::half_bits", "bfloat16": "tinyknn::bf16_bits",
