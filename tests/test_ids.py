@@ -368,3 +368,45 @@ def test_rows_present_are_sorted_unique_rows_in_every_store_state(rng, explicit)
     ids.apply_permutation(order)
     rows = [rows[i] for i in order]
     check()
+
+
+@pytest.mark.parametrize("n_runs", [1, 5, 40])
+def test_rows_present_of_increasing_ids_over_a_few_runs(rng, n_runs):
+    """Increasing ids over an index whose ids are a few runs (blocks of consecutive ids added in shuffled
+    order, gaps between them) are sliced run by run (ids.FEW_RUNS; 40 runs take the general path): the
+    sorted rows of the ids held, ids in the gaps and beyond every run left out, before and after a
+    swap-removal and a reorder."""
+    from tinyknn.index import ids as ids_module
+
+    ids, length = IdMap(), 300
+    starts = np.sort(rng.choice(100, n_runs, replace=False)) * 1000
+    rows = []
+    for start in rng.permutation(starts):
+        block = np.arange(start, start + length, dtype=np.int64)
+        ids.check_new(block, given=True)
+        ids.commit(block)
+        rows.extend(block.tolist())
+    assert (len(ids._run_start) <= ids_module.FEW_RUNS) == (n_runs <= ids_module.FEW_RUNS)
+
+    def check():
+        position = {user_id: row for row, user_id in enumerate(rows)}
+        every = np.arange(-3, 100 * 1000 + length + 3, dtype=np.int64)
+        for asked in (np.sort(rng.choice(every, 2000, replace=False)), starts[:1], every[:0],
+                      np.array(sorted(rows)[::7], dtype=np.int64)):
+            expected = sorted(position[int(i)] for i in asked if int(i) in position)
+            assert ids.rows_present(asked).tolist() == expected
+
+    check()
+    n = len(rows)
+    gone = np.unique(rng.integers(0, n, size=n // 10)).astype(np.int64)
+    keep = n - len(gone)
+    holes, movers = gone[gone < keep], np.setdiff1d(np.arange(keep, n), gone).astype(np.int64)
+    for source, target in zip(movers, holes):
+        rows[target] = rows[source]
+    del rows[keep:]
+    ids.apply_removal(gone, movers, holes)
+    check()
+    order = rng.permutation(len(rows))
+    ids.apply_permutation(order)
+    rows = [rows[i] for i in order]
+    check()

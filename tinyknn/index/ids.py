@@ -30,6 +30,7 @@ INT64_MAX = int(np.iinfo(np.int64).max)
 MIN_RUN = 64                  # shorter runs of explicit ids go to the base or the dict
 SMALL_BATCH = 1024            # batches up to this size go to the dict, larger ones become a segment
 RECENT_LIMIT = 4096           # the dict becomes a segment beyond this many ids
+FEW_RUNS = 16                 # rows_present slices increasing ids run by run up to this many runs
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -80,6 +81,9 @@ class IdMap:
         151-153 -> 114-120 us on the 2-core development VM)."""
         ordered = np.asarray(ids, dtype=np.int64)
         increasing = len(ordered) < 2 or bool(np.all(ordered[1:] > ordered[:-1]))
+        if increasing and len(ordered) and not self._segments and not self._recent and \
+                0 < len(self._run_start) <= FEW_RUNS:
+            return self._rows_in_runs(ordered)
         if not increasing and (self._segments or self._row_of_serial is None):
             ordered = _sorted_unique(ordered)
             increasing = True
@@ -88,6 +92,25 @@ class IdMap:
             rows = rows[rows >= 0]
         if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
             rows = _sorted_unique(rows) if not increasing else np.sort(rows)
+        return rows
+
+    def _rows_in_runs(self, ordered: np.ndarray) -> np.ndarray:
+        """rows_present of increasing ids where a few runs hold every id (the usual index of given or auto ids):
+        each run's ids are one slice of them (two binary searches), their serials that slice shifted, without
+        the per-id masks of _serials_of (10,000 ids of a 1M-row index, development VM: 21 -> 12 us, and 34 -> 22
+        us once a removal made the serial -> row column)."""
+        starts, first_serials, lengths = self._runs()
+        lows = np.searchsorted(ordered, starts)
+        highs = np.searchsorted(ordered, starts + lengths)
+        parts = [ordered[low:high] + (serial - start) for low, high, start, serial
+                 in zip(lows.tolist(), highs.tolist(), starts.tolist(), first_serials.tolist()) if high > low]
+        rows = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else _EMPTY   # serials
+        if self._row_of_serial is not None:
+            rows = np.take(self._row_of_serial, rows)     # (np.take: ~30 % less than indexing here)
+            if len(rows) and rows.min() < 0:    # removed ids
+                rows = rows[rows >= 0]
+        if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+            rows = np.sort(rows)        # runs added out of id order, rows moved into holes or reordered; unique
         return rows
 
     def _rows_of(self, ids: np.ndarray) -> np.ndarray:
