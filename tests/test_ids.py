@@ -410,3 +410,15 @@ def test_rows_present_of_increasing_ids_over_a_few_runs(rng, n_runs):
     ids.apply_permutation(order)
     rows = [rows[i] for i in order]
     check()
+
+
+def test_rows_present_of_a_run_that_ends_at_the_largest_id():
+    """A run of ids ending at int64's largest value: its ids' rows are found (run start + length would wrap)."""
+    ids, largest = IdMap(), int(np.iinfo(np.int64).max)
+    block = np.arange(largest - 99, largest, dtype=np.int64)
+    block = np.append(block, largest)
+    ids.check_new(block, given=True)
+    ids.commit(block)
+    assert ids.rows_present(np.array([largest - 1, largest], dtype=np.int64)).tolist() == [98, 99]
+    assert ids.rows_present(block).tolist() == list(range(100))
+    assert ids.rows_present(np.array([0, largest - 100], dtype=np.int64)).tolist() == []

@@ -15,7 +15,8 @@ from ..csr import combine, offsets
 from ..jit import render
 
 HIT_BYTES = 8 + 8 + 4           # a pool entry: key (float64), id (int64), query (int32)
-STAGED_BYTES = 64 << 20         # answers up to this size come back through a kept pinned buffer
+STAGED_BYTES = 64 << 20         # answers up to this size come back through a kept pinned buffer (grown by
+                                # doubling, so at most twice this)
 
 
 def segment_sizes(counts: np.ndarray) -> np.ndarray:

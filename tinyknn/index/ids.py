@@ -101,7 +101,7 @@ class IdMap:
         us once a removal made the serial -> row column)."""
         starts, first_serials, lengths = self._runs()
         lows = np.searchsorted(ordered, starts)
-        highs = np.searchsorted(ordered, starts + lengths)
+        highs = np.searchsorted(ordered, starts + (lengths - 1), side="right")     # a run may end at INT64_MAX
         parts = [ordered[low:high] + (serial - start) for low, high, start, serial
                  in zip(lows.tolist(), highs.tolist(), starts.tolist(), first_serials.tolist()) if high > low]
         rows = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else _EMPTY   # serials
