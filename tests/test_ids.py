@@ -422,3 +422,28 @@ def test_rows_present_of_a_run_that_ends_at_the_largest_id():
     assert ids.rows_present(np.array([largest - 1, largest], dtype=np.int64)).tolist() == [98, 99]
     assert ids.rows_present(block).tolist() == list(range(100))
     assert ids.rows_present(np.array([0, largest - 100], dtype=np.int64)).tolist() == []
+
+
+def test_rows_allowed_remembers_one_filter_until_the_map_changes(rng):
+    """rows_allowed gives rows_present's answer (read-only), the same object for equal ids until a commit, a
+    removal, a reorder or a reset; a caller's array changed in place after the call is a new filter."""
+    ids = IdMap()
+    held = rng.permutation(5000)[:3000].astype(np.int64)
+    ids.check_new(held, given=True)
+    ids.commit(held)
+    allowed = np.sort(rng.choice(5000, 800, replace=False)).astype(np.int64)
+    first = ids.rows_allowed(allowed)
+    assert first.tolist() == ids.rows_present(allowed).tolist() and not first.flags.writeable
+    assert ids.rows_allowed(allowed.copy()) is first
+    allowed[:10] = allowed[-1] + 1 + np.arange(10)      # changed in place (and no longer increasing)
+    assert ids.rows_allowed(allowed).tolist() == ids.rows_present(allowed).tolist()
+    def remove_last_rows():         # as the searcher's swap-removal leaves the map for rows at its end
+        tail = np.arange(ids.count - 50, ids.count, dtype=np.int64)
+        ids.apply_removal(tail, np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    for change in (lambda: ids.commit(np.arange(5000, 5100, dtype=np.int64)), remove_last_rows,
+                   lambda: ids.apply_permutation(rng.permutation(ids.count).astype(np.int64)), ids.reset):
+        before = ids.rows_allowed(allowed)
+        change()
+        after = ids.rows_allowed(allowed)
+        assert after is not before and after.tolist() == ids.rows_present(allowed).tolist()

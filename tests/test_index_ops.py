@@ -158,6 +158,34 @@ def test_filtered_search_sees_only_the_allowed_ids(backend, metric):
         assert rows.tolist() == [0, 1, 2, 19]                    # positions of ids 1, 4, 7, 58, sorted
 
 
+def test_a_filter_repeated_across_changes_sees_the_index_as_it_is_then(backend):
+    """One filter array searched again and again (IdMap.rows_allowed remembers its rows) while ids are added,
+    removed, reordered by a labelled search's layout and the array itself is changed in place: every answer
+    is the oracle's for the index and the filter as they are at that search."""
+    index, oracle, rng = build(backend[0], "l2")            # ids 1, 4, ..., 178
+    q = rng.standard_normal((3, 5))
+    allowed = np.arange(0, 260, 2, dtype=np.int64)         # even ids: some held now, some added below
+    oracle.assert_search(index, q, 8, filter=allowed)
+    oracle.assert_search(index, q, 8, filter=allowed.copy())        # equal values, another array
+    more = np.arange(200, 240, dtype=np.int64)
+    x, more_labels = rng.standard_normal((len(more), 5)), rng.integers(0, 4, len(more))
+    index.add(x, ids=more, labels=more_labels)
+    oracle.add(x, more, more_labels)
+    oracle.assert_search(index, q, 8, filter=allowed)
+    gone = allowed[(allowed % 3 == 1) & (allowed < 120)]    # held ids among the allowed
+    assert index.remove(gone) == oracle.remove(gone) > 0
+    oracle.assert_search(index, q, 8, filter=allowed)
+    allowed[:40] += 1                                       # the caller's array changed in place
+    oracle.assert_search(index, q, 8, filter=allowed)
+    for label in range(4):                                  # labelled searches may reorder the rows
+        index.search(q, 3, labels=np.full(len(q), label))
+    oracle.assert_search(index, q, 8, filter=allowed)
+    index.reset()
+    oracle.remove(list(oracle.vectors))
+    oracle.assert_search(index, q, 8, filter=allowed)
+    index.close()
+
+
 def test_unfiltered_search_passes_nothing_else(monkeypatch):
     made = use_model(monkeypatch)
     index = tinyknn.Index(3)

@@ -31,6 +31,7 @@ MIN_RUN = 64                  # shorter runs of explicit ids go to the base or t
 SMALL_BATCH = 1024            # batches up to this size go to the dict, larger ones become a segment
 RECENT_LIMIT = 4096           # the dict becomes a segment beyond this many ids
 FEW_RUNS = 16                 # rows_present slices increasing ids run by run up to this many runs
+MEMO_IDS = 1 << 20            # rows_allowed keeps its last answer for a filter of at most this many ids
 _EMPTY = np.empty(0, dtype=np.int64)
 
 
@@ -53,6 +54,7 @@ class IdMap:
         self._runs_cache = None
         self._segments: list[tuple[np.ndarray, np.ndarray]] = []   # (sorted ids, rows), largest first
         self._recent: dict[int, int] = {}
+        self._memo = None               # rows_allowed's last (ids, rows); every change below forgets it
 
     # -- questions --------------------------------------------------------------------------------
     def auto_ids(self, n: int) -> np.ndarray:
@@ -92,6 +94,21 @@ class IdMap:
             rows = rows[rows >= 0]
         if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
             rows = _sorted_unique(rows) if not increasing else np.sort(rows)
+        return rows
+
+    def rows_allowed(self, ids: np.ndarray) -> np.ndarray:
+        """rows_present of a filter, remembered for the next call with the same ids until the map changes: a
+        filter is often the same one search after search (a tenant's, a user's), and its rows cost ~60 us
+        for 10,000 ids on the H200's host against ~4 us for comparing them. The rows are read-only."""
+        ordered = np.asarray(ids, dtype=np.int64)
+        memo = self._memo
+        if memo is not None and memo[0].shape == ordered.shape and np.array_equal(memo[0], ordered):
+            return memo[1]
+        rows = self.rows_present(ordered)
+        if ordered.ndim == 1 and len(ordered) <= MEMO_IDS:
+            rows = rows.copy()              # its own (not a shared constant, nor a view others may write through)
+            rows.flags.writeable = False
+            self._memo = (ordered.copy(), rows)
         return rows
 
     def _rows_in_runs(self, ordered: np.ndarray) -> np.ndarray:
@@ -167,6 +184,7 @@ class IdMap:
     # -- changes ----------------------------------------------------------------------------------
     def commit(self, ids: np.ndarray) -> None:
         """Record that rows count, count + 1, ... now hold `ids` (already checked by check_new)."""
+        self._memo = None
         n = len(ids)
         if n == 0:
             return
@@ -191,6 +209,7 @@ class IdMap:
 
     def apply_removal(self, rows: np.ndarray, moved_from: np.ndarray, moved_to: np.ndarray) -> None:
         """The searcher removed `rows` (sorted, unique) and moved rows moved_from[i] -> moved_to[i]."""
+        self._memo = None
         if len(rows) == 0:
             return
         self._keep_columns()
@@ -205,6 +224,7 @@ class IdMap:
 
     def apply_permutation(self, order: np.ndarray) -> None:
         """The searcher reordered its rows: new row i holds what row order[i] held (every row once)."""
+        self._memo = None
         self._keep_columns()
         serials = self._serial_of_row[order]
         self._serial_of_row[:self.count] = serials

@@ -256,7 +256,7 @@ class Index:
     def _groups(self, queries, filter, labels) -> list[_groups.Group]:
         """The searcher calls of a filtered search (call under _view: rows are only valid there)."""
         n_queries = queries.shape[0]
-        allowed = None if filter is None else self._ids.rows_present(_ops.id_list(filter, "filter"))
+        allowed = None if filter is None else self._ids.rows_allowed(_ops.id_list(filter, "filter"))
         query_labels = None if labels is None else _ops.labels(labels, n_queries, "labels (one per query)")
         parts = _groups.groups(n_queries, allowed, query_labels, self._labels.rows_of)
         if query_labels is not None:
