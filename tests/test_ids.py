@@ -337,6 +337,24 @@ def test_removals_and_moves_against_a_dict(rng, monkeypatch):
     assert rebuilt > 0                                  # the rebuild ran and kept the answers
 
 
+def swap_remove_then_reorder(ids, rows: list, rng, draws: int, check) -> None:
+    """Remove `draws` random rows (with repeats) as the searchers do, the last rows moving into the holes, then
+    reorder every row; `rows` (each row's id) follows in place, and check() runs after each step."""
+    n = len(rows)
+    gone = np.unique(rng.integers(0, n, size=draws)).astype(np.int64)
+    keep = n - len(gone)
+    holes, movers = gone[gone < keep], np.setdiff1d(np.arange(keep, n), gone).astype(np.int64)
+    for source, target in zip(movers, holes):
+        rows[target] = rows[source]
+    del rows[keep:]
+    ids.apply_removal(gone, movers, holes)
+    check()
+    order = rng.permutation(len(rows))
+    ids.apply_permutation(order)
+    rows[:] = [rows[i] for i in order]
+    check()
+
+
 @pytest.mark.parametrize("explicit", [False, True])
 def test_rows_present_are_sorted_unique_rows_in_every_store_state(rng, explicit):
     """rows_present (a filter's or a removal's rows) gives the sorted unique rows of the ids held, whatever the
@@ -356,18 +374,7 @@ def test_rows_present_are_sorted_unique_rows_in_every_store_state(rng, explicit)
             assert ids.rows_present(asked).tolist() == expected
 
     check()
-    gone = np.unique(rng.integers(0, n, size=400)).astype(np.int64)
-    keep = n - len(gone)
-    holes, movers = gone[gone < keep], np.setdiff1d(np.arange(keep, n), gone).astype(np.int64)
-    for source, target in zip(movers, holes):
-        rows[target] = rows[source]
-    del rows[keep:]
-    ids.apply_removal(gone, movers, holes)
-    check()
-    order = rng.permutation(len(rows))
-    ids.apply_permutation(order)
-    rows = [rows[i] for i in order]
-    check()
+    swap_remove_then_reorder(ids, rows, rng, 400, check)
 
 
 @pytest.mark.parametrize("n_runs", [1, 5, 40])
@@ -397,19 +404,7 @@ def test_rows_present_of_increasing_ids_over_a_few_runs(rng, n_runs):
             assert ids.rows_present(asked).tolist() == expected
 
     check()
-    n = len(rows)
-    gone = np.unique(rng.integers(0, n, size=n // 10)).astype(np.int64)
-    keep = n - len(gone)
-    holes, movers = gone[gone < keep], np.setdiff1d(np.arange(keep, n), gone).astype(np.int64)
-    for source, target in zip(movers, holes):
-        rows[target] = rows[source]
-    del rows[keep:]
-    ids.apply_removal(gone, movers, holes)
-    check()
-    order = rng.permutation(len(rows))
-    ids.apply_permutation(order)
-    rows = [rows[i] for i in order]
-    check()
+    swap_remove_then_reorder(ids, rows, rng, len(rows) // 10, check)
 
 
 def test_rows_present_of_a_run_that_ends_at_the_largest_id():

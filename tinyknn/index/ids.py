@@ -85,11 +85,12 @@ class IdMap:
         increasing = len(ordered) < 2 or bool(np.all(ordered[1:] > ordered[:-1]))
         if increasing and len(ordered) and not self._segments and not self._recent and \
                 0 < len(self._run_start) <= FEW_RUNS:
-            return self._rows_in_runs(ordered)
-        if not increasing and (self._segments or self._row_of_serial is None):
-            ordered = _sorted_unique(ordered)
-            increasing = True
-        rows = self._rows_of(ordered)
+            rows = self._rows_of_serials(self._serials_in_runs(ordered))
+        else:
+            if not increasing and (self._segments or self._row_of_serial is None):
+                ordered = _sorted_unique(ordered)
+                increasing = True
+            rows = self._rows_of(ordered)
         if len(rows) and rows.min() < 0:
             rows = rows[rows >= 0]
         if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
@@ -111,31 +112,27 @@ class IdMap:
             self._memo = (ordered.copy(), rows)
         return rows
 
-    def _rows_in_runs(self, ordered: np.ndarray) -> np.ndarray:
-        """rows_present of increasing ids where a few runs hold every id (the usual index of given or auto ids):
-        each run's ids are one slice of them (two binary searches), their serials that slice shifted, without
-        the per-id masks of _serials_of (10,000 ids of a 1M-row index, development VM: 21 -> 12 us, and 34 -> 22
-        us once a removal made the serial -> row column)."""
+    def _serials_in_runs(self, ordered: np.ndarray) -> np.ndarray:
+        """The serials of the held ones of increasing ids where a few runs hold every id (the usual index of
+        given or auto ids), for rows_present: each run's ids are one slice of them (two binary searches), their
+        serials that slice shifted, without the per-id masks of _serials_of (10,000 ids of a 1M-row index,
+        development VM: 21 -> 12 us, and 34 -> 22 us once a removal made the serial -> row column)."""
         starts, first_serials, lengths = self._runs()
         lows = np.searchsorted(ordered, starts)
         highs = np.searchsorted(ordered, starts + (lengths - 1), side="right")     # a run may end at INT64_MAX
         parts = [ordered[low:high] + (serial - start) for low, high, start, serial
                  in zip(lows.tolist(), highs.tolist(), starts.tolist(), first_serials.tolist()) if high > low]
-        rows = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else _EMPTY   # serials
-        if self._row_of_serial is not None:
-            rows = np.take(self._row_of_serial, rows)     # (np.take: ~30 % less than indexing here)
-            if len(rows) and rows.min() < 0:    # removed ids
-                rows = rows[rows >= 0]
-        if len(rows) > 1 and not bool(np.all(rows[1:] > rows[:-1])):
-            rows = np.sort(rows)        # runs added out of id order, rows moved into holes or reordered; unique
-        return rows
+        return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else _EMPTY.copy()
 
     def _rows_of(self, ids: np.ndarray) -> np.ndarray:
-        serials = self._serials_of(ids)
+        return self._rows_of_serials(self._serials_of(ids))
+
+    def _rows_of_serials(self, serials: np.ndarray) -> np.ndarray:
+        """The row of each serial (-1: never held, or removed); `serials` may be written."""
         if self._row_of_serial is None:
             return serials
         if not len(serials) or serials.min() >= 0:      # every id known (a filter's usually are): one gather
-            return self._row_of_serial[serials]
+            return np.take(self._row_of_serial, serials)    # (np.take: ~30 % less than indexing here)
         known = serials >= 0
         serials[known] = self._row_of_serial[serials[known]]
         return serials
