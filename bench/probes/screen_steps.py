@@ -48,7 +48,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=128)
-    parser.add_argument("--dtype", choices=("float32", "float16", "uint8"), default="float32")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16", "uint8"), default="float32")
+    parser.add_argument("--metric", choices=("l2", "ip", "cosine"), default="l2")
     parser.add_argument("--ks", type=numbers, default=[10])
     parser.add_argument("--queries", type=numbers, default=[100, 1000])
     parser.add_argument("--keeps", type=numbers, default=[2, 10], help="THRESHOLD_KEEP values (default: 2,10)")
@@ -147,7 +148,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
     compared with those of the same shape under an earlier setting."""
     original_step, original_keep = screen_module.sample_step, render_screen.THRESHOLD_KEEP
     rows = []
-    with tinyknn.Index(args.dim, "l2", args.dtype, device="cuda") as index:
+    with tinyknn.Index(args.dim, args.metric, args.dtype, device="cuda") as index:
         index.add(db)
         screen = index._searcher._screen
         if args.force_hopper:
@@ -175,7 +176,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                         screen.timings = None
                         counts = np.zeros(nq, np.int32)
                         index._searcher._buffers["screen_counts"].copy_to_host(counts, nq * 4)
-                        row = {"dtype": args.dtype, "n": args.n, "k": k, "queries": nq,
+                        row = {"dtype": args.dtype, "metric": args.metric, "n": args.n, "k": k, "queries": nq,
                                "epi_group": render_screen.HOPPER_EPI_GROUP,
                                "threshold_stages": render_screen.THRESHOLD_STAGES,
                                "tile": "x".join(str(v) for v in (render_screen.SCREEN_BQ, render_screen.SCREEN_BN,
