@@ -157,70 +157,14 @@ threshold_kernel(const float* __restrict__ upper, int per_query, float* __restri
   if (threadIdx.x == 0) threshold[blockIdx.x] = from_ordered_bits(bits);
 }
 
-// The survivors' contract keys by warps of 32 (one survivor a thread) whose rows come into the warp's part of
-// shared memory SEG 16-byte chunks at a time, SEG neighbouring lanes loading a row's chunks (coalesced, where a
-// thread reading its own row touches 32 rows a load); each thread then runs its own row's chain over them:
-// exact_distance_by_chunks' steps with the same operands in the same order, so the same bits. The warp loop is
-// uniform (base), so every lane takes part in the loads and the shuffles; keys past `count` are empty.
-template <class Metric, class T, int SEG, int WARPS>
-TINYKNN_D void survivor_keys_staged(const int* list, int count, int sort, const long long* __restrict__ ids,
-                                    const T* __restrict__ data, const float* query, int row_stride, int dim,
-                                    double qq, unsigned long long* keys, long long* row_ids, int* positions,
-                                    uint4* tile) {
-  static_assert(SEG == 1 || SEG == 2 || SEG == 4 || SEG == 8 || SEG == 16 || SEG == 32, "survivor_keys_staged: SEG");
-  constexpr int N = Chunk<T>::N, ROWS_A_LOAD = 32 / SEG;
-  const int lane = threadIdx.x & 31;
-  uint4* mine = tile + (threadIdx.x >> 5) * 32 * (SEG + 1);     // the warp's rows, one chunk of padding each
-  const int n_chunks = (dim + N - 1) / N;
-  for (int base = (threadIdx.x >> 5) * 32; base < sort; base += WARPS * 32) {
-    const int i = base + lane;
-    const int position = i < count ? list[i] : -1;
-    double a = 0.0, b = 0.0;
-    for (int first = 0; first < n_chunks; first += SEG) {
-#pragma unroll
-      for (int j = 0; j < SEG; ++j) {
-        const int r = j * ROWS_A_LOAD + lane / SEG, c = first + lane % SEG;
-        const int p = __shfl_sync(FULL_WARP, position, r);
-        mine[r * (SEG + 1) + lane % SEG] =
-            p >= 0 && c < n_chunks ? __ldg(reinterpret_cast<const uint4*>(data + (long long)p * row_stride) + c)
-                                   : zero_chunk();
-      }
-      __syncwarp();
-      const int here = min(SEG, n_chunks - first);
-      for (int cc = 0; cc < here; ++cc) {
-        float x[N];
-        Chunk<T>::unpack(mine[lane * (SEG + 1) + cc], x);
-        const int c = first + cc;
-#pragma unroll
-        for (int e = 0; e < N; ++e) {
-          if (c * N + e < dim) Exact<Metric>::step(a, b, __ldg(query + c * N + e), (double)x[e]);
-        }
-      }
-      __syncwarp();
-    }
-    if (i < sort) {
-      keys[i] = position >= 0 ? ordered_bits64(exact_key<Metric>(Exact<Metric>::finish(a, b, qq))) : EMPTY_KEY64;
-      row_ids[i] = position >= 0 ? __ldg(ids + position) : EMPTY_ID;
-      positions[i] = 0;
-    }
-  }
-}
-
-// The shared memory of verify_survivors_kernel: UPTO (key, id, position) slots, then (SEG > 0) each warp's 32
-// rows of SEG + 1 chunks.
-template <int UPTO, int SEG, int WARPS> TINYKNN_HD constexpr unsigned survivors_smem_bytes() {
-  return (UPTO * 20 + 15) / 16 * 16 + (SEG ? WARPS * 32 * (SEG + 1) * 16 : 0);
-}
-
 // One block per query: the survivors' contract distances (exact.cuh), sorted by (key, id), the K first written as
 // verify_kernel writes them. Every row whose key is within the threshold survived and the threshold is at
 // least the true K-th key, so these are the answer; status[q] = 1 when the survivors overflowed CAP (the
 // query is searched by the other kernels). A launch answers the queries with ABOVE < count <= UPTO and holds
 // UPTO survivors in shared memory (20 bytes each): a first launch with UPTO well below CAP holds several
 // blocks an SM for the usual few hundred survivors, a second (ABOVE = the first's UPTO, UPTO = CAP) takes
-// the rest and the overflowed; every query's status is written by exactly one of them. SEG > 0: the keys by
-// survivor_keys_staged (rows through shared memory SEG chunks at a time), else a thread reads its own row.
-template <class Metric, class T, int K, int CAP, int WARPS, int ABOVE, int UPTO, int SEG>
+// the rest and the overflowed; every query's status is written by exactly one of them.
+template <class Metric, class T, int K, int CAP, int WARPS, int ABOVE, int UPTO>
 __global__ void __launch_bounds__(WARPS * 32, UPTO < CAP ? 4 : 1)
 verify_survivors_kernel(const int* __restrict__ survivors, const int* __restrict__ counts, const long long* __restrict__ ids,
                         const T* __restrict__ data, const float* __restrict__ queries, int row_stride, int dim,
@@ -231,7 +175,7 @@ verify_survivors_kernel(const int* __restrict__ survivors, const int* __restrict
   long long* row_ids = reinterpret_cast<long long*>(keys + UPTO);
   int* positions = reinterpret_cast<int*>(row_ids + UPTO);
   __shared__ double query_qq;
-  require_dynamic_smem(survivors_smem_bytes<UPTO, SEG, WARPS>());
+  require_dynamic_smem(UPTO * 20);
   const long long q = blockIdx.x;
   const int count = counts[q];
   if (count > CAP) {
@@ -244,24 +188,18 @@ verify_survivors_kernel(const int* __restrict__ survivors, const int* __restrict
   __syncthreads();
   int sort = 2;
   while (sort < count) sort *= 2;
-  if constexpr (SEG > 0) {
-    uint4* tile = reinterpret_cast<uint4*>(shared_space) + (UPTO * 20 + 15) / 16;
-    survivor_keys_staged<Metric, T, SEG, WARPS>(survivors + q * CAP, count, sort, ids, data, query, row_stride, dim,
-                                                query_qq, keys, row_ids, positions, tile);
-  } else {
-    for (int i = threadIdx.x; i < sort; i += WARPS * 32) {
-      unsigned long long key = EMPTY_KEY64;
-      long long id = EMPTY_ID;
-      if (i < count) {
-        const int position = survivors[q * CAP + i];
-        key = ordered_bits64(exact_key<Metric>(
-            exact_distance_by_chunks<Metric>(query, data + (long long)position * row_stride, dim, query_qq)));
-        id = __ldg(ids + position);
-      }
-      keys[i] = key;
-      row_ids[i] = id;
-      positions[i] = 0;
+  for (int i = threadIdx.x; i < sort; i += WARPS * 32) {
+    unsigned long long key = EMPTY_KEY64;
+    long long id = EMPTY_ID;
+    if (i < count) {
+      const int position = survivors[q * CAP + i];
+      key = ordered_bits64(exact_key<Metric>(
+          exact_distance_by_chunks<Metric>(query, data + (long long)position * row_stride, dim, query_qq)));
+      id = __ldg(ids + position);
     }
+    keys[i] = key;
+    row_ids[i] = id;
+    positions[i] = 0;
   }
   __syncthreads();
   block_sort_exact(keys, row_ids, positions, sort);

@@ -183,29 +183,6 @@ def test_the_verify_step_in_two_launches_answers_every_query_once(rng, screen, m
     index.close()
 
 
-@pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("cosine", "float32"), ("ip", "uint8"), ("l2", "int8"),
-                                          ("ip", "bfloat16")])
-def test_survivor_rows_staged_through_shared_memory_give_the_same_bits(metric, dtype, rng, screen, monkeypatch):
-    """The verify step reading its survivors' rows through shared memory, 4 chunks at a time
-    (render_screen.SURVIVOR_STAGE; 72 dims leave a last segment of one chunk, and of a half-full one for 8-bit
-    rows), answers exactly as a thread reading its own row: the oracle's ids and distance bits, at k = 10 and 100."""
-    from tinyknn.jit import render_screen
-
-    db = data(rng, "clustered", 20000, 72, dtype)
-    queries = near_rows(rng, db, 100, dtype)
-    index = searcher_index(db, metric, dtype)
-    check_screen_used(index, screen)
-    for k in KS:
-        answers = []
-        for stage in (0, 4):
-            monkeypatch.setattr(render_screen, "SURVIVOR_STAGE", stage)
-            answers.append(index._searcher.search(queries, k))
-        assert_exact(*answers[1], db, queries, k, metric, dtype)
-        assert np.array_equal(answers[0][1], answers[1][1])
-        assert np.array_equal(answers[0][0].view(np.uint32), answers[1][0].view(np.uint32))
-    index.close()
-
-
 @pytest.mark.parametrize("n", [280_000, 100_000])
 @pytest.mark.parametrize("metric,dtype", [("l2", "float16"), ("ip", "uint8"), ("cosine", "float32")])
 def test_large_k_on_rows_stored_by_cluster(metric, dtype, n, rng, screen):

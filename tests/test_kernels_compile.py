@@ -152,23 +152,3 @@ def test_the_two_arches_compile_different_thirds_and_every_dim_free_kernel():
     chosen = set(_names("sm_90"))
     dim_free = {name for name, dims in dims_of.items() if len(dims) > 1}
     assert dim_free and dim_free <= chosen and len(chosen) < len(dims_of)
-
-
-def test_staged_survivor_verify_needs_no_local_memory(kernel_cache, spill_free_nvrtc, monkeypatch):
-    """The verify step with its survivors' rows staged through shared memory 4 chunks at a time
-    (render_screen.SURVIVOR_STAGE, off by default until measured): both launches of every storage type
-    compile with a 0-byte stack and no spills, and ask for the shared memory the kernel checks."""
-    from tinyknn.jit import render_screen
-
-    monkeypatch.setattr(render_screen, "SURVIVOR_STAGE", 4)
-    specs = [spec for metric, dtype in [("l2", "float32"), ("cosine", "float16"), ("ip", "bfloat16"),
-                                        ("l2", "int8"), ("ip", "uint8")]
-             for spec in render_screen.survivor_specs(metric, dtype, 10, "sm_90")]
-    assert {(s.param("seg"), s.param("upto")) for s in specs} == \
-        {(4, render_screen.SURVIVOR_FEW), (4, render_screen.SURVIVOR_CAPACITY)}
-    outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
-    assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
-    for spec in specs:
-        report = kernel_cache.get(spec).reports[cuda_source.name_expression(spec)]
-        assert (report.stack_bytes, report.spill_store_bytes, report.spill_load_bytes) == (0, 0, 0), (spec, report)
-        assert spec.param("smem") == render_screen.survivors_smem(spec.param("upto"), 4) <= 227 * 1024

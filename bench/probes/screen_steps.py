@@ -80,16 +80,11 @@ def main() -> None:
                         help="screen.SCREEN_MIN_ROWS for this run (smaller databases are otherwise not screened)")
     parser.add_argument("--survivor-few", type=int, default=None,
                         help="render_screen.SURVIVOR_FEW for this run (0: the verify step in one launch)")
-    parser.add_argument("--survivor-stage", type=int, default=None,
-                        help="render_screen.SURVIVOR_STAGE for this run (chunks of the survivors' rows staged "
-                             "through shared memory at a time; 0: a thread reads its own row)")
     parser.add_argument("--force-hopper", action="store_true",
                         help="the Hopper screen for every batch, whatever its size (screen.forced), on compute "
                              "capability 9.0")
     args = parser.parse_args()
     screen_module.THRESHOLD_ON_HOPPER = args.threshold_on_hopper
-    if args.survivor_stage is not None:
-        render_screen.SURVIVOR_STAGE = args.survivor_stage
     if args.survivor_few is not None:
         render_screen.SURVIVOR_FEW = args.survivor_few
     if args.screen_min_rows is not None:

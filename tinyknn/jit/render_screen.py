@@ -48,10 +48,6 @@ SURVIVOR_WARPS = 8
 SURVIVOR_FEW = 2048             # the verify step's first launch: queries with at most this many survivors, in
                                 # 40 KB of shared memory and 64 registers a thread, four blocks an SM (the whole
                                 # capacity's 80 KB and 82 registers held two); the second launch takes the rest
-SURVIVOR_STAGE = 0              # the verify step's survivors' rows through shared memory, this many 16-byte
-                                # chunks at a time (kernels/screen_steps.cuh survivor_keys_staged); 0: a thread
-                                # reads its own row. Measured on no GPU yet: the H200's profile at k = 100 shows
-                                # the thread-a-row reads L1-bound (bench/NOTES_SCREEN.md)
 THRESHOLD_KEEP = 2              # upper bounds per (query, sample tile) at most: threshold_keep
 
 _STORAGE = {"float32": "float", "float16": "tinyknn::half_bits", "bfloat16": "tinyknn::bf16_bits",
@@ -104,7 +100,7 @@ def step_spec(variant: str, metric: str, dtype: str, k: int, arch: str) -> Kerne
     params = {}
     if variant == "survivors":
         params = {"cap": SURVIVOR_CAPACITY, "warps": SURVIVOR_WARPS, "above": -1, "upto": SURVIVOR_CAPACITY,
-                  "seg": SURVIVOR_STAGE, "smem": survivors_smem(SURVIVOR_CAPACITY, SURVIVOR_STAGE)}
+                  "smem": SURVIVOR_CAPACITY * 20}
     keeps_k = variant in ("threshold", "survivors")
     keeps_metric = variant in ("survivors", "range_survivors") or (metric == "cosine" and variant != "threshold")
     return KernelSpec(metric if keeps_metric else "l2", dtype if variant != "threshold" else "float32", 1,
@@ -242,14 +238,8 @@ def name_expression(spec: KernelSpec) -> str:
         return f"tinyknn::threshold_kernel<{spec.k}>"
     if spec.variant == "range_survivors":
         return f"tinyknn::range_survivors_kernel<{_METRICS[spec.metric]}, {_STORAGE[spec.dtype]}>"
-    args = [_METRICS[spec.metric], _STORAGE[spec.dtype], spec.k, p("cap"), p("warps"), p("above"), p("upto"),
-            p("seg")]
+    args = [_METRICS[spec.metric], _STORAGE[spec.dtype], spec.k, p("cap"), p("warps"), p("above"), p("upto")]
     return f"tinyknn::verify_survivors_kernel<{', '.join(str(a) for a in args)}>"
-
-
-def survivors_smem(upto: int, seg: int) -> int:
-    """survivors_smem_bytes of kernels/screen_steps.cuh: `upto` 20-byte slots, then each warp's staged rows."""
-    return -(-upto * 20 // 16) * 16 + (SURVIVOR_WARPS * 32 * (seg + 1) * 16 if seg else 0)
 
 
 def survivor_specs(metric: str, dtype: str, k: int, arch: str) -> list[KernelSpec]:
@@ -258,7 +248,7 @@ def survivor_specs(metric: str, dtype: str, k: int, arch: str) -> list[KernelSpe
     whole = step_spec("survivors", metric, dtype, k, arch)
     if not SURVIVOR_FEW or 4 * k > SURVIVOR_FEW or SURVIVOR_FEW >= SURVIVOR_CAPACITY:
         return [whole]
-    few = {**dict(whole.params), "upto": SURVIVOR_FEW, "smem": survivors_smem(SURVIVOR_FEW, SURVIVOR_STAGE)}
+    few = {**dict(whole.params), "upto": SURVIVOR_FEW, "smem": SURVIVOR_FEW * 20}
     rest = {**dict(whole.params), "above": SURVIVOR_FEW}
     return [replace(whole, params=tuple(few.items())), replace(whole, params=tuple(rest.items()))]
 
