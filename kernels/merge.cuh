@@ -87,7 +87,7 @@ TINYKNN_D bool bounded_gather(const float* keys, const int* positions, int total
   const int threads = blockDim.x;
   float* minima = reinterpret_cast<float*>(scratch);
   unsigned long long* found = scratch + BOUNDED_MAX_LISTS / 2;
-  unsigned* counters = reinterpret_cast<unsigned*>(found + BOUNDED_MAX_FOUND);   // [0] found, [1] T's bits
+  unsigned* counters = reinterpret_cast<unsigned*>(found + BOUNDED_MAX_FOUND);   // [0] entries found
   if (threadIdx.x == 0) counters[0] = 0;
   for (int l = threadIdx.x; l < n_lists; l += threads) {
     float least = positive_infinity();
@@ -96,17 +96,11 @@ TINYKNN_D bool bounded_gather(const float* keys, const int* positions, int total
     minima[l] = least;
   }
   __syncthreads();
-  for (int l = threadIdx.x; l < n_lists; l += threads) {     // the minimum of rank K - 1 (ties by list)
-    const float mine = minima[l];
-    int rank = 0;
-    for (int o = 0; o < n_lists; ++o) {
-      const float other = minima[o];
-      rank += (other < mine || (other == mine && o < l)) ? 1 : 0;
-    }
-    if (rank == K - 1) counters[1] = __float_as_uint(mine);
-  }
-  __syncthreads();
-  const float bound = __uint_as_float(counters[1]);
+  // T: the K-th smallest minimum, by topk.cuh's radix select (its histogram in `found`, unused until T is
+  // known), in place of ranking each minimum against all the others: n_lists^2 shared loads, and the
+  // one-query kernel's last block gathered 521 lists (1M x 768) in 23.7 us against 4.5 over 131 (100k x 128).
+  int ties;
+  const float bound = from_ordered_bits(block_select(minima, n_lists, K, reinterpret_cast<unsigned*>(found), ties));
   if (!(bound < positive_infinity())) return false;
   for (int l = threadIdx.x; l < n_lists; l += threads) {
 #pragma unroll
