@@ -364,27 +364,6 @@ TINYKNN_D void verify_answer(long long q, const unsigned long long* exact_keys, 
   }
 }
 
-// The candidates' rows requested into L1 ahead of their float64 chains, every line of every row at once by the
-// whole block: exact_distance_by_warp reads a row 16 bytes a lane with one load in flight a group, so a row
-// coming from DRAM made each step wait ~1 us (the one-query kernel's last block: ~3.5 us of chains on 100k x
-// 128 float32, ~24 us on 1M x 768). A hint: nothing is read, a line not kept is loaded again by the chain.
-// Positions -1 (padding) are skipped. Every thread of the block calls it, after the positions are visible.
-template <class T>
-TINYKNN_D void prefetch_candidate_rows(const int* sort_positions, int count, const T* __restrict__ data,
-                                       int row_stride, int dim) {
-  constexpr int LINE = 128;
-  const int row_bytes = (dim + Chunk<T>::N - 1) / Chunk<T>::N * 16;     // the chunks the chain reads
-  const int lines = row_bytes / LINE + 2;                               // a row may start inside a line
-  for (int i = threadIdx.x; i < count * lines; i += blockDim.x) {
-    const int position = sort_positions[i / lines];
-    if (position < 0) continue;
-    const char* row = reinterpret_cast<const char*>(data + (long long)position * row_stride);
-    const char* line = reinterpret_cast<const char*>(reinterpret_cast<size_t>(row) & ~(size_t)(LINE - 1)) +
-                       (i % lines) * LINE;
-    if (line < row + row_bytes) asm volatile("prefetch.global.L1 [%0];" : : "l"(line));
-  }
-}
-
 // bounded_scratch (BOUNDED_SHARED bytes of shared memory, or null): the KL best are gathered by the lists'
 // minima (merge.cuh's bounded_gather) where that can, else by gather_best.
 template <class Metric, class Bound, class T, int K, int KL, int WARPS>
@@ -411,7 +390,6 @@ TINYKNN_D void verify_query(long long q, const float* keys, const int* positions
                                     kl_bits)) {
     kl_bits = gather_best<KL, SORT>(keys, positions, total, sort_keys, sort_positions, histogram, histogram + 258);
   }
-  prefetch_candidate_rows(sort_positions, SORT, data, row_stride, dim);
   const float* query = queries + q * row_stride;
   const double qq = verify_query_squares<Metric, Bound>(query, dim, v.query_qq);
   verify_distances<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys, exact_ids);
