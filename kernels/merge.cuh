@@ -65,6 +65,11 @@ constexpr int MERGE_SHARED_FIXED = (256 + 4) * 4;   // radix histogram (256 + 2)
 // bounded_gather's shared memory: each list's minimum (BOUNDED_MAX_LISTS at most), the entries under the
 // bound (BOUNDED_MAX_FOUND at most) as packed (key, position), and two counters.
 constexpr int BOUNDED_MAX_LISTS = 1024, BOUNDED_MAX_FOUND = 512;
+// Up to this many lists T is found by ranking each list's minimum against the others (n^2 shared loads, no
+// barrier), beyond it by the radix select (four passes, twelve barriers). H200, one-query kernel: the radix
+// select everywhere took its last block's 521 lists (1M x 768) 17 us faster, but each slice's list (40-160
+// minima) and 100k x 128's 131 lists 1.3-3.6 us slower a search (bench/NOTES_SINGLE.md).
+constexpr int BOUNDED_RANK_LISTS = 256;
 constexpr int BOUNDED_SHARED = 4 * BOUNDED_MAX_LISTS + 8 * BOUNDED_MAX_FOUND + 16;
 // A slice's keys in groups of this many for its own list (single.cuh): 768 keys give 64 minima, and a slice
 // of at least KL x SLICE_GROUP keys has enough of them.
@@ -87,7 +92,7 @@ TINYKNN_D bool bounded_gather(const float* keys, const int* positions, int total
   const int threads = blockDim.x;
   float* minima = reinterpret_cast<float*>(scratch);
   unsigned long long* found = scratch + BOUNDED_MAX_LISTS / 2;
-  unsigned* counters = reinterpret_cast<unsigned*>(found + BOUNDED_MAX_FOUND);   // [0] entries found
+  unsigned* counters = reinterpret_cast<unsigned*>(found + BOUNDED_MAX_FOUND);   // [0] found, [1] T's bits
   if (threadIdx.x == 0) counters[0] = 0;
   for (int l = threadIdx.x; l < n_lists; l += threads) {
     float least = positive_infinity();
@@ -96,11 +101,25 @@ TINYKNN_D bool bounded_gather(const float* keys, const int* positions, int total
     minima[l] = least;
   }
   __syncthreads();
-  // T: the K-th smallest minimum, by topk.cuh's radix select (its histogram in `found`, unused until T is
-  // known), in place of ranking each minimum against all the others: n_lists^2 shared loads, and the
-  // one-query kernel's last block gathered 521 lists (1M x 768) in 23.7 us against 4.5 over 131 (100k x 128).
-  int ties;
-  const float bound = from_ordered_bits(block_select(minima, n_lists, K, reinterpret_cast<unsigned*>(found), ties));
+  // T: the K-th smallest minimum. Few lists: each minimum ranked against all the others (ties by list); many:
+  // topk.cuh's radix select (its histogram in `found`, unused until T is known), the same value.
+  float bound;
+  if (n_lists <= BOUNDED_RANK_LISTS) {
+    for (int l = threadIdx.x; l < n_lists; l += threads) {
+      const float mine = minima[l];
+      int rank = 0;
+      for (int o = 0; o < n_lists; ++o) {
+        const float other = minima[o];
+        rank += (other < mine || (other == mine && o < l)) ? 1 : 0;
+      }
+      if (rank == K - 1) counters[1] = __float_as_uint(mine);
+    }
+    __syncthreads();
+    bound = __uint_as_float(counters[1]);
+  } else {
+    int ties;
+    bound = from_ordered_bits(block_select(minima, n_lists, K, reinterpret_cast<unsigned*>(found), ties));
+  }
   if (!(bound < positive_infinity())) return false;
   for (int l = threadIdx.x; l < n_lists; l += threads) {
 #pragma unroll

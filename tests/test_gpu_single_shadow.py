@@ -164,3 +164,33 @@ def test_a_shadow_that_does_not_fit_the_device_cap_streams_the_rows(monkeypatch,
     finally:
         monkeypatch.delenv("TINYKNN_DEVICE_MEMORY_LIMIT", raising=False)
         reset_config()
+
+
+@pytest.mark.parametrize("slices", [100, 400])
+def test_the_last_block_gathers_many_lists_as_it_gathers_few(slices, rng):
+    """The last block finds its bound over the slices' lists by ranking their minima when there are at most
+    256 lists and by the radix select beyond (kernels/merge.cuh, BOUNDED_RANK_LISTS): 79 and 313 slices of
+    one index (the slice count forced), clustered rows with duplicates spread over the slices, k from 1 to 128;
+    exact answers, and the same ones both ways."""
+    dim, n = 128, 80_000
+    db = _clustered(rng, n, dim)
+    db[rng.integers(0, n, 300)] = db[11]                  # ties in many slices
+    queries = [db[11:12], db[rng.integers(0, n, 1)] + 0.01 * rng.standard_normal((1, dim)).astype(np.float32),
+               _clustered(rng, 1, dim)]
+    with tinyknn.Index(dim, "l2", "float32", device="cuda") as index:
+        index.add(db)
+        searcher = index._searcher
+        answers = {}
+        for forced in (None, slices):
+            searcher.slices_override = forced
+            searcher._forget_plans()
+            for k in (1, 10, 128):
+                for i, q in enumerate(queries):
+                    d, ids = index.search(q, k)
+                    assert_exact(d, ids, db, q, k, "l2")
+                    answers.setdefault((k, i), []).append((ids, d.view(np.int32)))
+            used = [plan.slices for plan in searcher._plans.values() if getattr(plan, "variant", None) == "single"]
+            assert used and (forced is None or all(s > 256 for s in used) == (slices > 256))
+        searcher.slices_override = None
+    for (first, second) in answers.values():
+        assert np.array_equal(first[0], second[0]) and np.array_equal(first[1], second[1])
