@@ -66,10 +66,11 @@ constexpr int MERGE_SHARED_FIXED = (256 + 4) * 4;   // radix histogram (256 + 2)
 // bound (BOUNDED_MAX_FOUND at most) as packed (key, position), and two counters.
 constexpr int BOUNDED_MAX_LISTS = 1024, BOUNDED_MAX_FOUND = 512;
 // Up to this many lists T is found by ranking each list's minimum against the others (n^2 shared loads, no
-// barrier), beyond it by the radix select (four passes, twelve barriers). H200, one-query kernel: the radix
+// barrier; BOUNDED_MAX_FOUND slots hold them), beyond it by the radix select (four passes, twelve barriers). H200, one-query kernel: the radix
 // select everywhere took its last block's 521 lists (1M x 768) 17 us faster, but each slice's list (40-160
 // minima) and 100k x 128's 131 lists 1.3-3.6 us slower a search (bench/NOTES_SINGLE.md).
 constexpr int BOUNDED_RANK_LISTS = 256;
+static_assert(BOUNDED_RANK_LISTS % 4 == 0 && BOUNDED_RANK_LISTS <= BOUNDED_MAX_FOUND, "the ranked minima fit `found`");
 constexpr int BOUNDED_SHARED = 4 * BOUNDED_MAX_LISTS + 8 * BOUNDED_MAX_FOUND + 16;
 // A slice's keys in groups of this many for its own list (single.cuh): 768 keys give 64 minima, and a slice
 // of at least KL x SLICE_GROUP keys has enough of them.
@@ -102,20 +103,29 @@ TINYKNN_D bool bounded_gather(const float* keys, const int* positions, int total
   }
   __syncthreads();
   // T: the K-th smallest minimum. Few lists: each minimum ranked against all the others (ties by list); many:
-  // topk.cuh's radix select (its histogram in `found`, unused until T is known), the same value.
+  // topk.cuh's radix select (its histogram in `found`), the same value (up to the sign of a zero, which no
+  // comparison below sees).
   float bound;
   if (n_lists <= BOUNDED_RANK_LISTS) {
-    for (int l = threadIdx.x; l < n_lists; l += threads) {
-      const float mine = minima[l];
-      int rank = 0;
-      for (int o = 0; o < n_lists; ++o) {
-        const float other = minima[o];
-        rank += (other < mine || (other == mine && o < l)) ? 1 : 0;
-      }
-      if (rank == K - 1) counters[1] = __float_as_uint(mine);
+    // each minimum as one integer, (ordered bits, list), so that a rank is one comparison an entry (in `found`,
+    // unused until T is known), the others counted four at a time into independent sums
+    for (int l = threadIdx.x; l < (n_lists + 3) / 4 * 4; l += threads) {
+      found[l] = l < n_lists ? ((unsigned long long)ordered_bits(minima[l]) << 32) | (unsigned)l : ~0ull;
     }
     __syncthreads();
-    bound = __uint_as_float(counters[1]);
+    for (int l = threadIdx.x; l < n_lists; l += threads) {
+      const unsigned long long mine = found[l];
+      int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+      for (int o = 0; o < n_lists; o += 4) {
+        r0 += found[o] < mine ? 1 : 0;
+        r1 += found[o + 1] < mine ? 1 : 0;
+        r2 += found[o + 2] < mine ? 1 : 0;
+        r3 += found[o + 3] < mine ? 1 : 0;
+      }
+      if (r0 + r1 + r2 + r3 == K - 1) counters[1] = (unsigned)(mine >> 32);
+    }
+    __syncthreads();
+    bound = from_ordered_bits(counters[1]);
   } else {
     int ties;
     bound = from_ordered_bits(block_select(minima, n_lists, K, reinterpret_cast<unsigned*>(found), ties));
