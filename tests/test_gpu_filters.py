@@ -98,6 +98,48 @@ def test_in_place_views_copy_nothing(rng):
     index.close()
 
 
+def test_a_repeated_allow_list_copies_its_rows_once(rng):
+    """The same filter again finds its row list already on the device (the Index's kept rows of its ids, read-only),
+    for one query and batches; another filter, the same ids in a new array after an add or a removal (new rows),
+    and an array the searcher could see change (writeable) are copied again. Every answer exact."""
+    index, db, ids = build(rng, "l2")
+    searcher = index._searcher
+    q = rng.standard_normal((5, 24)).astype(np.float32)
+    allow = np.sort(rng.choice(ids, 700, replace=False))
+
+    def check(filter_ids, held_ids, held_db):
+        for batch in (q[:1], q):
+            rows = np.flatnonzero(np.isin(held_ids, filter_ids))
+            assert_exact(*index.search(batch, 10, filter=filter_ids), held_db[rows], batch, 10, "l2",
+                         id_map=held_ids[rows])
+
+    before = searcher.row_lists_copied
+    check(allow, ids, db)
+    check(allow.copy(), ids, db)                        # equal ids in another array: the kept rows
+    assert searcher.row_lists_copied == before + 1
+    other = np.sort(rng.choice(ids, 500, replace=False))
+    check(other, ids, db)
+    check(allow, ids, db)
+    assert searcher.row_lists_copied == before + 3
+    extra = vectors(rng, 10, 24, "float32")
+    index.add(extra, ids=np.arange(10) + 10 * len(db))  # an add forgets the kept rows
+    ids, db = np.r_[ids, np.arange(10) + 10 * len(db)], np.r_[db, extra]
+    check(allow, ids, db)
+    assert searcher.row_lists_copied == before + 4
+    gone = allow[:100]
+    index.remove(gone)                                  # a removal moves rows: the list must follow
+    keep = ~np.isin(ids, gone)
+    check(allow, ids[keep], db[keep])
+    assert searcher.row_lists_copied == before + 5
+    chosen = np.sort(rng.choice(ids[keep], 300, replace=False))
+    rows = np.array(index._ids.rows_present(chosen))    # the searcher called with writeable rows: copied each time
+    held = np.isin(ids, chosen)
+    for _ in range(2):
+        assert_exact(*searcher.search(q, 10, rows=rows), db[held], q, 10, "l2", id_map=ids[held])
+    assert searcher.row_lists_copied == before + 7
+    index.close()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("metric", METRICS)
 def test_every_dtype_through_the_index(metric, dtype, rng):

@@ -286,13 +286,21 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
     def _list_rows(self, positions: np.ndarray) -> None:
         """The positions as int32 into the "row_list" buffer, through pinned staging, on the stream: the listed
         kernels that follow read them there (no synchronisation; the staging is free again once the search
-        that follows has synchronised)."""
+        that follows has synchronised). The same positions again (the very array, read-only and owning its
+        values: the Index's kept rows of a repeated filter, IdMap.rows_allowed) are already there."""
         m = len(positions)
-        stage = self._pinned("row_list_stage", m * 4)
         listed = self._device("row_list", m * 4)      # grown before any plan is looked up
-        np.copyto(stage.array(np.int32, m), positions, casting="unsafe")
-        listed.copy_from_host(stage, m * 4, self._stream)
+        if not (positions is self._row_list_of and listed.ptr == self._row_list_at):
+            stage = self._pinned("row_list_stage", m * 4)
+            np.copyto(stage.array(np.int32, m), positions, casting="unsafe")
+            listed.copy_from_host(stage, m * 4, self._stream)
+            self.row_lists_copied += 1
+            unchanging = not positions.flags.writeable and positions.base is None
+            self._row_list_of, self._row_list_at = (positions, listed.ptr) if unchanging else (None, 0)
         self._listed = positions
+
+    _row_list_of, _row_list_at = None, 0    # the positions "row_list" holds (kept only if they cannot change)
+    row_lists_copied = 0                    # filters' row lists copied to the device (tests)
 
     slices_override: int | None = None   # benchmarks only: force the number of database slices
     single_overrides: tuple = ()         # benchmarks only: (name, value) pairs for render.single_params
