@@ -3,6 +3,7 @@
     python3 tests/gpu_sanitize.py                       # fills the cubin cache (NVRTC is slow under the tool)
     compute-sanitizer --tool memcheck python3 tests/gpu_sanitize.py
     compute-sanitizer --tool racecheck python3 tests/gpu_sanitize.py
+    compute-sanitizer --tool racecheck python3 tests/gpu_sanitize.py single    # one selection kernel's cases
 
 Covers: ingest (host rows, float64/float16 CUDA rows and queries when CuPy is present), scan with
 register lists and with shared-memory lists (k = 2048), tiled with shared lists (bulk rebuilds), the
@@ -122,9 +123,12 @@ def screen_and_ops(rng) -> None:
 SCAN_MAX_QUERIES = plan.SCAN_MAX_QUERIES
 
 
-def main() -> int:
+def main(only: str | None = None) -> int:
+    """Every case; `only` a selection kernel's name ("single", "scan", "tiled"): its cases alone, no screen."""
     rng = np.random.default_rng(7)
     for metric, dtype, dim, n, k, n_queries, variant, offset in CASES:
+        if only is not None and variant != only:
+            continue
         plan.SCAN_MAX_QUERIES = 10**9 if variant == "scan" else 0
         db = (rng.standard_normal((n, dim)) + max(offset, 0.0)).astype(np.float32)
         q = (rng.standard_normal((n_queries, dim)) + max(offset, 0.0)).astype(np.float32)
@@ -136,6 +140,7 @@ def main() -> int:
             for _ in range(2):                              # the second search replays a graph
                 distances, ids = index.search(q, k)
                 assert_exact(distances, ids, db, q, k, metric, dtype)
+            slices = [p.slices for p in index._searcher._plans.values() if getattr(p, "variant", None) == variant]
             try:
                 import cupy
             except ImportError:
@@ -144,11 +149,12 @@ def main() -> int:
             db = np.concatenate([db, index._searcher.export()[0][n:].astype(np.float32)])
             distances, ids = index.search(cupy.asarray(q.astype(np.float16)), k)
             assert_exact(distances.get(), ids.get(), db, q.astype(np.float16), k, metric, dtype)
-        print(f"ok {metric} {dtype} dim={dim} n={n} k={k} nq={n_queries} {variant}", flush=True)
+        print(f"ok {metric} {dtype} dim={dim} n={n} k={k} nq={n_queries} {variant} slices={slices}", flush=True)
     plan.SCAN_MAX_QUERIES = SCAN_MAX_QUERIES
-    screen_and_ops(rng)
+    if only is None:
+        screen_and_ops(rng)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))
