@@ -65,10 +65,11 @@ constexpr int MERGE_SHARED_FIXED = (256 + 4) * 4;   // radix histogram (256 + 2)
 // bounded_gather's shared memory: each list's minimum (BOUNDED_MAX_LISTS at most), the entries under the
 // bound (BOUNDED_MAX_FOUND at most) as packed (key, position), and two counters.
 constexpr int BOUNDED_MAX_LISTS = 1024, BOUNDED_MAX_FOUND = 512;
-// Up to this many lists T is found by ranking each list's minimum against the others (n^2 shared loads, no
-// barrier; BOUNDED_MAX_FOUND slots hold them), beyond it by the radix select (four passes, twelve barriers). H200, one-query kernel: the radix
-// select everywhere took its last block's 521 lists (1M x 768) 17 us faster, but each slice's list (40-160
-// minima) and 100k x 128's 131 lists 1.3-3.6 us slower a search (bench/NOTES_SINGLE.md).
+// Up to this many lists T is found by ranking each list's minimum against the others (n^2 shared loads, one
+// barrier; BOUNDED_MAX_FOUND slots hold them), beyond it by the radix select (four passes, a dozen barriers).
+// H200, one-query kernel: the radix select everywhere took its last block's 521 lists (1M x 768) 17 us faster,
+// but each slice's list (40-160 minima) and 100k x 128's 131 lists 1.3-3.6 us slower a search
+// (bench/NOTES_SINGLE.md).
 constexpr int BOUNDED_RANK_LISTS = 256;
 static_assert(BOUNDED_RANK_LISTS % 4 == 0 && BOUNDED_RANK_LISTS <= BOUNDED_MAX_FOUND, "the ranked minima fit `found`");
 constexpr int BOUNDED_SHARED = 4 * BOUNDED_MAX_LISTS + 8 * BOUNDED_MAX_FOUND + 16;
