@@ -10,10 +10,7 @@ per search. Whole minus the steps' sum is the host's share and the gaps between 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 import statistics
 import sys
 import time
@@ -69,18 +66,7 @@ def main() -> None:
         t0 = time.perf_counter_ns()
         index.search(q, args.k)
         plain.append((time.perf_counter_ns() - t0) / 1e3)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(args.reps):
-        index.search(q, args.k)
-    profiler.disable()
-    stream = io.StringIO()
-    stats = pstats.Stats(profiler, stream=stream)
-    rows = []
-    for (path, line, name), (calls, _, own, cumulative, _) in stats.stats.items():
-        rows.append({"function": f"{path.split('/')[-1]}:{line} {name}", "calls_per_search": calls / args.reps,
-                     "own_us_per_search": own * 1e6 / args.reps, "cumulative_us_per_search": cumulative * 1e6 / args.reps})
-    rows.sort(key=lambda r: -r["own_us_per_search"])
+    rows = _common.profile_per_call(lambda: index.search(q, args.k), args.reps)
     result = {"environment": _common.environment(), "shape": vars(args), "whole_us_median": statistics.median(plain),
               "whole_with_step_events_us_median": statistics.median(walls), "steps_us_median": steps,
               "steps_sum_us": sum(steps.values()), "upload_host_us_median": statistics.median(uploads),

@@ -10,12 +10,8 @@ the stream are the device's share; the rest is the host's).
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
-import pstats
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,29 +20,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common  # noqa: E402
 import tinyknn  # noqa: E402
-
-
-def whole_us(fn, reps: int) -> float:
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append((time.perf_counter_ns() - t0) / 1e3)
-    return statistics.median(samples)
-
-
-def profile(fn, reps: int, top: int) -> list:
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(reps):
-        fn()
-    profiler.disable()
-    rows = []
-    for (path, line, name), (calls, _, own, cumulative, _) in pstats.Stats(profiler).stats.items():
-        rows.append({"function": f"{path.split('/')[-1]}:{line} {name}", "calls_per_search": calls / reps,
-                     "own_us_per_search": own * 1e6 / reps, "cumulative_us_per_search": cumulative * 1e6 / reps})
-    rows.sort(key=lambda r: -r["own_us_per_search"])
-    return rows[:top]
 
 
 def main() -> None:
@@ -82,7 +55,8 @@ def main() -> None:
             for _ in range(20):
                 fn()
             reps = args.reps if nq == 1 else max(20, args.reps // 4)
-            entry = {"whole_us_median": whole_us(fn, reps), "profile_top": profile(fn, reps, args.top)}
+            entry = {"whole_us_median": _common.median_us(_common.time_calls(fn, reps, warmup=0)),
+                     "profile_top": _common.profile_per_call(fn, reps)[:args.top]}
             screen = (alone if name == "label rows alone" else index)._searcher._screen
             screen.timings = {}         # the screen's device steps (CUDA events), where it screens this batch
             for _ in range(7):
