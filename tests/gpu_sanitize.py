@@ -44,8 +44,8 @@ CASES = [  # metric, dtype, dim, n, k, n_queries, selection kernel, data offset
     ("cosine", "float16", 16, 500, 100, 40, "tiled", 0.0),       # tiled with shared-memory lists
     ("ip", "float32", 3, 5, 20, 4, "scan", 0.0),                 # k > ntotal: padding
     ("cosine", "float16", 96, 1200, 10, 1, "single", 0.0),       # one query: single_kernel
-    ("l2", "float32", 8, 450_000, 10, 1, "single", 0.0),         # ... slices of at most 1,024 rows, several waves
-    ("l2", "float32", 8, 700_000, 10, 1, "single", 0.0),         # ... more than 256 lists: the radix select's bound
+    ("l2", "float32", 8, 450_000, 10, 1, "single", 0.0),         # ... one wave of slices of a few thousand rows
+    ("l2", "float32", 8, 2_500_000, 10, 1, "single", 0.0),       # ... two waves, more than 256 lists: the radix bound
     ("ip", "float32", 4, 9, 10, 1, "single", 0.0),               # ... slices with fewer rows than a list
     ("l2", "float32", 48, 1000, 10, 9, "tiled", 0.0),            # blocks of 16 queries, filter key
     ("ip", "float16", 64, 900, 10, 12, "tiled", 0.0),            # blocks of 16 queries, exact keys

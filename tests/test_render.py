@@ -203,17 +203,31 @@ def test_one_query_on_a_float32_l2_index_may_stream_its_float16_shadow():
 
 
 @pytest.mark.parametrize("n,rmax,expected_waves", [(1_000_000, 2048, 4), (100_000, 2048, 1), (1_000_000, 8192, 1),
-                                                   (300_000, 2048, 2)])
+                                                   (300_000, 2048, 2), (1_000_000, None, 1), (2_000_000, None, 2)])
 def test_single_query_slices_fill_whole_waves(n, rmax, expected_waves):
     """One block per SM resident (132 SMs): slices of at most rmax rows, rounded up to whole waves (1M rows at
-    2,048: 4 waves of 132 blocks of 1,920 rows, not 3.7 waves of 2,045 rows whose last wave costs a whole one)."""
+    2,048: 4 waves of 132 blocks of 1,920 rows, not 3.7 waves of 2,045 rows whose last wave costs a whole one).
+    The default (rmax None) holds 1M rows in one wave."""
     from tinyknn.gpu import plan
 
-    spec = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, rmax=rmax)
+    overrides = {} if rmax is None else {"rmax": rmax}
+    spec = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, **overrides)
+    rmax = spec.param("rmax")
     loaded = plan.LoadedKernel(spec, None, 512, spec.param("smem"), 1)
     slices, rows = plan.split_rows(n, 1, loaded, 132, spec.param("kl"))
     assert rows <= rmax and slices * rows >= n and (slices - 1) * rows < n
     assert (expected_waves - 1) * 132 < slices <= expected_waves * 132
+
+
+@pytest.mark.parametrize("dtype,dim,lanes", [("float16", 128, 4), ("float32", 64, 4), ("uint8", 256, 4),
+                                             ("float16", 64, 1), ("uint8", 128, 1), ("float32", 128, 4),
+                                             ("float16", 768, 16), ("float32", 768, 32)])
+def test_single_query_rows_of_16_chunks_or_more_take_4_lanes_at_least(dtype, dim, lanes):
+    """The single-query kernel splits a row of 16 to 31 16-byte chunks over 4 lanes, where the scan takes 2
+    (SINGLE_MIN_LANES); shorter rows and longer ones keep the scan's lanes."""
+    assert render.single_spec("l2", dtype, dim, 10, "sm_90").param("lanes") == lanes
+    scan = render.scan_spec("l2", dtype, dim, 10, "sm_90").param("lanes")
+    assert lanes == (max(scan, render.SINGLE_MIN_LANES) if render.row_layout(dim, dtype)[0] >= 16 else scan)
 
 
 def test_a_small_database_gets_fewer_single_query_blocks():

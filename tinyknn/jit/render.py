@@ -51,7 +51,10 @@ SCAN_WARPS = 8                  # warps per scan block (8: half the slices of 4 
 SCAN_CHUNKS_PER_LANE = 8        # a row is split across the fewest lanes that keep <= this many 16-byte loads each
 SCAN_QUERY_SMEM = 16 * 1024     # shared memory for a scan block's queries
 SINGLE_WARPS = 16               # warps per single-query block (16: 0.057 ms on 100k x 128; 8: 0.073, 4: 0.13)
-SINGLE_MAX_ROWS = 2048          # rows per single-query slice (its keys in shared memory); more rows: more slices
+SINGLE_MAX_ROWS = 8192          # rows per single-query slice (its keys in shared memory): 1M rows in one wave of
+                                # 132 slices, not 4 of 521 (1M x 768 float16: 384 -> 375 us); fewer rows keep theirs
+SINGLE_MIN_LANES = 4            # lanes a row at least, for rows of 16+ chunks (100k x 128 float16 shadow: 2 lanes
+                                # 22.2 us, 4 lanes 20.3): more rows in flight a warp than the scan's 8 chunks a lane
 SINGLE_UNROLL = 2               # rows per lane whose loads are in flight together (1 for 8-bit rows: their
                                 # 16-element chunks unpack into too many registers at 2; 1 where a lane holds
                                 # more than SCAN_CHUNKS_PER_LANE chunks of a row, the lanes capped at 32: float32
@@ -153,6 +156,8 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
     chunks, stride = row_layout(dim, streamed)
     if lanes is None:
         lanes = scan_params(streamed, dim, k)["lanes"]
+        if chunks >= 4 * SINGLE_MIN_LANES:
+            lanes = max(lanes, SINGLE_MIN_LANES)
     if unroll is None:
         unroll = SINGLE_UNROLL if ITEMSIZE[streamed] > 1 and -(-chunks // lanes) <= SCAN_CHUNKS_PER_LANE else 1
     query_bytes = _align16(_query_floats(chunks, stride, lanes) * 4) + 16
