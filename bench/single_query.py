@@ -67,7 +67,30 @@ def _floor(nbytes: int, stream, launches: int) -> dict:
         dst.close()
     bandwidth = 2 * nbytes / (copy_ms * 1e-3)
     return {"bytes": nbytes, "copy_ms": copy_ms, "copy_bandwidth_TBps": bandwidth / 1e12,
-            "floor_ms": nbytes / bandwidth * 1e3}
+            "floor_ms": nbytes / bandwidth * 1e3, **_read_floor(nbytes, launches)}
+
+
+def _read_floor(nbytes: int, launches: int) -> dict:
+    """The same bytes read once by torch.sum over float32 (a tuned reduction: reads only), where torch is
+    installed: the floor of a kernel that only reads, which the copy's half need not be."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    values = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
+    total = torch.empty((), dtype=torch.float32, device="cuda")
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(max(1, launches // 10)):
+        begin.record()
+        for _ in range(10):
+            torch.sum(values, out=total)
+        end.record()
+        end.synchronize()
+        samples.append(begin.elapsed_time(end) / 10)
+    del values, total
+    read_ms = statistics.median(samples)
+    return {"read_ms": read_ms, "read_bandwidth_TBps": nbytes / (read_ms * 1e-3) / 1e12}
 
 
 def _kernel_ms(searcher, launches: int, slices: int | None = None, overrides: dict | None = None) -> dict:
@@ -160,7 +183,8 @@ def measure_shape(label: str, n: int, dim: int, dtype: str, reps: int, launches:
             print(f"{label:20s} {mode:15s} search {row['default_us']:8.1f} us"
                   f"  prepared {row['prepared_out_us']:8.1f} us"
                   f"  kernel {row['kernel_ms'] * 1e3:8.1f} us  floor {row['floor']['floor_ms'] * 1e3:8.1f} us"
-                  f"  ({row['floor']['copy_bandwidth_TBps']:.2f} TB/s)  reruns {row['exact_reruns_of_64']}", flush=True)
+                  f"  ({row['floor']['copy_bandwidth_TBps']:.2f} TB/s)  read {row['floor'].get('read_ms', 0) * 1e3:8.1f} us"
+                  f"  reruns {row['exact_reruns_of_64']}", flush=True)
         searcher.single_shadow = True
         if len(answers) == 2:
             (a, b) = answers.values()
