@@ -78,17 +78,16 @@ def _read_floor(nbytes: int, launches: int) -> dict:
     except ImportError:
         return {}
     values = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
-    total = torch.empty((), dtype=torch.float32, device="cuda")
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = []
     for _ in range(max(1, launches // 10)):
         begin.record()
         for _ in range(10):
-            torch.sum(values, out=total)
+            values.sum()
         end.record()
         end.synchronize()
         samples.append(begin.elapsed_time(end) / 10)
-    del values, total
+    del values
     read_ms = statistics.median(samples)
     return {"read_ms": read_ms, "read_bandwidth_TBps": nbytes / (read_ms * 1e-3) / 1e12}
 

@@ -291,12 +291,14 @@ TINYKNN_D void verify_distances(const float* query, const int* sort_positions, c
         }
         continue;
       }
+      // the id is loaded before the chain, so that its latency hides under it (after it, it was a round trip more)
+      const long long id = lane == 0 && position >= 0 ? __ldg(ids + position) : EMPTY_ID;
       const double distance = exact_distance_by_warp<Metric, GROUPS>(
           query, position >= 0 ? data + (long long)position * row_stride : static_cast<const T*>(nullptr), dim, qq,
           lane);
       if (lane == 0 && i < SORT) {
         exact_keys[i] = position >= 0 ? ordered_bits64(exact_key<Metric>(distance)) : EMPTY_KEY64;
-        exact_ids[i] = position >= 0 ? __ldg(ids + position) : EMPTY_ID;
+        exact_ids[i] = id;
       }
     }
   } else {                               // a thread per candidate
@@ -305,9 +307,9 @@ TINYKNN_D void verify_distances(const float* query, const int* sort_positions, c
       unsigned long long key = EMPTY_KEY64;
       long long id = EMPTY_ID;
       if (position >= 0) {
+        id = __ldg(ids + position);     // before the chain (its latency hidden under it)
         key = ordered_bits64(exact_key<Metric>(
             exact_distance_by_chunks<Metric>(query, data + (long long)position * row_stride, dim, qq)));
-        id = __ldg(ids + position);
       }
       exact_keys[i] = key;
       exact_ids[i] = id;
