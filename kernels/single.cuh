@@ -82,6 +82,7 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   __shared__ unsigned last_block;
   require_dynamic_smem(NEED);
 
+  TINYKNN_PHASE(0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int i = threadIdx.x; i < QROW; i += WARPS * 32) query_s[i] = i < dim ? queries[i] : 0.0f;
   __syncthreads();
@@ -93,6 +94,7 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
     __syncthreads();
   }
   const float query_inv_q = Metric::needs_norms ? query_inv[0] : 1.0f;
+  TINYKNN_PHASE(1);
 
   const long long begin = (long long)blockIdx.x * rows_per_slice;
   const long long end = begin + rows_per_slice < n_data ? begin + rows_per_slice : n_data;
@@ -129,6 +131,7 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
     }
   }
   __syncthreads();
+  TINYKNN_PHASE(2);
 
   // The slice's list: its KL best (padded with (+inf, -1) where the slice has fewer rows), bounded by the
   // minima of its keys in groups of SLICE_GROUP (bounded_gather), else by gather_best's radix select.
@@ -151,12 +154,14 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
     }
   }
 
+  TINYKNN_PHASE(3);
   // The last block to arrive verifies (the lists of the others are visible after their fence).
   __threadfence();
   __syncthreads();
   // atomicInc wraps to 0 at the last arrival: the counter is ready for the next launch (graph replays too).
   if (threadIdx.x == 0) last_block = atomicInc(arrivals, gridDim.x - 1) == gridDim.x - 1 ? 1u : 0u;
   __syncthreads();
+  TINYKNN_PHASE(4);
   if (!last_block) return;
   __threadfence();
   // The lists into shared memory when they fit (gather_best reads them once per radix pass), else in place.
@@ -174,6 +179,7 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
     keys = copied_keys;
     positions = copied_positions;
   }
+  TINYKNN_PHASE(5);
   unsigned long long* bounded_scratch = reinterpret_cast<unsigned long long*>(
       reinterpret_cast<char*>(shared_space) + align16(verify_shared_bytes<KL>()) + CMAX * 8);
   verify_query<Metric, Bound, T, K, KL, WARPS>(0, keys, positions, gridDim.x, ids, out_distances, out_ids, arrivals,

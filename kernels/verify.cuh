@@ -245,6 +245,12 @@ TINYKNN_D double exact_squares_by_warp(const float* query, int dim, int lane) {
   return sum;
 }
 
+// TINYKNN_PHASE(i): a probe's stamp of phase i (bench/probes/single_phases.py compiles the library's source with
+// it defined: %globaltimer and clock64 into a module global, by thread 0); nothing in the library.
+#ifndef TINYKNN_PHASE
+#define TINYKNN_PHASE(i)
+#endif
+
 // verify_query: the verify step of query q by the whole block (WARPS warps), over that query's n_lists
 // lists at keys / positions (KL entries each), with `shared_space` (verify_shared_bytes<KL>() bytes) as scratch.
 // Used by verify_kernel (a block per query) and by the single-query kernel's last block (single.cuh).
@@ -392,17 +398,21 @@ TINYKNN_D void verify_query(long long q, const float* keys, const int* positions
                                     kl_bits)) {
     kl_bits = gather_best<KL, SORT>(keys, positions, total, sort_keys, sort_positions, histogram, histogram + 258);
   }
+  TINYKNN_PHASE(6);
   const float* query = queries + q * row_stride;
   const double qq = verify_query_squares<Metric, Bound>(query, dim, v.query_qq);
   verify_distances<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys, exact_ids);
   __syncthreads();
+  TINYKNN_PHASE(7);
   if constexpr (SORT <= 32) {
     warp_sort_exact(exact_keys, exact_ids, SORT);
   } else {
     block_sort_exact(exact_keys, exact_ids, sort_positions, SORT);
   }
+  TINYKNN_PHASE(8);
   verify_answer<Metric, Bound, K, WARPS>(q, exact_keys, exact_ids, kl_bits, qq, row_stride, row_stats, out_distances,
                                          out_ids, status, threshold, bounds);
+  TINYKNN_PHASE(9);
 }
 
 // ---- verify: one block per query ---------------------------------------------------------------------
