@@ -85,20 +85,24 @@ template <class Metric> struct ExactDistance {
     return exact_distance<Metric>(q, x, dim, qq);
   }
 };
+// step_wide: the same step with the query element already widened to double (the same bits: widening is exact).
 template <> struct Exact<L2> : ExactDistance<L2> {
-  static TINYKNN_HD void step(double& a, double&, float q, double x) {
-    const double diff = (double)q - x;
+  static TINYKNN_HD void step(double& a, double& b, float q, double x) { step_wide(a, b, (double)q, x); }
+  static TINYKNN_HD void step_wide(double& a, double&, double q, double x) {
+    const double diff = q - x;
     a = exact_add(a, exact_mul(diff, diff));
   }
   static TINYKNN_HD double finish(double a, double, double) { return a + 0.0; }
 };
 template <> struct Exact<InnerProduct> : ExactDistance<InnerProduct> {
-  static TINYKNN_HD void step(double& a, double&, float q, double x) { a = exact_add(a, exact_mul((double)q, x)); }
+  static TINYKNN_HD void step(double& a, double& b, float q, double x) { step_wide(a, b, (double)q, x); }
+  static TINYKNN_HD void step_wide(double& a, double&, double q, double x) { a = exact_add(a, exact_mul(q, x)); }
   static TINYKNN_HD double finish(double a, double, double) { return a + 0.0; }
 };
 template <> struct Exact<Cosine> : ExactDistance<Cosine> {
-  static TINYKNN_HD void step(double& dot, double& xx, float q, double x) {
-    dot = exact_add(dot, exact_mul((double)q, x));
+  static TINYKNN_HD void step(double& dot, double& xx, float q, double x) { step_wide(dot, xx, (double)q, x); }
+  static TINYKNN_HD void step_wide(double& dot, double& xx, double q, double x) {
+    dot = exact_add(dot, exact_mul(q, x));
     xx = exact_add(xx, exact_mul(x, x));
   }
   // qq: the query's sum of squares (exact_squares), computed once per query by the caller.

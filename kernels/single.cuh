@@ -47,7 +47,7 @@ struct ShadowKeyBound {
 // hold those positions, so the verify step reads the stored rows as it does unfiltered. A row the list does
 // not name is never loaded. Without LISTED, `listed_rows` is unused and the kernel is the unfiltered one.
 template <class Metric, class Bound, class T, class S, int DIM, int K, int KL, int G, int WARPS, int RMAX, int UNROLL,
-          int CMAX, int SMEM, bool LISTED = false>
+          int CMAX, int SMEM, bool LISTED = false, int STAGE = 0>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const float* __restrict__ data_inv_norms,
               long long n_data, long long rows_per_slice, const float* __restrict__ queries,
@@ -66,7 +66,11 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   constexpr int SLICE_BYTES = align16(QUERY_BYTES + RMAX * 8 + SORT * 8 + MERGE_SHARED_FIXED) + BOUNDED_SHARED;
   // + the lists, copied, and bounded_gather's scratch
   constexpr int VERIFY_BYTES = align16(verify_shared_bytes<KL>()) + CMAX * 8 + BOUNDED_SHARED;
-  constexpr int NEED = SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES;
+  // STAGE = 1: the verify step's rows staged in shared memory after the verify step's own (verify.cuh)
+  constexpr int STAGED_BYTES =
+      STAGE ? align16(verify_shared_bytes<KL>()) + staged_bytes<KL, T>(STORED_STRIDE * (int)sizeof(T), DIM) : 0;
+  constexpr int NEED_LISTS = SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES;
+  constexpr int NEED = NEED_LISTS > STAGED_BYTES ? NEED_LISTS : STAGED_BYTES;
   static_assert(SMEM >= NEED, "single_kernel: SMEM is smaller than its shared memory layout");
   static_assert(KL <= RMAX, "single_kernel: a slice must be able to hold a whole list");
   extern __shared__ float4 shared_space[];
@@ -182,9 +186,10 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   TINYKNN_PHASE(5);
   unsigned long long* bounded_scratch = reinterpret_cast<unsigned long long*>(
       reinterpret_cast<char*>(shared_space) + align16(verify_shared_bytes<KL>()) + CMAX * 8);
+  char* stage_space = STAGE ? reinterpret_cast<char*>(shared_space) + align16(verify_shared_bytes<KL>()) : nullptr;
   verify_query<Metric, Bound, T, K, KL, WARPS>(0, keys, positions, gridDim.x, ids, out_distances, out_ids, arrivals,
                                                data, queries, STORED_STRIDE, dim, row_stats, status, threshold,
-                                               shared_space, bounded_scratch);
+                                               shared_space, bounded_scratch, stage_space);
 }
 
 }  // namespace tinyknn

@@ -323,6 +323,63 @@ TINYKNN_D void verify_distances(const float* query, const int* sort_positions, c
   }
 }
 
+// verify_distances with the candidates' rows staged in shared memory (the single-query kernel's last block,
+// STAGE = 1): the whole block copies the KL candidates' rows (gather_best leaves [KL, SORT) empty) into
+// `stage` in 16-byte chunks, every load issued before any is used, and the query widened to double once into
+// `query64`; then one thread a candidate runs the contract's sequential chain from shared memory. In the
+// groups of lanes above, the 8 lanes of a group all run their candidate's chain, and their conversions to
+// double (16 a clock per SM) bound the step: 15-24 us for 18 candidates of 768 dims (bench/NOTES_SINGLE.md).
+// Rows are staged_pitch_words() apart, an odd count, so the threads' reads of one element fall in different
+// banks. Needs staged_bytes<KL>(row_stride * sizeof(T), dim) bytes at `stage_space` (16-byte aligned).
+template <class T> TINYKNN_HD constexpr int staged_pitch_words(int row_bytes) { return (row_bytes / 4) | 1; }
+template <int KL, class T> TINYKNN_HD constexpr int staged_bytes(int row_bytes, int dim) {
+  return ((dim * 8 + 15) / 16) * 16 + KL * staged_pitch_words<T>(row_bytes) * 4;
+}
+template <class Metric, class T, int KL, int WARPS>
+TINYKNN_D void verify_distances_staged(const float* query, const int* sort_positions, const long long* __restrict__ ids,
+                                       const T* __restrict__ data, int row_stride, int dim, double qq,
+                                       unsigned long long* exact_keys, long long* exact_ids, char* stage_space) {
+  constexpr int SORT = next_pow2(KL), N = Chunk<T>::N;
+  double* query64 = reinterpret_cast<double*>(stage_space);
+  unsigned* stage = reinterpret_cast<unsigned*>(stage_space + ((dim * 8 + 15) / 16) * 16);
+  const int chunks = row_stride * (int)sizeof(T) / 16;      // rows are padded to whole 16-byte chunks
+  const int pitch = staged_pitch_words<T>(row_stride * (int)sizeof(T));
+  for (int t = threadIdx.x; t < KL * chunks; t += WARPS * 32) {
+    const int i = t / chunks, c = t - i * chunks;
+    const int position = sort_positions[i];
+    const uint4 raw = position >= 0 ? __ldg(reinterpret_cast<const uint4*>(data + (long long)position * row_stride) + c)
+                                    : zero_chunk();
+    unsigned* to = stage + i * pitch + c * 4;
+    to[0] = raw.x;
+    to[1] = raw.y;
+    to[2] = raw.z;
+    to[3] = raw.w;
+  }
+  for (int e = threadIdx.x; e < dim; e += WARPS * 32) query64[e] = (double)__ldg(query + e);
+  __syncthreads();
+  for (int i = threadIdx.x; i < SORT; i += WARPS * 32) {
+    const int position = i < KL ? sort_positions[i] : -1;
+    unsigned long long key = EMPTY_KEY64;
+    long long id = EMPTY_ID;
+    if (position >= 0) {
+      id = __ldg(ids + position);       // before the chain (its latency hidden under it)
+      const unsigned* words = stage + i * pitch;
+      double a = 0.0, b = 0.0;
+      for (int c = 0; c * N < dim; ++c) {
+        float x[N];
+        Chunk<T>::unpack(make_uint4(words[4 * c], words[4 * c + 1], words[4 * c + 2], words[4 * c + 3]), x);
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+          if (c * N + e < dim) Exact<Metric>::step_wide(a, b, query64[c * N + e], (double)x[e]);
+        }
+      }
+      key = ordered_bits64(exact_key<Metric>(Exact<Metric>::finish(a, b, qq)));
+    }
+    exact_keys[i] = key;
+    exact_ids[i] = id;
+  }
+}
+
 // verify_query's shared memory (shared_space, verify_shared_bytes<KL>() of it): the SORT candidates' float64
 // keys and ids, their float32 keys and positions, gather_best's histogram, the query's |q|^2.
 template <int KL> struct VerifyShared {
@@ -374,6 +431,8 @@ TINYKNN_D void verify_answer(long long q, const unsigned long long* exact_keys, 
 
 // bounded_scratch (BOUNDED_SHARED bytes of shared memory, or null): the KL best are gathered by the lists'
 // minima (merge.cuh's bounded_gather) where that can, else by gather_best.
+// stage_space (null: the groups of lanes, verify_distances): verify_distances_staged's room, where nothing of
+// the gather is read any more (single.cuh's copied lists and bounded_scratch may lie under it).
 template <class Metric, class Bound, class T, int K, int KL, int WARPS>
 TINYKNN_D void verify_query(long long q, const float* keys, const int* positions, int n_lists,
                             const long long* __restrict__ ids, float* __restrict__ out_distances,
@@ -381,7 +440,7 @@ TINYKNN_D void verify_query(long long q, const float* keys, const int* positions
                             const float* __restrict__ queries, int row_stride, int dim,
                             const unsigned* __restrict__ row_stats, int* __restrict__ status,
                             double* __restrict__ threshold, float4* shared_space,
-                            unsigned long long* bounded_scratch = nullptr) {
+                            unsigned long long* bounded_scratch = nullptr, char* stage_space = nullptr) {
   static_assert(K < KL, "verify: the selection must keep more candidates than it returns");
   constexpr int SORT = next_pow2(KL);
   const VerifyShared<KL> v(shared_space);
@@ -401,7 +460,12 @@ TINYKNN_D void verify_query(long long q, const float* keys, const int* positions
   TINYKNN_PHASE(6);
   const float* query = queries + q * row_stride;
   const double qq = verify_query_squares<Metric, Bound>(query, dim, v.query_qq);
-  verify_distances<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys, exact_ids);
+  if (stage_space != nullptr) {
+    verify_distances_staged<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys,
+                                                  exact_ids, stage_space);
+  } else {
+    verify_distances<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys, exact_ids);
+  }
   __syncthreads();
   TINYKNN_PHASE(7);
   if constexpr (SORT <= 32) {

@@ -95,6 +95,23 @@ def test_manifest_kernels_need_no_local_memory(arch, kernel_cache, spill_free_nv
     assert max(r.registers for r in reports.values()) <= 255
 
 
+STAGED = [("l2", "float32", 768, 10, True), ("l2", "float16", 768, 10, False), ("cosine", "bfloat16", 96, 100, False),
+          ("ip", "uint8", 130, 32, False)]
+
+
+def test_the_staged_verify_knob_needs_no_local_memory(kernel_cache):
+    """The single-query kernel with its verify step's rows staged in shared memory (stage=1), and its listed
+    variant: compiled, no spills, and the shared memory it asks for within a block's."""
+    specs = [render.single_spec(metric, dtype, dim, k, "sm_90", shadow=shadow, stage=1, **listed)
+             for metric, dtype, dim, k, shadow in STAGED for listed in ({}, {"listed": True})]
+    outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
+    assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
+    for spec in specs:
+        report = kernel_cache.get(spec).reports[cuda_source.name_expression(spec)]
+        assert (report.stack_bytes, report.spill_store_bytes, report.spill_load_bytes) == (0, 0, 0), (spec, report)
+        assert spec.param("smem") <= render.SINGLE_STAGE_MAX_SMEM
+
+
 HOPPER = [("l2", "float16", 768), ("ip", "bfloat16", 128), ("l2", "uint8", 128), ("ip", "int8", 2048)]
 
 

@@ -230,6 +230,24 @@ def test_single_query_rows_of_16_chunks_or_more_take_4_lanes_at_least(dtype, dim
     assert lanes == (max(scan, render.SINGLE_MIN_LANES) if render.row_layout(dim, dtype)[0] >= 16 else scan)
 
 
+def test_the_staged_verify_knob_sizes_its_shared_memory():
+    """stage=1 (the verify step's candidates' rows staged in shared memory): the block's shared memory covers the
+    verify step's own, the query in float64 and KL rows of an odd count of words; the default specs' names stay
+    as they were; a stage that cannot fit is refused with the sizes."""
+    plain = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True)
+    staged = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=1)
+    assert staged.param("stage") == 1 and plain.param("stage", 0) == 0
+    kl, row_bytes = staged.param("kl"), render.row_layout(768, "float32")[1] * 4
+    need = render._align16(render.verify_params(kl, False)["smem"]) + 768 * 8 + kl * ((row_bytes // 4) | 1) * 4
+    assert staged.param("smem") == max(plain.param("smem"), need)
+    assert cuda_source.name_expression(staged).endswith(", false, 1>")
+    assert cuda_source.name_expression(plain).endswith(f", {plain.param('smem')}>")
+    listed = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=1, listed=True)
+    assert cuda_source.name_expression(listed).endswith(", true, 1>")
+    with pytest.raises(ValueError, match=r"stage=1 needs \d+ bytes of shared memory for 136 rows of 16384 bytes"):
+        render.single_spec("l2", "float32", 4096, 128, "sm_90", stage=1)
+
+
 def test_a_small_database_gets_fewer_single_query_blocks():
     """One query on 20,000 rows: slices of at least plan.SINGLE_MIN_SLICE_ROWS (40 blocks, not 132 of 160 rows);
     100k rows still fill the 132 SMs; a forced slice count is kept."""

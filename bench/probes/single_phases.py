@@ -64,7 +64,8 @@ def compile_only(arch: str) -> None:
         cubin = compiler.compile_cubin(stamped_source(spec_of(label, arch)), arch)
         for name, report in cubin.reports.items():
             if "single_kernel" in name:
-                print(f"{label:20s} registers {report.registers} stack {report.stack_bytes} spills {report.spill_bytes}")
+                print(f"{label:20s} registers {report.registers} stack {report.stack_bytes} "
+                      f"spills {report.spill_bytes}")
 
 
 class Stamped:
@@ -151,7 +152,7 @@ def phases(stamps: list[np.ndarray]) -> dict:
     return {"clock_ghz": rate, **{f"{name}_us": us(values) for name, values in rows.items()}}
 
 
-def run_shape(label: str, searches: int, stamped: Stamped, rng) -> dict:
+def run_shape(label: str, searches: int, stamped: Stamped, rng, overrides: tuple = ()) -> dict:
     import reference
     import tinyknn
 
@@ -161,6 +162,7 @@ def run_shape(label: str, searches: int, stamped: Stamped, rng) -> dict:
     with tinyknn.Index(dim, "l2", dtype, device="cuda") as index:
         index.add(db)
         searcher = index._searcher
+        searcher.single_overrides = overrides      # render.single_params knobs (--stage)
         before = len(stamped.modules)
         answers = [index.search(queries[i:i + 1], K) for i in range(len(queries))]
         if len(stamped.modules) == before:
@@ -180,7 +182,8 @@ def run_shape(label: str, searches: int, stamped: Stamped, rng) -> dict:
         for i in range(searches):
             index.search(queries[i % len(queries)][None], K)
             collected.append(read_stamps(pointer, slices))
-        result = {"n": n, "dim": dim, "dtype": dtype, "slices": slices, "rows_per_slice": plan.rows_per_slice,
+        result = {"overrides": dict(overrides), "n": n, "dim": dim, "dtype": dtype, "slices": slices,
+                  "rows_per_slice": plan.rows_per_slice,
                   "params": dict(spec_of(label, searcher._arch).params), "oracle_checked": checked,
                   "unproven_of_8": unproven, **phases(collected)}
     print(f"{label:20s} slices {slices:4d}  " + "  ".join(
@@ -193,6 +196,8 @@ def main() -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated labels of SHAPES")
     parser.add_argument("--searches", type=int, default=100)
     parser.add_argument("--compile-only", action="store_true", help="NVRTC and the ptxas report only (sm_90)")
+    parser.add_argument("--stage", type=int, choices=(0, 1), default=0,
+                        help="1: the verify step's rows staged in shared memory (render.single_params stage=1)")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
     labels = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -208,7 +213,8 @@ def main() -> int:
     stamped = Stamped(current_device().arch)
     rng = np.random.default_rng(0)
     try:
-        shapes = {label: run_shape(label, args.searches, stamped, rng) for label in labels}
+        overrides = (("stage", 1),) if args.stage else ()
+        shapes = {label: run_shape(label, args.searches, stamped, rng, overrides) for label in labels}
     finally:
         stamped.close()
     if args.out_dir is not None:

@@ -62,6 +62,7 @@ SINGLE_UNROLL = 2               # rows per lane whose loads are in flight togeth
 # The last block copies the lists to shared memory up to this many entries (170 slices of 18), beside
 # bounded_gather's scratch: together the 32 KB the copy alone took at 4,096 entries.
 SINGLE_COPY_MAX = 3072
+SINGLE_STAGE_MAX_SMEM = 200 * 1024   # the staged verify step's shared memory at most (an H100/H200 block: 227 KB)
 SINGLE_MAX_K = 128              # the single-query kernel up to this k (its last block verifies k + margin)
 SINGLE_SHADOW_MARGIN = 8        # candidates beyond k when streaming a float32 index's float16 shadow (its bound is
                                 # looser than float32's: 2 extra would send more near-ties to the band search)
@@ -144,11 +145,14 @@ _BOUNDED_BYTES = 4 * 1024 + 8 * 512 + 16   # bounded_gather's scratch (BOUNDED_S
 
 def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, warps: int = SINGLE_WARPS,
                   rmax: int = SINGLE_MAX_ROWS, unroll: int | None = None,
-                  cmax: int = SINGLE_COPY_MAX, shadow: bool = False, listed: bool = False) -> dict[str, int]:
+                  cmax: int = SINGLE_COPY_MAX, shadow: bool = False, listed: bool = False,
+                  stage: int = 0) -> dict[str, int]:
     """Parameters of the single-query kernel: the scan kernel's lanes per row, a slice of at most
     `rmax` rows whose keys and positions sit in shared memory, and room for the verify step after.
     shadow: a float32 l2 index streams its float16 shadow (single.cuh's ShadowKeyBound), with a wider margin.
-    listed: it reads the rows a position list names (a filter's, in place)."""
+    listed: it reads the rows a position list names (a filter's, in place). stage=1: the verify step stages
+    its candidates' rows in shared memory, a thread a candidate (verify.cuh's verify_distances_staged; a
+    knob, not a default yet: ValueError where it does not fit in a block's shared memory)."""
     if shadow and dtype != "float32":
         raise ValueError(f"only a float32 index streams a float16 shadow; got dtype {dtype!r}")
     streamed = "float16" if shadow else dtype
@@ -165,6 +169,13 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
     verify_bytes = _align16(verify_params(kl, False)["smem"]) + cmax * 8 + _BOUNDED_BYTES   # lists, bounded_gather
     params = {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "unroll": unroll, "cmax": cmax,
               "smem": max(slice_bytes, verify_bytes)}
+    if stage:
+        row_bytes = row_layout(dim, dtype)[1] * ITEMSIZE[dtype]      # the stored rows, as verify reads them
+        staged = _align16(verify_params(kl, False)["smem"]) + _align16(dim * 8) + kl * ((row_bytes // 4) | 1) * 4
+        if staged > SINGLE_STAGE_MAX_SMEM:
+            raise ValueError(f"stage=1 needs {staged} bytes of shared memory for {kl} rows of {row_bytes} bytes; "
+                             f"at most {SINGLE_STAGE_MAX_SMEM} fit")
+        params = {**params, "smem": max(params["smem"], staged), "stage": 1}
     return _listed({**params, "shadow": 1} if shadow else params, listed)
 
 
