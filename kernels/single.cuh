@@ -68,7 +68,7 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   constexpr int VERIFY_BYTES = align16(verify_shared_bytes<KL>()) + CMAX * 8 + BOUNDED_SHARED;
   // STAGE = 1: the verify step's rows staged in shared memory after the verify step's own (verify.cuh)
   constexpr int STAGED_BYTES =
-      STAGE ? align16(verify_shared_bytes<KL>()) + staged_bytes<KL, T>(STORED_STRIDE * (int)sizeof(T), DIM) : 0;
+      STAGE ? align16(verify_shared_bytes<KL>()) + staged_bytes<KL>(STORED_STRIDE * (int)sizeof(T), DIM) : 0;
   constexpr int NEED_LISTS = SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES;
   constexpr int NEED = NEED_LISTS > STAGED_BYTES ? NEED_LISTS : STAGED_BYTES;
   static_assert(SMEM >= NEED, "single_kernel: SMEM is smaller than its shared memory layout");

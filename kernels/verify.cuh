@@ -331,9 +331,9 @@ TINYKNN_D void verify_distances(const float* query, const int* sort_positions, c
 // double (16 a clock per SM) bound the step: 15-24 us for 18 candidates of 768 dims (bench/NOTES_SINGLE.md).
 // Rows are staged_pitch_words() apart, an odd count, so the threads' reads of one element fall in different
 // banks. Needs staged_bytes<KL>(row_stride * sizeof(T), dim) bytes at `stage_space` (16-byte aligned).
-template <class T> TINYKNN_HD constexpr int staged_pitch_words(int row_bytes) { return (row_bytes / 4) | 1; }
-template <int KL, class T> TINYKNN_HD constexpr int staged_bytes(int row_bytes, int dim) {
-  return ((dim * 8 + 15) / 16) * 16 + KL * staged_pitch_words<T>(row_bytes) * 4;
+TINYKNN_HD constexpr int staged_pitch_words(int row_bytes) { return (row_bytes / 4) | 1; }
+template <int KL> TINYKNN_HD constexpr int staged_bytes(int row_bytes, int dim) {
+  return ((dim * 8 + 15) / 16) * 16 + KL * staged_pitch_words(row_bytes) * 4;
 }
 template <class Metric, class T, int KL, int WARPS>
 TINYKNN_D void verify_distances_staged(const float* query, const int* sort_positions, const long long* __restrict__ ids,
@@ -343,7 +343,7 @@ TINYKNN_D void verify_distances_staged(const float* query, const int* sort_posit
   double* query64 = reinterpret_cast<double*>(stage_space);
   unsigned* stage = reinterpret_cast<unsigned*>(stage_space + ((dim * 8 + 15) / 16) * 16);
   const int chunks = row_stride * (int)sizeof(T) / 16;      // rows are padded to whole 16-byte chunks
-  const int pitch = staged_pitch_words<T>(row_stride * (int)sizeof(T));
+  const int pitch = staged_pitch_words(row_stride * (int)sizeof(T));
   for (int t = threadIdx.x; t < KL * chunks; t += WARPS * 32) {
     const int i = t / chunks, c = t - i * chunks;
     const int position = sort_positions[i];
