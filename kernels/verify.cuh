@@ -344,18 +344,39 @@ TINYKNN_D void verify_distances_staged(const float* query, const int* sort_posit
   unsigned* stage = reinterpret_cast<unsigned*>(stage_space + ((dim * 8 + 15) / 16) * 16);
   const int chunks = row_stride * (int)sizeof(T) / 16;      // rows are padded to whole 16-byte chunks
   const int pitch = staged_pitch_words(row_stride * (int)sizeof(T));
-  for (int t = threadIdx.x; t < KL * chunks; t += WARPS * 32) {
-    const int i = t / chunks, c = t - i * chunks;
-    const int position = sort_positions[i];
-    const uint4 raw = position >= 0 ? __ldg(reinterpret_cast<const uint4*>(data + (long long)position * row_stride) + c)
-                                    : zero_chunk();
-    unsigned* to = stage + i * pitch + c * 4;
-    to[0] = raw.x;
-    to[1] = raw.y;
-    to[2] = raw.z;
-    to[3] = raw.w;
+  // STAGE_LOADS chunks a thread in flight before any is stored (one loop iteration a chunk waited for each
+  // load in turn: ~7 round trips for 18 rows of 768 floats); a second round only beyond 8 x 512 chunks
+  constexpr int STAGE_LOADS = 8;
+  const int total = KL * chunks;
+  for (int base = threadIdx.x; base < total; base += STAGE_LOADS * WARPS * 32) {
+    uint4 raw[STAGE_LOADS];
+#pragma unroll
+    for (int u = 0; u < STAGE_LOADS; ++u) {
+      const int t = base + u * WARPS * 32;
+      const int i = t / chunks, c = t - i * chunks;
+      const int position = t < total ? sort_positions[i] : -1;
+      raw[u] = position >= 0 ? __ldg(reinterpret_cast<const uint4*>(data + (long long)position * row_stride) + c)
+                             : zero_chunk();
+    }
+#pragma unroll
+    for (int u = 0; u < STAGE_LOADS; ++u) {
+      const int t = base + u * WARPS * 32;
+      if (t < total) {
+        const int i = t / chunks, c = t - i * chunks;
+        unsigned* to = stage + i * pitch + c * 4;
+        to[0] = raw[u].x;
+        to[1] = raw[u].y;
+        to[2] = raw[u].z;
+        to[3] = raw[u].w;
+      }
+    }
   }
-  for (int e = threadIdx.x; e < dim; e += WARPS * 32) query64[e] = (double)__ldg(query + e);
+  for (int e = threadIdx.x; e < dim; e += 2 * WARPS * 32) {     // two elements a thread in flight
+    const int f = e + WARPS * 32;
+    const float first = __ldg(query + e), second = f < dim ? __ldg(query + f) : 0.0f;
+    query64[e] = (double)first;
+    if (f < dim) query64[f] = (double)second;
+  }
   __syncthreads();
   for (int i = threadIdx.x; i < SORT; i += WARPS * 32) {
     const int position = i < KL ? sort_positions[i] : -1;
