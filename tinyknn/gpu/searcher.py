@@ -15,8 +15,8 @@ host by (distance, id). So every answer is the exactness contract's, bit for bit
 
 Host queries (NumPy): copied into pinned staging allocated once and grown (never per call), one async
 copy in, the selection kernel and the merge, one async copy of the (n_queries, k) results out (one query:
-the kernel writes them into the mapped pinned staging itself), one stream synchronisation with the GIL released, then into the two result arrays (the only per-call
-allocations). Their values (NaN, infinity, magnitude) are checked on the host while the device
+the kernel writes them into the mapped pinned staging itself), one stream synchronisation with the GIL
+released, then into the two result arrays (the only per-call allocations). Their values (NaN, infinity, magnitude) are checked on the host while the device
 searches; bad values raise once the device is done, and their results are never returned. A batch
 shape seen twice is captured as a CUDA graph and replayed (one driver call).
 
@@ -145,7 +145,8 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
         row_stats = self._pointer("row_stats") if database else 0
         kind = SOURCE_KINDS.get(np.dtype(source_dtype).name)
         if kind is None:
-            raise TypeError(f"tinyknn's GPU ingest reads {', '.join(SOURCE_KINDS)} elements; got {np.dtype(source_dtype)}")
+            raise TypeError(f"tinyknn's GPU ingest reads {', '.join(SOURCE_KINDS)} elements; "
+                            f"got {np.dtype(source_dtype)}")
         loaded, launch = self._packed(render.norms_spec(storage, self.dim, self._arch), source_ptr, kind, row_step,
                                       rows, self.dim, dest_ptr, self._stride, norms_ptr, squared, row_stats,
                                       self._pointer("status"))
