@@ -16,9 +16,10 @@ host by (distance, id). So every answer is the exactness contract's, bit for bit
 Host queries (NumPy): copied into pinned staging allocated once and grown (never per call), one async
 copy in, the selection kernel and the merge, one async copy of the (n_queries, k) results out (one query:
 the kernel writes them into the mapped pinned staging itself), one stream synchronisation with the GIL
-released, then into the two result arrays (the only per-call allocations). Their values (NaN, infinity, magnitude) are checked on the host while the device
-searches; bad values raise once the device is done, and their results are never returned. A batch
-shape seen twice is captured as a CUDA graph and replayed (one driver call).
+released, then into the two result arrays (the only per-call allocations). Their values (NaN, infinity,
+magnitude) are checked on the host while the device searches; bad values raise once the device is done,
+and their results are never returned. A batch shape seen twice is captured as a CUDA graph and replayed
+(one driver call).
 
 CUDA queries (CuPy, torch): read in place by the ingest kernel (dtype conversion, padding and the
 NaN check on the device), results written straight into arrays of the caller's framework; our
