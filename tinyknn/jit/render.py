@@ -166,12 +166,13 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
         unroll = SINGLE_UNROLL if ITEMSIZE[streamed] > 1 and -(-chunks // lanes) <= SCAN_CHUNKS_PER_LANE else 1
     query_bytes = _align16(_query_floats(chunks, stride, lanes) * 4) + 16
     slice_bytes = _align16(query_bytes + rmax * 8 + _sort_slots(kl) * 8 + _RADIX_BYTES) + _BOUNDED_BYTES
-    verify_bytes = _align16(verify_params(kl, False)["smem"]) + cmax * 8 + _BOUNDED_BYTES   # lists, bounded_gather
+    verify_own = _align16(verify_params(kl, False)["smem"])       # verify_shared_bytes<KL> (single.cuh)
+    verify_bytes = verify_own + cmax * 8 + _BOUNDED_BYTES             # + the lists, bounded_gather's scratch
     params = {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "unroll": unroll, "cmax": cmax,
               "smem": max(slice_bytes, verify_bytes)}
     if stage:
         row_bytes = row_layout(dim, dtype)[1] * ITEMSIZE[dtype]      # the stored rows, as verify reads them
-        staged = _align16(verify_params(kl, False)["smem"]) + _align16(dim * 8) + kl * ((row_bytes // 4) | 1) * 4
+        staged = verify_own + _align16(dim * 8) + kl * ((row_bytes // 4) | 1) * 4
         if staged > SINGLE_STAGE_MAX_SMEM:
             raise ValueError(f"stage=1 needs {staged} bytes of shared memory for {kl} rows of {row_bytes} bytes; "
                              f"at most {SINGLE_STAGE_MAX_SMEM} fit")
