@@ -99,10 +99,14 @@ def test_listed_kernels_are_their_own_specs_and_cache_warm_lists_them():
     """A filtered search that reads a position list in place launches the LISTED instantiations (one more
     template argument, `true`); the unfiltered specs and their name expressions are what they were; the verify
     step after them is the unfiltered one; specs_for_search lists every listed kernel a search may pick."""
-    plain = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True)
-    listed = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, listed=True)
+    plain = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, stage=0)
+    listed = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, listed=True, stage=0)
     assert "listed" not in dict(plain.params) and listed.param("listed") == 1
     assert cuda_source.name_expression(listed) == cuda_source.name_expression(plain)[:-1] + ", true>"
+    staged, staged_listed = (render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, **listing)
+                             for listing in ({}, {"listed": True}))
+    assert cuda_source.name_expression(staged).endswith(", false, 1>")
+    assert cuda_source.name_expression(staged_listed) == cuda_source.name_expression(staged)[:-11] + ", true, 1>"
     for make in (lambda **kw: render.scan_spec("ip", "float16", 96, 10, "sm_90", n_queries=3, **kw),
                  lambda **kw: render.tiled_spec("l2", "int8", 96, 10, "sm_90", n_queries=1000, **kw)):
         assert cuda_source.name_expression(make(listed=True)) == cuda_source.name_expression(make())[:-1] + ", true>"
@@ -230,11 +234,11 @@ def test_single_query_rows_of_16_chunks_or_more_take_4_lanes_at_least(dtype, dim
     assert lanes == (max(scan, render.SINGLE_MIN_LANES) if render.row_layout(dim, dtype)[0] >= 16 else scan)
 
 
-def test_the_staged_verify_knob_sizes_its_shared_memory():
+def test_the_staged_verify_step_sizes_its_shared_memory():
     """stage=1 (the verify step's candidates' rows staged in shared memory): the block's shared memory covers the
-    verify step's own, the query in float64 and KL rows of an odd count of words; the default specs' names stay
-    as they were; a stage that cannot fit is refused with the sizes."""
-    plain = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True)
+    verify step's own, the query in float64 and KL rows of an odd count of words; stage=0 specs' names stay as
+    they were; a stage that cannot fit is refused with the sizes."""
+    plain = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=0)
     staged = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=1)
     assert staged.param("stage") == 1 and plain.param("stage", 0) == 0
     kl, row_bytes = staged.param("kl"), render.row_layout(768, "float32")[1] * 4
@@ -246,6 +250,24 @@ def test_the_staged_verify_knob_sizes_its_shared_memory():
     assert cuda_source.name_expression(listed).endswith(", true, 1>")
     with pytest.raises(ValueError, match=r"stage=1 needs \d+ bytes of shared memory for 136 rows of 16384 bytes"):
         render.single_spec("l2", "float32", 4096, 128, "sm_90", stage=1)
+
+
+@pytest.mark.parametrize("arch,dtype,dim,k,staged", [("sm_90", "float32", 768, 10, True),
+                                                     ("sm_90a", "float16", 768, 10, True),
+                                                     ("sm_90", "uint8", 128, 100, True),
+                                                     ("sm_90", "float32", 768, 128, False),
+                                                     ("sm_90", "float32", 4096, 128, False),
+                                                     ("sm_80", "float32", 768, 10, False),
+                                                     ("sm_89", "float16", 128, 10, False)])
+def test_the_verify_step_stages_its_rows_by_default_on_hopper_where_they_fit(arch, dtype, dim, k, staged):
+    """Unless told, the single-query kernel stages its verify step's rows on SINGLE_STAGE_ARCHS where they fit
+    SINGLE_STAGE_MAX_SMEM (no error where they do not), and elsewhere keeps the unstaged kernel, whose spec is
+    the one stage=0 names."""
+    shadow = dtype == "float32"
+    spec = render.single_spec("l2", dtype, dim, k, arch, shadow=shadow)
+    assert bool(spec.param("stage", 0)) == staged
+    assert spec == render.single_spec("l2", dtype, dim, k, arch, shadow=shadow, stage=int(staged))
+    assert spec.param("smem") <= render.SINGLE_STAGE_MAX_SMEM
 
 
 def test_a_small_database_gets_fewer_single_query_blocks():

@@ -197,7 +197,7 @@ def main() -> int:
     parser.add_argument("--searches", type=int, default=100)
     parser.add_argument("--compile-only", action="store_true", help="NVRTC and the ptxas report only (sm_90)")
     parser.add_argument("--stage", type=int, choices=(0, 1), default=0,
-                        help="1: the verify step's rows staged in shared memory (render.single_params stage=1)")
+                        help="0: the verify step reads its rows from global memory; 1: staged in shared memory (render.single_params)")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
     labels = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -213,7 +213,7 @@ def main() -> int:
     stamped = Stamped(current_device().arch)
     rng = np.random.default_rng(0)
     try:
-        overrides = (("stage", 1),) if args.stage else ()
+        overrides = (("stage", args.stage),)
         shapes = {label: run_shape(label, args.searches, stamped, rng, overrides) for label in labels}
     finally:
         stamped.close()

@@ -63,6 +63,9 @@ SINGLE_UNROLL = 2               # rows per lane whose loads are in flight togeth
 # bounded_gather's scratch: together the 32 KB the copy alone took at 4,096 entries.
 SINGLE_COPY_MAX = 3072
 SINGLE_STAGE_MAX_SMEM = 200 * 1024   # the staged verify step's shared memory at most (an H100/H200 block: 227 KB)
+SINGLE_STAGE_ARCHS = ("sm_90", "sm_90a")   # where the verify step stages its rows by default, where they fit (H200,
+                                # 1M x 768 kernel: float32 through its shadow 383.2 -> 376.4 us, float16 374.6 -> 372.2;
+                                # 100k x 128 20.2 both): measured on Hopper only, whose blocks get 227 KB
 SINGLE_MAX_K = 128              # the single-query kernel up to this k (its last block verifies k + margin)
 SINGLE_SHADOW_MARGIN = 8        # candidates beyond k when streaming a float32 index's float16 shadow (its bound is
                                 # looser than float32's: 2 extra would send more near-ties to the band search)
@@ -146,13 +149,13 @@ _BOUNDED_BYTES = 4 * 1024 + 8 * 512 + 16   # bounded_gather's scratch (BOUNDED_S
 def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, warps: int = SINGLE_WARPS,
                   rmax: int = SINGLE_MAX_ROWS, unroll: int | None = None,
                   cmax: int = SINGLE_COPY_MAX, shadow: bool = False, listed: bool = False,
-                  stage: int = 0) -> dict[str, int]:
+                  stage: int | None = 0) -> dict[str, int]:
     """Parameters of the single-query kernel: the scan kernel's lanes per row, a slice of at most
     `rmax` rows whose keys and positions sit in shared memory, and room for the verify step after.
     shadow: a float32 l2 index streams its float16 shadow (single.cuh's ShadowKeyBound), with a wider margin.
     listed: it reads the rows a position list names (a filter's, in place). stage=1: the verify step stages
-    its candidates' rows in shared memory, a thread a candidate (verify.cuh's verify_distances_staged; a
-    knob, not a default yet: ValueError where it does not fit in a block's shared memory)."""
+    its candidates' rows in shared memory, a thread a candidate (verify.cuh's verify_distances_staged;
+    ValueError where they do not fit in SINGLE_STAGE_MAX_SMEM); stage=None: staged where they fit."""
     if shadow and dtype != "float32":
         raise ValueError(f"only a float32 index streams a float16 shadow; got dtype {dtype!r}")
     streamed = "float16" if shadow else dtype
@@ -170,9 +173,11 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
     verify_bytes = verify_own + cmax * 8 + _BOUNDED_BYTES             # + the lists, bounded_gather's scratch
     params = {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "unroll": unroll, "cmax": cmax,
               "smem": max(slice_bytes, verify_bytes)}
-    if stage:
+    if stage or stage is None:
         row_bytes = row_layout(dim, dtype)[1] * ITEMSIZE[dtype]      # the stored rows, as verify reads them
         staged = verify_own + _align16(dim * 8) + kl * ((row_bytes // 4) | 1) * 4
+        stage = 1 if stage or staged <= SINGLE_STAGE_MAX_SMEM else 0
+    if stage:
         if staged > SINGLE_STAGE_MAX_SMEM:
             raise ValueError(f"stage=1 needs {staged} bytes of shared memory for {kl} rows of {row_bytes} bytes; "
                              f"at most {SINGLE_STAGE_MAX_SMEM} fit")
@@ -181,9 +186,11 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
 
 
 def single_spec(metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
-    """The single-query kernel (selection and verify step in one launch); shadow=True only for l2."""
+    """The single-query kernel (selection and verify step in one launch); shadow=True only for l2. On
+    SINGLE_STAGE_ARCHS its verify step stages its rows where they fit (stage=0 or 1 to choose)."""
     if overrides.get("shadow") and metric != "l2":
         raise ValueError(f"the single-query kernel streams a float16 shadow for l2 only; got metric {metric!r}")
+    overrides.setdefault("stage", None if arch in SINGLE_STAGE_ARCHS else 0)
     return KernelSpec(metric, dtype, dim, k, "single", arch, tuple(single_params(dtype, dim, k, **overrides).items()))
 
 
