@@ -155,10 +155,8 @@ template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
 // measured 14.1 / 30.0 ms at k = 10 / 100 on 10M x 128 uint8 x 2,048, against 12.7 / 23.3 this way). One chunk a branch (the first version) left each warp waiting on its shared load
 // and its branch: 4.5 instructions an element at an issue rate of 0.27 a cycle a scheduler (ncu, l2 uint8,
 // 10M x 128 x 2,048 on the H200).
-// PF: each group's |x|^2 are loaded before the previous group's branch (the fast path then waits on no shared
-// load; without it ptxas issues a group's loads only after the previous group's branch has merged).
 template <int MW> __host__ __device__ constexpr int hopper_epi_group() { return MW == 1 ? 4 : 2; }
-template <class Mma, bool IP, int BN, int MW, int G, int PF, class Acc>
+template <class Mma, bool IP, int BN, int MW, int G, class Acc>
 TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[MW][2], const float* norm_s,
                                int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
                                int* __restrict__ survivors, int capacity) {
@@ -169,23 +167,12 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
     const float hi = Mma::high(acc[m][4 * j + 2 * h + bb]);
     return IP ? -hi : fma_down(-2.0f, hi, bb ? nv.y : nv.x);
   };
-  auto load_norms = [&](int j0, float2 (&into)[G]) {
-#pragma unroll
-    for (int u = 0; u < G; ++u)
-      into[u] = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * (j0 + u) + 2 * t4);
-  };
-  float2 ahead[G];
-  if constexpr (PF) load_norms(0, ahead);
 #pragma unroll
   for (int j0 = 0; j0 < BN / 8; j0 += G) {
     float2 nv[G];
-    if constexpr (PF) {
 #pragma unroll
-      for (int u = 0; u < G; ++u) nv[u] = ahead[u];
-      if (j0 + G < BN / 8) load_norms(j0 + G, ahead);
-    } else {
-      load_norms(j0, nv);
-    }
+    for (int u = 0; u < G; ++u)
+      nv[u] = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * (j0 + u) + 2 * t4);
     bool any[G];
 #pragma unroll
     for (int u = 0; u < G; ++u) {
@@ -279,8 +266,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) 
 // bytes x (128 MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
-template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
-          int PF = 0>
+template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0>
 __global__ void __launch_bounds__(384, 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -442,7 +428,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       if constexpr (KT > 0)
         hopper_threshold_epilogue<Mma, IP, BN, MW, KT>(acc, tq, norm_s, q_first, rt, n_rt, t4, n_queries, out_upper);
       else
-        hopper_epilogue<Mma, IP, BN, MW, EPI_G, PF>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows,
+        hopper_epilogue<Mma, IP, BN, MW, EPI_G>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows,
                                                 counts, survivors, capacity);
       // the scalar slot is free for the producer's next bulk copy (async proxy) once every consumer thread,
       // each after its own reads of it and a proxy fence, has arrived (one arrival per warp after __syncwarp

@@ -68,9 +68,6 @@ def main() -> None:
     parser.add_argument("--epi-groups", type=numbers, default=[0],
                         help="chunks of 8 rows the Hopper epilogue tests per branch (0: the kernel's choice); "
                              "a fresh index each")
-    parser.add_argument("--prefetch", type=numbers, default=[None],
-                        help="render_screen.HOPPER_PREFETCH values (1: the Hopper epilogue loads each group's |x|^2 "
-                             "a group ahead; default: the library's), a fresh index each")
     parser.add_argument("--threshold-on-hopper", default="with-screen", choices=("with-screen", "always"),
                         help="screen.THRESHOLD_ON_HOPPER: 'always' runs step 2 on the Hopper threshold mode "
                              "whatever step 3 runs (compute capability 9.0)")
@@ -103,11 +100,9 @@ def main() -> None:
     default_hopper_tile, default_hopper_stages = render_screen.hopper_tile, render_screen.HOPPER_STAGES
     hopper_tiles = [None if text == "default" else tuple(int(v) for v in text.split("x"))
                     for text in args.hopper_tiles.split(",")]
-    default_prefetch = render_screen.HOPPER_PREFETCH
-    for group, stages, tile, rule, hopper_tile, hopper_stages, prefetch in itertools.product(
+    for group, stages, tile, rule, hopper_tile, hopper_stages in itertools.product(
             args.epi_groups, args.threshold_stages, tiles, args.keep_rules.split(","), hopper_tiles,
-            args.hopper_stages, args.prefetch):
-        render_screen.HOPPER_PREFETCH = default_prefetch if prefetch is None else prefetch
+            args.hopper_stages):
         render_screen.hopper_tile = (default_hopper_tile if hopper_tile is None
                                      else (lambda e, small=False, t=hopper_tile: t))
         render_screen.HOPPER_STAGES = hopper_stages or default_hopper_stages
@@ -120,7 +115,6 @@ def main() -> None:
     render_screen.threshold_keep = _LIBRARY_KEEP
     render_screen.hopper_tile, render_screen.HOPPER_STAGES = default_hopper_tile, default_hopper_stages
     render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
-    render_screen.HOPPER_PREFETCH = default_prefetch
     for name, value in zip(tile_names, default_tile):
         setattr(render_screen, name, value)
     if args.out:
@@ -178,7 +172,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                         counts = np.zeros(nq, np.int32)
                         index._searcher._buffers["screen_counts"].copy_to_host(counts, nq * 4)
                         row = {"dtype": args.dtype, "metric": args.metric, "n": args.n, "k": k, "queries": nq,
-                               "epi_group": render_screen.HOPPER_EPI_GROUP, "prefetch": render_screen.HOPPER_PREFETCH,
+                               "epi_group": render_screen.HOPPER_EPI_GROUP,
                                "threshold_stages": render_screen.THRESHOLD_STAGES,
                                "tile": "x".join(str(v) for v in (render_screen.SCREEN_BQ, render_screen.SCREEN_BN,
                                                                   render_screen.SCREEN_WARPS_Q,

@@ -114,7 +114,6 @@ HOPPER_ARCH = "sm_90a"
 HOPPER_DEVICE_ARCHES = ("sm_90", "sm_90a")      # compute capability 9.0 runs sm_90a code
 HOPPER_STAGES, HOPPER_KB, HOPPER_SCALAR_SLOTS = 4, 128, 8
 HOPPER_EPI_GROUP = 0            # probes only: hopper_spec's epi_group (0: the kernel's own choice)
-HOPPER_PREFETCH = 0             # 1: the epilogue loads each group's |x|^2 a group ahead (screen_hopper.cuh, PF)
 HOPPER_THREADS = 384
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
@@ -180,7 +179,7 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
                          f"got {keep}")
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
               "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}),
-              **({"kt": keep} if keep else {}), **({"pf": 1} if HOPPER_PREFETCH and not keep else {})}
+              **({"kt": keep} if keep else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
@@ -223,8 +222,8 @@ def name_expression(spec: KernelSpec) -> str:
     if spec.variant == "screen_hopper":
         flag = lambda v: "true" if v else "false"   # noqa: E731
         args = [element, flag(spec.metric != "l2"), flag(p("exact")), p("bn"), p("mw"), p("stages"), p("smem")]
-        if p("eg", 0) or p("kt", 0) or p("pf", 0):    # EG: the probes' epilogues; KT: the threshold mode
-            args += [p("eg", 0), p("kt", 0)] + ([1] if p("pf", 0) else [])
+        if p("eg", 0) or p("kt", 0):                  # EG: the probes' epilogues; KT: the threshold mode
+            args += [p("eg", 0), p("kt", 0)]
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         flag = lambda v: "true" if v else "false"   # noqa: E731
