@@ -54,9 +54,9 @@ def stamped_source(spec) -> cuda_source.RenderedSource:
     return cuda_source.RenderedSource(PREFIX + plain.source, plain.name_expressions, plain.options)
 
 
-def spec_of(label: str, arch: str):
+def spec_of(label: str, arch: str, **overrides):
     n, dim, dtype = SHAPES[label]
-    return render.single_spec("l2", dtype, dim, K, arch, shadow=dtype == "float32")
+    return render.single_spec("l2", dtype, dim, K, arch, shadow=dtype == "float32", **overrides)
 
 
 def compile_only(arch: str) -> None:
@@ -184,7 +184,7 @@ def run_shape(label: str, searches: int, stamped: Stamped, rng, overrides: tuple
             collected.append(read_stamps(pointer, slices))
         result = {"overrides": dict(overrides), "n": n, "dim": dim, "dtype": dtype, "slices": slices,
                   "rows_per_slice": plan.rows_per_slice,
-                  "params": dict(spec_of(label, searcher._arch).params), "oracle_checked": checked,
+                  "params": dict(spec_of(label, searcher._arch, **dict(overrides)).params), "oracle_checked": checked,
                   "unproven_of_8": unproven, **phases(collected)}
     print(f"{label:20s} slices {slices:4d}  " + "  ".join(
         f"{k[:-3]} {v:.1f}" for k, v in result.items() if k.endswith("_us")), flush=True)
