@@ -155,30 +155,59 @@ template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
 // measured 14.1 / 30.0 ms at k = 10 / 100 on 10M x 128 uint8 x 2,048, against 12.7 / 23.3 this way). One chunk a branch (the first version) left each warp waiting on its shared load
 // and its branch: 4.5 instructions an element at an issue rate of 0.27 a cycle a scheduler (ncu, l2 uint8,
 // 10M x 128 x 2,048 on the H200).
+//
+// IK (integer keys; 8-bit rows whose every |x|^2 and |q|^2 is below 2^23, render_screen.integer_keys): the key
+// is computed in int32 from the exact s32 dot, key' = bits(|x|^2 + 2^23) - 2 dot (l2: the float |x|^2, an
+// integer below 2^23, plus 2^23 is exact and its bits are 0x4B000000 + |x|^2) or -dot (ip), against
+// floor(tq) (+ 0x4B000000 for l2): one IMAD and one ISETP an element in place of I2FP, FFMA and FSETP (the ALU
+// pipe, which I2FP and FSETP share, is the screen's busiest). The float key is that same integer (|key| < 2^24,
+// rounded nowhere) and an integer exceeds tq exactly when it exceeds floor(tq): the same survivors.
 template <int MW> __host__ __device__ constexpr int hopper_epi_group() { return MW == 1 ? 4 : 2; }
-template <class Mma, bool IP, int BN, int MW, int G, class Acc>
+TINYKNN_D int int_threshold(float tq, bool ip) {   // floor(tq) clamped to +-2^26 (NaN: every row), l2's bias added
+  const float clamped = tq != tq ? 67108864.0f : fminf(fmaxf(tq, -67108864.0f), 67108864.0f);
+  return __float2int_rd(clamped) + (ip ? 0 : 0x4B000000);
+}
+template <class Mma, bool IP, int BN, int MW, int G, bool IK, class Acc>
 TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[MW][2], const float* norm_s,
                                int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
                                int* __restrict__ survivors, int capacity) {
   static_assert((BN / 8) % G == 0, "hopper_epilogue: the chunks of a tile split into whole groups");
+  int ti[MW][2];                       // IK: the thresholds as integers
+#pragma unroll
+  for (int m = 0; m < MW; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) ti[m][h] = IK ? int_threshold(tq[m][h], IP) : 0;
   // element e = (m, h, bb) of chunk j: query q_first + 64 m + 8 h, row r_first + 8 j + bb
   auto key = [&](int j, int e, const float2& nv) {
     const int m = e >> 2, h = (e >> 1) & 1, bb = e & 1;
     const float hi = Mma::high(acc[m][4 * j + 2 * h + bb]);
     return IP ? -hi : fma_down(-2.0f, hi, bb ? nv.y : nv.x);
   };
+  auto int_key = [&](int j, int e, const int2& sq) {
+    const int m = e >> 2, h = (e >> 1) & 1, bb = e & 1;
+    const int dot = (int)acc[m][4 * j + 2 * h + bb];
+    return IP ? -dot : (bb ? sq.y : sq.x) - 2 * dot;
+  };
+  // whether element e of chunk j survives (the float key, or IK's integer one)
+  auto kept = [&](int j, int e, const float2& nv, const int2& sq) {
+    if constexpr (IK) return !(int_key(j, e, sq) > ti[e >> 2][(e >> 1) & 1]);
+    else return !(key(j, e, nv) > tq[e >> 2][(e >> 1) & 1]);
+  };
 #pragma unroll
   for (int j0 = 0; j0 < BN / 8; j0 += G) {
     float2 nv[G];
+    int2 sq[G];
 #pragma unroll
-    for (int u = 0; u < G; ++u)
+    for (int u = 0; u < G; ++u) {
       nv[u] = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * (j0 + u) + 2 * t4);
+      sq[u] = make_int2(__float_as_int(nv[u].x + 8388608.0f), __float_as_int(nv[u].y + 8388608.0f));
+    }
     bool any[G];
 #pragma unroll
     for (int u = 0; u < G; ++u) {
       any[u] = false;
 #pragma unroll
-      for (int e = 0; e < MW * 4; ++e) any[u] |= !(key(j0 + u, e, nv[u]) > tq[e >> 2][(e >> 1) & 1]);
+      for (int e = 0; e < MW * 4; ++e) any[u] |= kept(j0 + u, e, nv[u], sq[u]);
     }
     bool group = false;
 #pragma unroll
@@ -191,7 +220,7 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
         for (int e = 0; e < MW * 4; ++e) {
           const int j = j0 + u, m = e >> 2, h = (e >> 1) & 1;
           const int q = q_first + 64 * m + 8 * h, r = r_first + 8 * j + (e & 1);
-          if (!(key(j, e, nv[u]) > tq[m][h]) && q < n_queries && r < n_rows) {
+          if (kept(j, e, nv[u], sq[u]) && q < n_queries && r < n_rows) {
             const int slot = atomicAdd(counts + q, 1);
             if (slot < capacity) survivors[(long long)q * capacity + slot] = r;
           }
@@ -266,7 +295,8 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) 
 // bytes x (128 MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
-template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0>
+template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
+          bool IK = false>
 __global__ void __launch_bounds__(384, 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -288,6 +318,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   static_assert(TILE_Q <= 256 && STAGES >= 2, "screen_hopper_kernel: a TMA box holds at most 256 rows");
   static_assert(NEED <= 232448, "screen_hopper_kernel: more shared memory than an sm_90 block gets");
   static_assert(SMEM >= NEED, "screen_hopper_kernel: SMEM is smaller than its shared memory layout");
+  static_assert(!IK || (EXACT && KT == 0 && Acc(1) / Acc(2) == Acc(0)),
+                "screen_hopper_kernel: integer keys for the screen of exact 8-bit dot products only");
 
   extern __shared__ __align__(1024) unsigned char hopper_space[];
   require_dynamic_smem(NEED);
@@ -428,7 +460,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       if constexpr (KT > 0)
         hopper_threshold_epilogue<Mma, IP, BN, MW, KT>(acc, tq, norm_s, q_first, rt, n_rt, t4, n_queries, out_upper);
       else
-        hopper_epilogue<Mma, IP, BN, MW, EPI_G>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows,
+        hopper_epilogue<Mma, IP, BN, MW, EPI_G, IK>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows,
                                                 counts, survivors, capacity);
       // the scalar slot is free for the producer's next bulk copy (async proxy) once every consumer thread,
       // each after its own reads of it and a proxy fence, has arrived (one arrival per warp after __syncwarp

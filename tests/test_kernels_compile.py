@@ -115,7 +115,7 @@ def test_the_staged_verify_knob_needs_no_local_memory(kernel_cache):
 HOPPER = [("l2", "float16", 768), ("ip", "bfloat16", 128), ("l2", "uint8", 128), ("ip", "int8", 2048)]
 
 
-def test_hopper_screen_needs_no_local_memory(kernel_cache):
+def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
     from tinyknn.jit import render_screen
 
     specs = [spec for combination in HOPPER for spec in render.hopper_specs(*combination, "sm_90a")]
@@ -124,7 +124,11 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache):
     grouped = [render_screen.hopper_spec(metric, dtype, stride, "sm_90a", epi_group=group)
                for metric, dtype, stride in HOPPER[2:] for group in (1, 8)]
     assert {s.param("eg") for s in grouped} == {1, 8}                  # the probes' epilogues
-    specs += grouped
+    monkeypatch.setattr(render_screen, "HOPPER_INT_KEYS", True)       # the knob's integer keys
+    keyed = [render_screen.hopper_spec(metric, dtype, 128, "sm_90a") for metric in ("l2", "ip")
+             for dtype in ("uint8", "int8")]
+    assert {s.param("ik") for s in keyed} == {1}
+    specs += grouped + keyed
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
     for spec in specs:

@@ -52,6 +52,28 @@ def test_exact_conversion_only_below_two_to_the_24(element, stride, exact):
         assert (largest * stride < 2 ** 24) is exact
 
 
+@pytest.mark.parametrize("element,stride,ok", [
+    ("uint8", 128, True), ("uint8", 129, True), ("uint8", 130, False), ("int8", 511, True), ("int8", 512, False),
+    ("float16", 16, False),
+])
+def test_integer_keys_only_where_every_squared_norm_is_below_two_to_the_23(element, stride, ok):
+    assert rs.integer_keys(element, stride) is ok
+
+
+def test_the_integer_keys_knob_names_its_own_kernel(monkeypatch):
+    """HOPPER_INT_KEYS (a knob, off by default): the 8-bit screen where integer_keys allows gets IK = true, its
+    threshold mode and the other element types keep their kernels."""
+    plain = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert plain.param("ik", 0) == 0
+    monkeypatch.setattr(rs, "HOPPER_INT_KEYS", True)
+    keyed = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert keyed.param("ik") == 1 and keyed != plain
+    assert cuda_source.name_expression(keyed) == cuda_source.name_expression(plain)[:-1] + ", 0, 0, true>"
+    assert rs.hopper_spec("l2", "uint8", 256, "sm_90").param("ik", 0) == 0
+    assert rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=2).param("ik", 0) == 0
+    assert rs.hopper_spec("l2", "float16", 128, "sm_90").param("ik", 0) == 0
+
+
 def test_the_spec_carries_the_conversion_of_its_stride():
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("exact") == 1
     assert rs.hopper_spec("l2", "uint8", 768, "sm_90").param("exact") == 0

@@ -68,6 +68,10 @@ def main() -> None:
     parser.add_argument("--epi-groups", type=numbers, default=[0],
                         help="chunks of 8 rows the Hopper epilogue tests per branch (0: the kernel's choice); "
                              "a fresh index each")
+    parser.add_argument("--int-keys", type=numbers, default=[None],
+                        help="render_screen.HOPPER_INT_KEYS values (1: the 8-bit Hopper screen compares integer "
+                             "keys where render_screen.integer_keys allows; default: the library's), "
+                             "a fresh index each")
     parser.add_argument("--threshold-on-hopper", default="with-screen", choices=("with-screen", "always"),
                         help="screen.THRESHOLD_ON_HOPPER: 'always' runs step 2 on the Hopper threshold mode "
                              "whatever step 3 runs (compute capability 9.0)")
@@ -100,9 +104,11 @@ def main() -> None:
     default_hopper_tile, default_hopper_stages = render_screen.hopper_tile, render_screen.HOPPER_STAGES
     hopper_tiles = [None if text == "default" else tuple(int(v) for v in text.split("x"))
                     for text in args.hopper_tiles.split(",")]
-    for group, stages, tile, rule, hopper_tile, hopper_stages in itertools.product(
+    default_int_keys = render_screen.HOPPER_INT_KEYS
+    for group, stages, tile, rule, hopper_tile, hopper_stages, int_keys in itertools.product(
             args.epi_groups, args.threshold_stages, tiles, args.keep_rules.split(","), hopper_tiles,
-            args.hopper_stages):
+            args.hopper_stages, args.int_keys):
+        render_screen.HOPPER_INT_KEYS = default_int_keys if int_keys is None else bool(int_keys)
         render_screen.hopper_tile = (default_hopper_tile if hopper_tile is None
                                      else (lambda e, small=False, t=hopper_tile: t))
         render_screen.HOPPER_STAGES = hopper_stages or default_hopper_stages
@@ -115,6 +121,7 @@ def main() -> None:
     render_screen.threshold_keep = _LIBRARY_KEEP
     render_screen.hopper_tile, render_screen.HOPPER_STAGES = default_hopper_tile, default_hopper_stages
     render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
+    render_screen.HOPPER_INT_KEYS = default_int_keys
     for name, value in zip(tile_names, default_tile):
         setattr(render_screen, name, value)
     if args.out:
@@ -172,7 +179,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                         counts = np.zeros(nq, np.int32)
                         index._searcher._buffers["screen_counts"].copy_to_host(counts, nq * 4)
                         row = {"dtype": args.dtype, "metric": args.metric, "n": args.n, "k": k, "queries": nq,
-                               "epi_group": render_screen.HOPPER_EPI_GROUP,
+                               "epi_group": render_screen.HOPPER_EPI_GROUP, "int_keys": render_screen.HOPPER_INT_KEYS,
                                "threshold_stages": render_screen.THRESHOLD_STAGES,
                                "tile": "x".join(str(v) for v in (render_screen.SCREEN_BQ, render_screen.SCREEN_BN,
                                                                   render_screen.SCREEN_WARPS_Q,

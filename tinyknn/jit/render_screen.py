@@ -114,11 +114,13 @@ HOPPER_ARCH = "sm_90a"
 HOPPER_DEVICE_ARCHES = ("sm_90", "sm_90a")      # compute capability 9.0 runs sm_90a code
 HOPPER_STAGES, HOPPER_KB, HOPPER_SCALAR_SLOTS = 4, 128, 8
 HOPPER_EPI_GROUP = 0            # probes only: hopper_spec's epi_group (0: the kernel's own choice)
+HOPPER_INT_KEYS = False         # the screen's keys as integers where integer_keys allows (screen_hopper.cuh, IK)
 HOPPER_THREADS = 384
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
 HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds per (query, tile); more: mma.sync's
 _DOT_LIMIT = 1 << 24            # float32 holds every integer below this exactly
+_INT_KEY_LIMIT = 1 << 23        # |x|^2 below this: |x|^2 + 2^23 is exact, its float bits 0x4B000000 + |x|^2
 _LARGEST_PRODUCT = {"uint8": 255 * 255, "int8": 128 * 128}
 
 
@@ -147,6 +149,14 @@ def hopper_smem(bn: int, mw: int, stages: int | None = None) -> int:
 def hopper_k_blocks(row_bytes: int) -> int:
     """128-byte k-blocks of a row; the bound's n is 4 instructions (32 bytes of K each) per k-block."""
     return -(-row_bytes // HOPPER_KB)
+
+
+def integer_keys(element: str, stride: int) -> bool:
+    """Whether the Hopper screen's keys can be integers (screen_hopper.cuh, IK): 8-bit rows (and queries) of
+    `stride` elements whose |x|^2 is below 2^23 (uint8 up to 129 elements, int8 up to 512), so every dot is exact
+    and |x|^2 + 2^23 is exact in float32."""
+    largest = _LARGEST_PRODUCT.get(element)
+    return largest is not None and largest * stride < _INT_KEY_LIMIT
 
 
 def exact_conversion(element: str, stride: int) -> bool:
@@ -179,7 +189,8 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
                          f"got {keep}")
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
               "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}),
-              **({"kt": keep} if keep else {})}
+              **({"kt": keep} if keep else {}),
+              **({"ik": 1} if HOPPER_INT_KEYS and not keep and integer_keys(element, stride) else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
@@ -222,8 +233,8 @@ def name_expression(spec: KernelSpec) -> str:
     if spec.variant == "screen_hopper":
         flag = lambda v: "true" if v else "false"   # noqa: E731
         args = [element, flag(spec.metric != "l2"), flag(p("exact")), p("bn"), p("mw"), p("stages"), p("smem")]
-        if p("eg", 0) or p("kt", 0):                  # EG: the probes' epilogues; KT: the threshold mode
-            args += [p("eg", 0), p("kt", 0)]
+        if p("eg", 0) or p("kt", 0) or p("ik", 0):    # EG: the probes' epilogues; KT: the threshold mode
+            args += [p("eg", 0), p("kt", 0)] + (["true"] if p("ik", 0) else [])
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         flag = lambda v: "true" if v else "false"   # noqa: E731

@@ -1,0 +1,60 @@
+"""The Hopper screen's integer keys (render_screen.HOPPER_INT_KEYS, screen_hopper.cuh's IK; a knob for now): on
+8-bit rows whose squared norms stay below 2^23 the epilogue compares int32 keys against the floor of the
+threshold. The float keys are those same integers, so the survivors must be the same ones: every query's
+survivor count, the answers (bit for bit, and the float64 oracle's) and the queries handed back are equal to the
+float epilogue's, for exact 8-bit queries and for queries the 8-bit type cannot hold (every row survives)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tinyknn
+from reference import assert_exact
+
+pytestmark = pytest.mark.gpu
+
+
+def _screened(db, queries, metric, dtype, k, int_keys, monkeypatch):
+    """(distances, ids, survivor counts, handed back, the Hopper screen's spec) of one batch on a fresh index."""
+    from tinyknn.jit import render_screen
+
+    monkeypatch.setattr(render_screen, "HOPPER_INT_KEYS", int_keys)
+    with tinyknn.Index(db.shape[1], metric, dtype, device="cuda") as index:
+        index.add(db)
+        searcher = index._searcher
+        distances, ids = searcher.search(queries, k)
+        counts = np.zeros(len(queries), np.int32)
+        searcher._buffers["screen_counts"].copy_to_host(counts, counts.nbytes)
+        return distances, ids, counts, searcher._screen.fallbacks, searcher._screen.hopper_spec
+
+
+@pytest.mark.parametrize("metric,dtype,dim", [("l2", "uint8", 128), ("ip", "uint8", 100), ("l2", "int8", 96),
+                                              ("ip", "int8", 128)])
+@pytest.mark.parametrize("k", [1, 10, 100])
+def test_integer_keys_keep_the_same_survivors(metric, dtype, dim, k, rng, monkeypatch):
+    from tinyknn.config import reset_config
+    from tinyknn.gpu.device import current_device
+    from tinyknn.jit import render_screen
+
+    if render_screen.hopper_arch(current_device().arch) is None:
+        pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
+    monkeypatch.setenv("TINYKNN_SCREEN", "wgmma")
+    reset_config()
+    try:
+        low, high = (0, 256) if dtype == "uint8" else (-128, 128)
+        n = 40_000
+        db = rng.integers(low, high, (n, dim)).astype(dtype)
+        db[: n // 4] = db[n // 4: n // 2]                                  # duplicated rows: ties
+        queries = db[rng.choice(n, 130)].astype(np.float32)
+        queries[:60] = np.clip(queries[:60] + rng.integers(-2, 3, (60, dim)), low, high - 1)
+        queries[-2:] += 0.5                                                # not 8-bit: every row survives
+        plain, keyed = (_screened(db, queries, metric, dtype, k, flag, monkeypatch) for flag in (False, True))
+        assert plain[4].param("ik", 0) == 0 and keyed[4].param("ik") == 1
+        assert np.array_equal(plain[2], keyed[2]), "the survivors per query differ"
+        assert np.array_equal(plain[1], keyed[1]) and np.array_equal(plain[0].view(np.int32), keyed[0].view(np.int32))
+        assert plain[3] == keyed[3] >= 2                                  # the two non-8-bit queries handed back
+        assert_exact(keyed[0], keyed[1], db, queries, k, metric, dtype)
+    finally:
+        monkeypatch.undo()
+        reset_config()
