@@ -31,10 +31,10 @@ K = 10
 # (render.single_params overrides, forced slices): the kernel's knobs, timed alone (the defaults first).
 SMALL_SWEEP = (({}, None), ({}, 132), ({}, 66), ({}, 49), ({"rmax": 4096}, 33), ({"rmax": 4096}, 25), ({"rmax": 8192}, 13),
                ({"warps": 32}, None), ({"unroll": 4}, None), ({"lanes": 4}, None), ({"warps": 8, "unroll": 4}, None),
-               ({"lanes": 4, "warps": 32}, None), ({"stage": 1}, None))
+               ({"lanes": 4, "warps": 32}, None), ({"stage": 0}, None), ({"stage": 4}, None), ({"stage": 8}, None))
 LARGE_SWEEP = (({}, None), ({"rmax": 4096}, None), ({"rmax": 8192}, None), ({"unroll": 4}, None), ({"warps": 32}, None),
                ({"rmax": 4096, "warps": 32}, None), ({"rmax": 8192, "warps": 32}, None),
-               ({"rmax": 16384, "warps": 32}, None), ({"stage": 1}, None))
+               ({"rmax": 16384, "warps": 32}, None), ({"stage": 0}, None), ({"stage": 4}, None), ({"stage": 8}, None))
 
 
 def _events_ms(issue, stream, launches: int, per_sample: int = 10) -> float:

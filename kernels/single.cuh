@@ -66,13 +66,15 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   constexpr int SLICE_BYTES = align16(QUERY_BYTES + RMAX * 8 + SORT * 8 + MERGE_SHARED_FIXED) + BOUNDED_SHARED;
   // + the lists, copied, and bounded_gather's scratch
   constexpr int VERIFY_BYTES = align16(verify_shared_bytes<KL>()) + CMAX * 8 + BOUNDED_SHARED;
-  // STAGE = 1: the verify step's rows staged in shared memory after the verify step's own (verify.cuh)
+  // STAGE >= 1: the verify step's rows staged in shared memory after the verify step's own (verify.cuh), its
+  // chain loading STAGE chunks a step (AHEAD)
   constexpr int STAGED_BYTES =
       STAGE ? align16(verify_shared_bytes<KL>()) + staged_bytes<KL>(STORED_STRIDE * (int)sizeof(T), DIM) : 0;
   constexpr int NEED_LISTS = SLICE_BYTES > VERIFY_BYTES ? SLICE_BYTES : VERIFY_BYTES;
   constexpr int NEED = NEED_LISTS > STAGED_BYTES ? NEED_LISTS : STAGED_BYTES;
   static_assert(SMEM >= NEED, "single_kernel: SMEM is smaller than its shared memory layout");
   static_assert(KL <= RMAX, "single_kernel: a slice must be able to hold a whole list");
+  static_assert(STAGE >= 0 && STAGE <= 16, "single_kernel: STAGE is 0 (no staging) or the chain's chunks a step");
   extern __shared__ float4 shared_space[];
   float* query_s = reinterpret_cast<float*>(shared_space);
   float* query_inv = query_s + align16(QROW * 4) / 4;
@@ -187,9 +189,10 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   unsigned long long* bounded_scratch = reinterpret_cast<unsigned long long*>(
       reinterpret_cast<char*>(shared_space) + align16(verify_shared_bytes<KL>()) + CMAX * 8);
   char* stage_space = STAGE ? reinterpret_cast<char*>(shared_space) + align16(verify_shared_bytes<KL>()) : nullptr;
-  verify_query<Metric, Bound, T, K, KL, WARPS>(0, keys, positions, gridDim.x, ids, out_distances, out_ids, arrivals,
-                                               data, queries, STORED_STRIDE, dim, row_stats, status, threshold,
-                                               shared_space, bounded_scratch, stage_space);
+  verify_query<Metric, Bound, T, K, KL, WARPS, STAGE ? STAGE : 1>(0, keys, positions, gridDim.x, ids, out_distances,
+                                                                 out_ids, arrivals, data, queries, STORED_STRIDE, dim,
+                                                                 row_stats, status, threshold, shared_space,
+                                                                 bounded_scratch, stage_space);
 }
 
 }  // namespace tinyknn

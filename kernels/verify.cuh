@@ -331,11 +331,13 @@ TINYKNN_D void verify_distances(const float* query, const int* sort_positions, c
 // double (16 a clock per SM) bound the step: 15-24 us for 18 candidates of 768 dims (bench/NOTES_SINGLE.md).
 // Rows are staged_pitch_words() apart, an odd count, so the threads' reads of one element fall in different
 // banks. Needs staged_bytes<KL>(row_stride * sizeof(T), dim) bytes at `stage_space` (16-byte aligned).
+// AHEAD: chunks a step of the chain loads before it adds them (one step's loads waited for in full before its
+// first addition: with one chunk, ~90 cycles a chunk of 4 float32 elements, 4 of them the additions' own).
 TINYKNN_HD constexpr int staged_pitch_words(int row_bytes) { return (row_bytes / 4) | 1; }
 template <int KL> TINYKNN_HD constexpr int staged_bytes(int row_bytes, int dim) {
   return ((dim * 8 + 15) / 16) * 16 + KL * staged_pitch_words(row_bytes) * 4;
 }
-template <class Metric, class T, int KL, int WARPS>
+template <class Metric, class T, int KL, int WARPS, int AHEAD>
 TINYKNN_D void verify_distances_staged(const float* query, const int* sort_positions, const long long* __restrict__ ids,
                                        const T* __restrict__ data, int row_stride, int dim, double qq,
                                        unsigned long long* exact_keys, long long* exact_ids, char* stage_space) {
@@ -386,14 +388,28 @@ TINYKNN_D void verify_distances_staged(const float* query, const int* sort_posit
       id = __ldg(ids + position);       // before the chain (its latency hidden under it)
       const unsigned* words = stage + i * pitch;
       double a = 0.0, b = 0.0;
-      for (int c = 0; c * N < dim; ++c) {
+      auto add_chunk = [&](int c, uint4 w, bool whole) {     // chunk c's elements, in order, onto the chain
         float x[N];
-        Chunk<T>::unpack(make_uint4(words[4 * c], words[4 * c + 1], words[4 * c + 2], words[4 * c + 3]), x);
+        Chunk<T>::unpack(w, x);
 #pragma unroll
         for (int e = 0; e < N; ++e) {
-          if (c * N + e < dim) Exact<Metric>::step_wide(a, b, query64[c * N + e], (double)x[e]);
+          if (whole || c * N + e < dim) Exact<Metric>::step_wide(a, b, query64[c * N + e], (double)x[e]);
+        }
+      };
+      auto chunk_words = [&](int c) {
+        return make_uint4(words[4 * c], words[4 * c + 1], words[4 * c + 2], words[4 * c + 3]);
+      };
+      int c = 0;
+      if constexpr (AHEAD > 1) {
+        for (; c + AHEAD <= dim / N; c += AHEAD) {     // AHEAD whole chunks loaded, then added in order
+          uint4 w[AHEAD];
+#pragma unroll
+          for (int u = 0; u < AHEAD; ++u) w[u] = chunk_words(c + u);
+#pragma unroll
+          for (int u = 0; u < AHEAD; ++u) add_chunk(c + u, w[u], true);
         }
       }
+      for (; c * N < dim; ++c) add_chunk(c, chunk_words(c), false);
       key = ordered_bits64(exact_key<Metric>(Exact<Metric>::finish(a, b, qq)));
     }
     exact_keys[i] = key;
@@ -454,7 +470,7 @@ TINYKNN_D void verify_answer(long long q, const unsigned long long* exact_keys, 
 // minima (merge.cuh's bounded_gather) where that can, else by gather_best.
 // stage_space (null: the groups of lanes, verify_distances): verify_distances_staged's room, where nothing of
 // the gather is read any more (single.cuh's copied lists and bounded_scratch may lie under it).
-template <class Metric, class Bound, class T, int K, int KL, int WARPS>
+template <class Metric, class Bound, class T, int K, int KL, int WARPS, int AHEAD = 1>
 TINYKNN_D void verify_query(long long q, const float* keys, const int* positions, int n_lists,
                             const long long* __restrict__ ids, float* __restrict__ out_distances,
                             long long* __restrict__ out_ids, unsigned* bounds, const T* __restrict__ data,
@@ -482,8 +498,8 @@ TINYKNN_D void verify_query(long long q, const float* keys, const int* positions
   const float* query = queries + q * row_stride;
   const double qq = verify_query_squares<Metric, Bound>(query, dim, v.query_qq);
   if (stage_space != nullptr) {
-    verify_distances_staged<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys,
-                                                  exact_ids, stage_space);
+    verify_distances_staged<Metric, T, KL, WARPS, AHEAD>(query, sort_positions, ids, data, row_stride, dim, qq,
+                                                         exact_keys, exact_ids, stage_space);
   } else {
     verify_distances<Metric, T, KL, WARPS>(query, sort_positions, ids, data, row_stride, dim, qq, exact_keys, exact_ids);
   }

@@ -1,6 +1,7 @@
 """The single-query kernel's verify step with its candidates' rows staged in shared memory, a thread a
 candidate (render.single_params stage=1, verify.cuh's verify_distances_staged; the default on Hopper where
-the rows fit): the same answers as the groups of lanes (stage=0), bit for bit, and the float64 oracle's, on every storage type and metric, on
+the rows fit; 4 and 8: the chain loading that many chunks a step): the same answers as the groups of lanes
+(stage=0), bit for bit, and the float64 oracle's, on every storage type and metric, on
 clustered rows with ties, with and without the float16 shadow, for a filter's rows read in place."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from reference import assert_exact
 
 pytestmark = pytest.mark.gpu
 
+STAGES = (1, 4, 8)      # staged, the chain loading 1, 4 or 8 chunks a step
 CASES = [("l2", "float32", 128), ("l2", "float32", 37), ("l2", "float16", 100), ("ip", "bfloat16", 64),
          ("cosine", "float32", 96), ("l2", "uint8", 130), ("ip", "int8", 33)]
 
@@ -52,12 +54,14 @@ def test_the_staged_verify_step_answers_as_the_lanes_do(metric, dtype, dim, rng)
         index.add(db)
         searcher = index._searcher
         for k in (1, 10, 100):
-            lanes, staged = _answers(index, queries, k, 0), _answers(index, queries, k, 1)
+            lanes = _answers(index, queries, k, 0)
+            for stage in STAGES:
+                staged = _answers(index, queries, k, stage)
+                for q, (d0, i0), (d1, i1) in zip(queries, lanes, staged):
+                    assert_exact(d1, i1, db, q[None], k, metric, dtype)
+                    assert np.array_equal(i0, i1) and np.array_equal(d0.view(np.int32), d1.view(np.int32)), stage
             ran = {s.param("stage", 0) for s in searcher._kernels if s.variant == "single"}
-            assert ran == {0, 1}, f"single-query kernels of stage {ran} ran, not both"
-            for q, (d0, i0), (d1, i1) in zip(queries, lanes, staged):
-                assert_exact(d1, i1, db, q[None], k, metric, dtype)
-                assert np.array_equal(i0, i1) and np.array_equal(d0.view(np.int32), d1.view(np.int32))
+            assert ran == {0, *STAGES}, f"single-query kernels of stages {ran} ran, not {[0, *STAGES]}"
 
 
 def test_the_staged_verify_step_reads_a_filters_rows_in_place(rng):
@@ -68,7 +72,8 @@ def test_the_staged_verify_step_reads_a_filters_rows_in_place(rng):
     with tinyknn.Index(dim, "l2", "float32", device="cuda") as index:
         index.add(db)
         lanes = _answers(index, queries, 10, 0, filter=allowed)
-        staged = _answers(index, queries, 10, 1, filter=allowed)
-        for q, (d0, i0), (d1, i1) in zip(queries, lanes, staged):
-            assert_exact(d1, i1, db[allowed], q[None], 10, "l2", id_map=allowed)
-            assert np.array_equal(i0, i1) and np.array_equal(d0.view(np.int32), d1.view(np.int32))
+        for stage in STAGES:
+            staged = _answers(index, queries, 10, stage, filter=allowed)
+            for q, (d0, i0), (d1, i1) in zip(queries, lanes, staged):
+                assert_exact(d1, i1, db[allowed], q[None], 10, "l2", id_map=allowed)
+                assert np.array_equal(i0, i1) and np.array_equal(d0.view(np.int32), d1.view(np.int32)), stage

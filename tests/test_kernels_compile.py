@@ -100,10 +100,11 @@ STAGED = [("l2", "float32", 768, 10, True), ("l2", "float16", 768, 10, False), (
 
 
 def test_the_staged_verify_knob_needs_no_local_memory(kernel_cache):
-    """The single-query kernel with its verify step's rows staged in shared memory (stage=1), and its listed
-    variant: compiled, no spills, and the shared memory it asks for within a block's."""
-    specs = [render.single_spec(metric, dtype, dim, k, "sm_90", shadow=shadow, stage=1, **listed)
-             for metric, dtype, dim, k, shadow in STAGED for listed in ({}, {"listed": True})]
+    """The single-query kernel with its verify step's rows staged in shared memory (stage=1; 8: its chain loading
+    8 chunks a step), and its listed variant: compiled, no spills, and the shared memory it asks for within a
+    block's."""
+    specs = [render.single_spec(metric, dtype, dim, k, "sm_90", shadow=shadow, stage=stage, **listed)
+             for metric, dtype, dim, k, shadow in STAGED for listed in ({}, {"listed": True}) for stage in (1, 8)]
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
     for spec in specs:

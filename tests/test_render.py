@@ -248,6 +248,10 @@ def test_the_staged_verify_step_sizes_its_shared_memory():
     assert cuda_source.name_expression(plain).endswith(f", {plain.param('smem')}>")
     listed = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=1, listed=True)
     assert cuda_source.name_expression(listed).endswith(", true, 1>")
+    ahead = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=8)
+    assert cuda_source.name_expression(ahead).endswith(", false, 8>") and ahead.param("smem") == staged.param("smem")
+    with pytest.raises(ValueError, match="stage is 0 .* up to 16; got 17"):
+        render.single_spec("l2", "float32", 768, 10, "sm_90", stage=17)
     with pytest.raises(ValueError, match=r"stage=1 needs \d+ bytes of shared memory for 136 rows of 16384 bytes"):
         render.single_spec("l2", "float32", 4096, 128, "sm_90", stage=1)
 

@@ -196,8 +196,9 @@ def main() -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated labels of SHAPES")
     parser.add_argument("--searches", type=int, default=100)
     parser.add_argument("--compile-only", action="store_true", help="NVRTC and the ptxas report only (sm_90)")
-    parser.add_argument("--stage", type=int, choices=(0, 1), default=0,
-                        help="0: the verify step reads its rows from global memory; 1: staged in shared memory (render.single_params)")
+    parser.add_argument("--stage", type=int, choices=(0, 1, 2, 4, 8), default=0,
+                        help="0: the verify step reads its rows from global memory; 1: staged in shared memory; "
+                             "2, 4, 8: staged, the chain loading that many chunks a step (render.single_params)")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
     labels = [s.strip() for s in args.shapes.split(",") if s.strip()]

@@ -155,7 +155,8 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
     shadow: a float32 l2 index streams its float16 shadow (single.cuh's ShadowKeyBound), with a wider margin.
     listed: it reads the rows a position list names (a filter's, in place). stage=1: the verify step stages
     its candidates' rows in shared memory, a thread a candidate (verify.cuh's verify_distances_staged;
-    ValueError where they do not fit in SINGLE_STAGE_MAX_SMEM); stage=None: staged where they fit."""
+    ValueError where they do not fit in SINGLE_STAGE_MAX_SMEM); stage=None: staged where they fit; stage=2 to
+    16: staged, the chain loading that many chunks a step (its AHEAD; a knob)."""
     if shadow and dtype != "float32":
         raise ValueError(f"only a float32 index streams a float16 shadow; got dtype {dtype!r}")
     streamed = "float16" if shadow else dtype
@@ -173,15 +174,17 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
     verify_bytes = verify_own + cmax * 8 + _BOUNDED_BYTES             # + the lists, bounded_gather's scratch
     params = {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "unroll": unroll, "cmax": cmax,
               "smem": max(slice_bytes, verify_bytes)}
+    if stage is not None and not 0 <= stage <= 16:
+        raise ValueError(f"stage is 0 (no staging), 1 or the staged chain's chunks a step up to 16; got {stage}")
     if stage or stage is None:
         row_bytes = row_layout(dim, dtype)[1] * ITEMSIZE[dtype]      # the stored rows, as verify reads them
         staged = verify_own + _align16(dim * 8) + kl * ((row_bytes // 4) | 1) * 4
-        stage = 1 if stage or staged <= SINGLE_STAGE_MAX_SMEM else 0
+        stage = stage or (1 if staged <= SINGLE_STAGE_MAX_SMEM else 0)
     if stage:
         if staged > SINGLE_STAGE_MAX_SMEM:
-            raise ValueError(f"stage=1 needs {staged} bytes of shared memory for {kl} rows of {row_bytes} bytes; "
+            raise ValueError(f"stage={stage} needs {staged} bytes of shared memory for {kl} rows of {row_bytes} bytes; "
                              f"at most {SINGLE_STAGE_MAX_SMEM} fit")
-        params = {**params, "smem": max(params["smem"], staged), "stage": 1}
+        params = {**params, "smem": max(params["smem"], staged), "stage": stage}
     return _listed({**params, "shadow": 1} if shadow else params, listed)
 
 
