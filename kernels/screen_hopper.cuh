@@ -157,11 +157,13 @@ template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
 // 10M x 128 x 2,048 on the H200).
 //
 // IK (integer keys; 8-bit rows whose every |x|^2 and |q|^2 is below 2^23, render_screen.integer_keys): the key
-// is computed in int32 from the exact s32 dot, key' = bits(|x|^2 + 2^23) - 2 dot (l2: the float |x|^2, an
-// integer below 2^23, plus 2^23 is exact and its bits are 0x4B000000 + |x|^2) or -dot (ip), against
+// is computed in int32 from the exact s32 dot, key' = bits(sq + 2^23) - 2 dot (l2: the add rounds the row's
+// |x|^2 lower bound sq to an integer S' <= |x|^2, and its bits are 0x4B000000 + S') or -dot (ip), against
 // floor(tq) (+ 0x4B000000 for l2): one IMAD and one ISETP an element in place of I2FP, FFMA and FSETP (the ALU
-// pipe, which I2FP and FSETP share, is the screen's busiest). The float key is that same integer (|key| < 2^24,
-// rounded nowhere) and an integer exceeds tq exactly when it exceeds floor(tq): the same survivors.
+// pipe, which I2FP and FSETP share, is the screen's busiest). Rigorous: S' - 2 dot <= the exact key, an
+// integer, so a row whose exact key is within tq is within floor(tq) and survives. ip's survivors are the float
+// keys' exactly; l2's too on rows whose |x|^2 < 2^22 (sq then rounds back to |x|^2) against the threshold
+// step's tq; beyond that, or against range search's thresholds, a row within one unit of tq may differ.
 template <int MW> __host__ __device__ constexpr int hopper_epi_group() { return MW == 1 ? 4 : 2; }
 TINYKNN_D int int_threshold(float tq, bool ip) {   // floor(tq) clamped to +-2^26 (NaN: every row), l2's bias added
   const float clamped = tq != tq ? 67108864.0f : fminf(fmaxf(tq, -67108864.0f), 67108864.0f);

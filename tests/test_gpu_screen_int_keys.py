@@ -1,8 +1,9 @@
 """The Hopper screen's integer keys (render_screen.HOPPER_INT_KEYS, screen_hopper.cuh's IK; a knob for now): on
 8-bit rows whose squared norms stay below 2^23 the epilogue compares int32 keys against the floor of the
-threshold. The float keys are those same integers, so the survivors must be the same ones: every query's
-survivor count, the answers (bit for bit, and the float64 oracle's) and the queries handed back are equal to the
-float epilogue's, for exact 8-bit queries and for queries the 8-bit type cannot hold (every row survives)."""
+threshold. Below 2^22 the float keys are those same integers, so the survivors must be the same ones: every
+query's survivor count, the answers (bit for bit, and the float64 oracle's) and the queries handed back are equal
+to the float epilogue's, for exact 8-bit queries and for queries the 8-bit type cannot hold (every row survives).
+On brighter rows a row within one unit of the threshold may go either way; the answers must not."""
 
 from __future__ import annotations
 
@@ -55,6 +56,31 @@ def test_integer_keys_keep_the_same_survivors(metric, dtype, dim, k, rng, monkey
         assert np.array_equal(plain[1], keyed[1]) and np.array_equal(plain[0].view(np.int32), keyed[0].view(np.int32))
         assert plain[3] == keyed[3] >= 2                                  # the two non-8-bit queries handed back
         assert_exact(keyed[0], keyed[1], db, queries, k, metric, dtype)
+    finally:
+        monkeypatch.undo()
+        reset_config()
+
+
+def test_integer_keys_on_bright_rows_answer_the_same(rng, monkeypatch):
+    """uint8 rows of 200-255 (|x|^2 above 2^22, where the rows' lower bounds round to even): exact answers, bit for
+    bit those of the float keys."""
+    from tinyknn.config import reset_config
+    from tinyknn.gpu.device import current_device
+    from tinyknn.jit import render_screen
+
+    if render_screen.hopper_arch(current_device().arch) is None:
+        pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
+    monkeypatch.setenv("TINYKNN_SCREEN", "wgmma")
+    reset_config()
+    try:
+        n, dim = 40_000, 128
+        db = rng.integers(200, 256, (n, dim)).astype(np.uint8)
+        assert (db.astype(np.int64) ** 2).sum(axis=1).min() >= 1 << 22
+        queries = np.clip(db[rng.choice(n, 100)].astype(np.float32) + rng.integers(-2, 3, (100, dim)), 0, 255)
+        plain, keyed = (_screened(db, queries, "l2", "uint8", 10, flag, monkeypatch) for flag in (False, True))
+        assert keyed[4].param("ik") == 1
+        assert np.array_equal(plain[1], keyed[1]) and np.array_equal(plain[0].view(np.int32), keyed[0].view(np.int32))
+        assert_exact(keyed[0], keyed[1], db, queries, 10, "l2", "uint8")
     finally:
         monkeypatch.undo()
         reset_config()

@@ -153,8 +153,8 @@ def hopper_k_blocks(row_bytes: int) -> int:
 
 def integer_keys(element: str, stride: int) -> bool:
     """Whether the Hopper screen's keys can be integers (screen_hopper.cuh, IK): 8-bit rows (and queries) of
-    `stride` elements whose |x|^2 is below 2^23 (uint8 up to 129 elements, int8 up to 512), so every dot is exact
-    and |x|^2 + 2^23 is exact in float32."""
+    `stride` elements whose |x|^2 is below 2^23 (uint8 up to 129 elements, int8 up to 511), so every dot is exact
+    and |x|^2 + 2^23 rounds only to an integer in float32."""
     largest = _LARGEST_PRODUCT.get(element)
     return largest is not None and largest * stride < _INT_KEY_LIMIT
 
