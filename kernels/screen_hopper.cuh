@@ -180,15 +180,14 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
 #pragma unroll
     for (int h = 0; h < 2; ++h) ti[m][h] = IK ? int_threshold(tq[m][h], IP) : 0;
   // element e = (m, h, bb) of chunk j: query q_first + 64 m + 8 h, row r_first + 8 j + bb
+  auto dot_at = [&](int j, int e) { return acc[e >> 2][4 * j + 2 * ((e >> 1) & 1) + (e & 1)]; };
   auto key = [&](int j, int e, const float2& nv) {
-    const int m = e >> 2, h = (e >> 1) & 1, bb = e & 1;
-    const float hi = Mma::high(acc[m][4 * j + 2 * h + bb]);
-    return IP ? -hi : fma_down(-2.0f, hi, bb ? nv.y : nv.x);
+    const float hi = Mma::high(dot_at(j, e));
+    return IP ? -hi : fma_down(-2.0f, hi, (e & 1) ? nv.y : nv.x);
   };
   auto int_key = [&](int j, int e, const int2& sq) {
-    const int m = e >> 2, h = (e >> 1) & 1, bb = e & 1;
-    const int dot = (int)acc[m][4 * j + 2 * h + bb];
-    return IP ? -dot : (bb ? sq.y : sq.x) - 2 * dot;
+    const int dot = (int)dot_at(j, e);
+    return IP ? -dot : ((e & 1) ? sq.y : sq.x) - 2 * dot;
   };
   // whether element e of chunk j survives (the float key, or IK's integer one)
   auto kept = [&](int j, int e, const float2& nv, const int2& sq) {
@@ -202,7 +201,8 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
 #pragma unroll
     for (int u = 0; u < G; ++u) {
       nv[u] = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * (j0 + u) + 2 * t4);
-      sq[u] = make_int2(__float_as_int(nv[u].x + 8388608.0f), __float_as_int(nv[u].y + 8388608.0f));
+      sq[u] = IK && !IP ? make_int2(__float_as_int(nv[u].x + 8388608.0f), __float_as_int(nv[u].y + 8388608.0f))
+                        : make_int2(0, 0);
     }
     bool any[G];
 #pragma unroll
