@@ -335,7 +335,7 @@ TINYKNN_D void verify_distances(const float* query, const int* sort_positions, c
 // first addition: with one chunk, ~90 cycles a chunk of 4 float32 elements, 4 of them the additions' own).
 TINYKNN_HD constexpr int staged_pitch_words(int row_bytes) { return (row_bytes / 4) | 1; }
 template <int KL> TINYKNN_HD constexpr int staged_bytes(int row_bytes, int dim) {
-  return ((dim * 8 + 15) / 16) * 16 + KL * staged_pitch_words(row_bytes) * 4;
+  return align16(dim * 8) + KL * staged_pitch_words(row_bytes) * 4;
 }
 template <class Metric, class T, int KL, int WARPS, int AHEAD>
 TINYKNN_D void verify_distances_staged(const float* query, const int* sort_positions, const long long* __restrict__ ids,
@@ -343,7 +343,7 @@ TINYKNN_D void verify_distances_staged(const float* query, const int* sort_posit
                                        unsigned long long* exact_keys, long long* exact_ids, char* stage_space) {
   constexpr int SORT = next_pow2(KL), N = Chunk<T>::N;
   double* query64 = reinterpret_cast<double*>(stage_space);
-  unsigned* stage = reinterpret_cast<unsigned*>(stage_space + ((dim * 8 + 15) / 16) * 16);
+  unsigned* stage = reinterpret_cast<unsigned*>(stage_space + align16(dim * 8));   // after query64
   const int chunks = row_stride * (int)sizeof(T) / 16;      // rows are padded to whole 16-byte chunks
   const int pitch = staged_pitch_words(row_stride * (int)sizeof(T));
   // STAGE_LOADS chunks a thread in flight before any is stored (one loop iteration a chunk waited for each
