@@ -176,15 +176,17 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
               "smem": max(slice_bytes, verify_bytes)}
     if stage is not None and not 0 <= stage <= 16:
         raise ValueError(f"stage is 0 (no staging), 1 or the staged chain's chunks a step up to 16; got {stage}")
-    if stage or stage is None:
+    if stage != 0:
         row_bytes = row_layout(dim, dtype)[1] * ITEMSIZE[dtype]      # the stored rows, as verify reads them
         staged = verify_own + _align16(dim * 8) + kl * ((row_bytes // 4) | 1) * 4
-        stage = stage or (1 if staged <= SINGLE_STAGE_MAX_SMEM else 0)
-    if stage:
-        if staged > SINGLE_STAGE_MAX_SMEM:
+        fits = staged <= SINGLE_STAGE_MAX_SMEM
+        if stage is None:
+            stage = 1 if fits else 0
+        elif not fits:
             raise ValueError(f"stage={stage} needs {staged} bytes of shared memory for {kl} rows of {row_bytes} bytes; "
                              f"at most {SINGLE_STAGE_MAX_SMEM} fit")
-        params = {**params, "smem": max(params["smem"], staged), "stage": stage}
+        if stage:
+            params = {**params, "smem": max(params["smem"], staged), "stage": stage}
     return _listed({**params, "shadow": 1} if shadow else params, listed)
 
 
