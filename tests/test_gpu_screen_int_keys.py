@@ -16,6 +16,22 @@ from reference import assert_exact
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture
+def wgmma(monkeypatch):
+    """Every batch of this test's indexes on the Hopper screen (TINYKNN_SCREEN=wgmma; compute capability 9.0)."""
+    from tinyknn.config import reset_config
+    from tinyknn.gpu.device import current_device
+    from tinyknn.jit import render_screen
+
+    if render_screen.hopper_arch(current_device().arch) is None:
+        pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
+    monkeypatch.setenv("TINYKNN_SCREEN", "wgmma")
+    reset_config()
+    yield
+    monkeypatch.undo()
+    reset_config()
+
+
 def _screened(db, queries, metric, dtype, k, int_keys, monkeypatch):
     """(distances, ids, survivor counts, handed back, the Hopper screen's spec) of one batch on a fresh index."""
     from tinyknn.jit import render_screen
@@ -33,54 +49,30 @@ def _screened(db, queries, metric, dtype, k, int_keys, monkeypatch):
 @pytest.mark.parametrize("metric,dtype,dim", [("l2", "uint8", 128), ("ip", "uint8", 100), ("l2", "int8", 96),
                                               ("ip", "int8", 128)])
 @pytest.mark.parametrize("k", [1, 10, 100])
-def test_integer_keys_keep_the_same_survivors(metric, dtype, dim, k, rng, monkeypatch):
-    from tinyknn.config import reset_config
-    from tinyknn.gpu.device import current_device
-    from tinyknn.jit import render_screen
-
-    if render_screen.hopper_arch(current_device().arch) is None:
-        pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
-    monkeypatch.setenv("TINYKNN_SCREEN", "wgmma")
-    reset_config()
-    try:
-        low, high = (0, 256) if dtype == "uint8" else (-128, 128)
-        n = 40_000
-        db = rng.integers(low, high, (n, dim)).astype(dtype)
-        db[: n // 4] = db[n // 4: n // 2]                                  # duplicated rows: ties
-        queries = db[rng.choice(n, 130)].astype(np.float32)
-        queries[:60] = np.clip(queries[:60] + rng.integers(-2, 3, (60, dim)), low, high - 1)
-        queries[-2:] += 0.5                                                # not 8-bit: every row survives
-        plain, keyed = (_screened(db, queries, metric, dtype, k, flag, monkeypatch) for flag in (False, True))
-        assert plain[4].param("ik", 0) == 0 and keyed[4].param("ik") == 1
-        assert np.array_equal(plain[2], keyed[2]), "the survivors per query differ"
-        assert np.array_equal(plain[1], keyed[1]) and np.array_equal(plain[0].view(np.int32), keyed[0].view(np.int32))
-        assert plain[3] == keyed[3] >= 2                                  # the two non-8-bit queries handed back
-        assert_exact(keyed[0], keyed[1], db, queries, k, metric, dtype)
-    finally:
-        monkeypatch.undo()
-        reset_config()
+def test_integer_keys_keep_the_same_survivors(metric, dtype, dim, k, rng, wgmma, monkeypatch):
+    low, high = (0, 256) if dtype == "uint8" else (-128, 128)
+    n = 40_000
+    db = rng.integers(low, high, (n, dim)).astype(dtype)
+    db[: n // 4] = db[n // 4: n // 2]                                  # duplicated rows: ties
+    queries = db[rng.choice(n, 130)].astype(np.float32)
+    queries[:60] = np.clip(queries[:60] + rng.integers(-2, 3, (60, dim)), low, high - 1)
+    queries[-2:] += 0.5                                                # not 8-bit: every row survives
+    plain, keyed = (_screened(db, queries, metric, dtype, k, flag, monkeypatch) for flag in (False, True))
+    assert plain[4].param("ik", 0) == 0 and keyed[4].param("ik") == 1
+    assert np.array_equal(plain[2], keyed[2]), "the survivors per query differ"
+    assert np.array_equal(plain[1], keyed[1]) and np.array_equal(plain[0].view(np.int32), keyed[0].view(np.int32))
+    assert plain[3] == keyed[3] >= 2                                  # the two non-8-bit queries handed back
+    assert_exact(keyed[0], keyed[1], db, queries, k, metric, dtype)
 
 
-def test_integer_keys_on_bright_rows_answer_the_same(rng, monkeypatch):
+def test_integer_keys_on_bright_rows_answer_the_same(rng, wgmma, monkeypatch):
     """uint8 rows of 200-255 (|x|^2 above 2^22, where the rows' lower bounds round to even): exact answers, bit for
     bit those of the float keys."""
-    from tinyknn.config import reset_config
-    from tinyknn.gpu.device import current_device
-    from tinyknn.jit import render_screen
-
-    if render_screen.hopper_arch(current_device().arch) is None:
-        pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
-    monkeypatch.setenv("TINYKNN_SCREEN", "wgmma")
-    reset_config()
-    try:
-        n, dim = 40_000, 128
-        db = rng.integers(200, 256, (n, dim)).astype(np.uint8)
-        assert (db.astype(np.int64) ** 2).sum(axis=1).min() >= 1 << 22
-        queries = np.clip(db[rng.choice(n, 100)].astype(np.float32) + rng.integers(-2, 3, (100, dim)), 0, 255)
-        plain, keyed = (_screened(db, queries, "l2", "uint8", 10, flag, monkeypatch) for flag in (False, True))
-        assert keyed[4].param("ik") == 1
-        assert np.array_equal(plain[1], keyed[1]) and np.array_equal(plain[0].view(np.int32), keyed[0].view(np.int32))
-        assert_exact(keyed[0], keyed[1], db, queries, 10, "l2", "uint8")
-    finally:
-        monkeypatch.undo()
-        reset_config()
+    n, dim = 40_000, 128
+    db = rng.integers(200, 256, (n, dim)).astype(np.uint8)
+    assert (db.astype(np.int64) ** 2).sum(axis=1).min() >= 1 << 22
+    queries = np.clip(db[rng.choice(n, 100)].astype(np.float32) + rng.integers(-2, 3, (100, dim)), 0, 255)
+    plain, keyed = (_screened(db, queries, "l2", "uint8", 10, flag, monkeypatch) for flag in (False, True))
+    assert keyed[4].param("ik") == 1
+    assert np.array_equal(plain[1], keyed[1]) and np.array_equal(plain[0].view(np.int32), keyed[0].view(np.int32))
+    assert_exact(keyed[0], keyed[1], db, queries, 10, "l2", "uint8")
