@@ -1,4 +1,4 @@
-"""The Hopper screen's integer keys (render_screen.HOPPER_INT_KEYS, screen_hopper.cuh's IK; a knob for now): on
+"""The Hopper screen's integer keys (render_screen.HOPPER_INT_KEYS, screen_hopper.cuh's IK; the default where they apply): on
 8-bit rows whose squared norms stay below 2^23 the epilogue compares int32 keys against the floor of the
 threshold. Below 2^22 the float keys are those same integers, so the survivors must be the same ones: every
 query's survivor count, the answers (bit for bit, and the float64 oracle's) and the queries handed back are equal

@@ -99,12 +99,12 @@ STAGED = [("l2", "float32", 768, 10, True), ("l2", "float16", 768, 10, False), (
           ("ip", "uint8", 130, 32, False)]
 
 
-def test_the_staged_verify_knob_needs_no_local_memory(kernel_cache):
-    """The single-query kernel with its verify step's rows staged in shared memory (stage=1; 8: its chain loading
-    8 chunks a step), and its listed variant: compiled, no spills, and the shared memory it asks for within a
-    block's."""
+def test_the_staged_verify_step_needs_no_local_memory(kernel_cache):
+    """The single-query kernel with its verify step's rows staged in shared memory (stage=1; 4, the default, and
+    8: its chain loading that many chunks a step), and its listed variant: compiled, no spills, and the shared
+    memory it asks for within a block's."""
     specs = [render.single_spec(metric, dtype, dim, k, "sm_90", shadow=shadow, stage=stage, **listed)
-             for metric, dtype, dim, k, shadow in STAGED for listed in ({}, {"listed": True}) for stage in (1, 8)]
+             for metric, dtype, dim, k, shadow in STAGED for listed in ({}, {"listed": True}) for stage in (1, 4, 8)]
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
     for spec in specs:
@@ -125,10 +125,13 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
     grouped = [render_screen.hopper_spec(metric, dtype, stride, "sm_90a", epi_group=group)
                for metric, dtype, stride in HOPPER[2:] for group in (1, 8)]
     assert {s.param("eg") for s in grouped} == {1, 8}                  # the probes' epilogues
-    monkeypatch.setattr(render_screen, "HOPPER_INT_KEYS", True)       # the knob's integer keys
     keyed = [render_screen.hopper_spec(metric, dtype, 128, "sm_90a") for metric in ("l2", "ip")
              for dtype in ("uint8", "int8")]
-    assert {s.param("ik") for s in keyed} == {1}
+    assert {s.param("ik") for s in keyed} == {1}                      # the default integer keys
+    monkeypatch.setattr(render_screen, "HOPPER_INT_KEYS", False)      # and the float keys they replace
+    keyed += [render_screen.hopper_spec(metric, dtype, 128, "sm_90a") for metric in ("l2", "ip")
+              for dtype in ("uint8", "int8")]
+    assert {s.param("ik", 0) for s in keyed} == {0, 1}
     specs += grouped + keyed
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]

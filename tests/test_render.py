@@ -105,8 +105,10 @@ def test_listed_kernels_are_their_own_specs_and_cache_warm_lists_them():
     assert cuda_source.name_expression(listed) == cuda_source.name_expression(plain)[:-1] + ", true>"
     staged, staged_listed = (render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, **listing)
                              for listing in ({}, {"listed": True}))
-    assert cuda_source.name_expression(staged).endswith(", false, 1>")
-    assert cuda_source.name_expression(staged_listed) == cuda_source.name_expression(staged)[:-11] + ", true, 1>"
+    ahead = render.SINGLE_STAGE_AHEAD
+    assert cuda_source.name_expression(staged).endswith(f", false, {ahead}>")
+    assert cuda_source.name_expression(staged_listed) == \
+        cuda_source.name_expression(staged)[:-len(f", false, {ahead}>")] + f", true, {ahead}>"
     for make in (lambda **kw: render.scan_spec("ip", "float16", 96, 10, "sm_90", n_queries=3, **kw),
                  lambda **kw: render.tiled_spec("l2", "int8", 96, 10, "sm_90", n_queries=1000, **kw)):
         assert cuda_source.name_expression(make(listed=True)) == cuda_source.name_expression(make())[:-1] + ", true>"
@@ -265,12 +267,13 @@ def test_the_staged_verify_step_sizes_its_shared_memory():
                                                      ("sm_89", "float16", 128, 10, False)])
 def test_the_verify_step_stages_its_rows_by_default_on_hopper_where_they_fit(arch, dtype, dim, k, staged):
     """Unless told, the single-query kernel stages its verify step's rows on SINGLE_STAGE_ARCHS where they fit
-    SINGLE_STAGE_MAX_SMEM (no error where they do not), and elsewhere keeps the unstaged kernel, whose spec is
-    the one stage=0 names."""
+    SINGLE_STAGE_MAX_SMEM (no error where they do not), its chain loading SINGLE_STAGE_AHEAD chunks a step, and
+    elsewhere keeps the unstaged kernel, whose spec is the one stage=0 names."""
     shadow = dtype == "float32"
     spec = render.single_spec("l2", dtype, dim, k, arch, shadow=shadow)
-    assert bool(spec.param("stage", 0)) == staged
-    assert spec == render.single_spec("l2", dtype, dim, k, arch, shadow=shadow, stage=int(staged))
+    assert spec.param("stage", 0) == (render.SINGLE_STAGE_AHEAD if staged else 0)
+    assert spec == render.single_spec("l2", dtype, dim, k, arch, shadow=shadow,
+                                      stage=render.SINGLE_STAGE_AHEAD if staged else 0)
     assert spec.param("smem") <= render.SINGLE_STAGE_MAX_SMEM
 
 

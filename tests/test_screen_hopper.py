@@ -60,14 +60,15 @@ def test_integer_keys_only_where_every_squared_norm_is_below_two_to_the_23(eleme
     assert rs.integer_keys(element, stride) is ok
 
 
-def test_the_integer_keys_knob_names_its_own_kernel(monkeypatch):
-    """HOPPER_INT_KEYS (a knob, off by default): the 8-bit screen where integer_keys allows gets IK = true, its
-    threshold mode and the other element types keep their kernels."""
-    plain = rs.hopper_spec("l2", "uint8", 128, "sm_90")
-    assert plain.param("ik", 0) == 0
-    monkeypatch.setattr(rs, "HOPPER_INT_KEYS", True)
+def test_integer_keys_are_the_default_where_they_apply(monkeypatch):
+    """HOPPER_INT_KEYS (on by default): the 8-bit screen where integer_keys allows gets IK = true, its threshold
+    mode and the other element types keep their kernels; off, the float keys' kernel."""
     keyed = rs.hopper_spec("l2", "uint8", 128, "sm_90")
-    assert keyed.param("ik") == 1 and keyed != plain
+    assert keyed.param("ik") == 1
+    monkeypatch.setattr(rs, "HOPPER_INT_KEYS", False)
+    plain = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert plain.param("ik", 0) == 0 and keyed != plain
+    monkeypatch.setattr(rs, "HOPPER_INT_KEYS", True)
     assert cuda_source.name_expression(keyed) == cuda_source.name_expression(plain)[:-1] + ", 0, 0, true>"
     assert rs.hopper_spec("l2", "uint8", 256, "sm_90").param("ik", 0) == 0
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=2).param("ik", 0) == 0

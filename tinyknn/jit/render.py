@@ -66,6 +66,9 @@ SINGLE_STAGE_MAX_SMEM = 200 * 1024   # the staged verify step's shared memory at
 SINGLE_STAGE_ARCHS = ("sm_90", "sm_90a")   # where the verify step stages its rows by default, where they fit (H200,
                                 # 1M x 768 kernel: float32 through its shadow 383.2 -> 376.4 us, float16 374.6 -> 372.2;
                                 # 100k x 128 20.2 both): measured on Hopper only, whose blocks get 227 KB
+SINGLE_STAGE_AHEAD = 4          # the staged chain's chunks loaded a step by default (H200, four interleaved rounds:
+                                # kernel 100k x 128 19.6 -> 18.6 us, 1M x 768 float16 370.8 -> 368.3, float32
+                                # through its shadow 375.9 -> 369.8; 8 the same as 4)
 SINGLE_MAX_K = 128              # the single-query kernel up to this k (its last block verifies k + margin)
 SINGLE_SHADOW_MARGIN = 8        # candidates beyond k when streaming a float32 index's float16 shadow (its bound is
                                 # looser than float32's: 2 extra would send more near-ties to the band search)
@@ -155,8 +158,8 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
     shadow: a float32 l2 index streams its float16 shadow (single.cuh's ShadowKeyBound), with a wider margin.
     listed: it reads the rows a position list names (a filter's, in place). stage=1: the verify step stages
     its candidates' rows in shared memory, a thread a candidate (verify.cuh's verify_distances_staged;
-    ValueError where they do not fit in SINGLE_STAGE_MAX_SMEM); stage=None: staged where they fit; stage=2 to
-    16: staged, the chain loading that many chunks a step (its AHEAD; a knob)."""
+    ValueError where they do not fit in SINGLE_STAGE_MAX_SMEM); stage=2 to 16: staged, the chain loading that
+    many chunks a step (its AHEAD); stage=None: staged where they fit, SINGLE_STAGE_AHEAD chunks a step."""
     if shadow and dtype != "float32":
         raise ValueError(f"only a float32 index streams a float16 shadow; got dtype {dtype!r}")
     streamed = "float16" if shadow else dtype
@@ -181,7 +184,7 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
         staged = verify_own + _align16(dim * 8) + kl * ((row_bytes // 4) | 1) * 4
         fits = staged <= SINGLE_STAGE_MAX_SMEM
         if stage is None:
-            stage = 1 if fits else 0
+            stage = SINGLE_STAGE_AHEAD if fits else 0
         elif not fits:
             raise ValueError(f"stage={stage} needs {staged} bytes of shared memory for {kl} rows of {row_bytes} bytes; "
                              f"at most {SINGLE_STAGE_MAX_SMEM} fit")
