@@ -3,6 +3,7 @@
 interleaved rounds: the single-query kernel alone (CUDA events, as bench/single_query.py times it) four rounds,
 then the search end to end (median of 300) two rounds, each stage's answers checked bit for bit against the
 library default's. Shapes: 100k x 128 float32 (its float16 shadow), 1M x 768 float16, 1M x 768 float32 (shadow).
+The JSON: shape -> stage -> {"kernel": [us a round], "e2e": [us a round]}.
 
     PYTHONPATH=$PWD python3 bench/probes/single_stage_ab.py OUT.json        # H200, about two minutes
 """
@@ -27,11 +28,11 @@ SHAPES = (("100k x 128 float32", 100_000, 128, "float32"), ("1M x 768 float16", 
 def measure(index, queries) -> dict:
     searcher = index._searcher
     reference = [index.search(queries[i:i + 1], 10) for i in range(len(queries))]
-    result = {stage: {"kernel_us": [], "end_to_end_us": []} for stage in STAGES}
+    result = {stage: {"kernel": [], "e2e": []} for stage in STAGES}
     for _ in range(4):
         for stage in STAGES:
             ms = single_query._kernel_ms(searcher, 200, None, {"stage": stage})["kernel_ms"]
-            result[stage]["kernel_us"].append(round(ms * 1e3, 2))
+            result[stage]["kernel"].append(round(ms * 1e3, 2))
     for _ in range(2):
         for stage in STAGES:
             searcher.single_overrides = (("stage", stage),)
@@ -42,12 +43,10 @@ def measure(index, queries) -> dict:
                     if not (np.array_equal(i0, i1) and np.array_equal(d0.view(np.int32), d1.view(np.int32))):
                         raise AssertionError(f"stage {stage}: query {q}'s answer differs from the default's")
                 us = single_query._end_to_end(index, queries, 300)["default_us"]
-                result[stage]["end_to_end_us"].append(round(us, 1))
+                result[stage]["e2e"].append(round(us, 1))
             finally:
                 searcher.single_overrides = ()
                 searcher._forget_plans()
-    for stage in STAGES:
-        result[stage]["kernel_median_us"] = statistics.median(result[stage]["kernel_us"])
     return result
 
 
@@ -63,8 +62,8 @@ def main(out: str) -> None:
             del db
             results[label] = measure(index, queries)
         for stage, row in results[label].items():
-            print(label, "stage", stage, "kernel", row["kernel_us"], "median", row["kernel_median_us"],
-                  "end to end", row["end_to_end_us"], flush=True)
+            print(label, "stage", stage, "kernel", row["kernel"], "median", statistics.median(row["kernel"]),
+                  "e2e", row["e2e"], flush=True)
     Path(out).write_text(json.dumps(results, indent=1))
 
 

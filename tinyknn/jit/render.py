@@ -195,7 +195,8 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
 
 def single_spec(metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
     """The single-query kernel (selection and verify step in one launch); shadow=True only for l2. On
-    SINGLE_STAGE_ARCHS its verify step stages its rows where they fit (stage=0 or 1 to choose)."""
+    SINGLE_STAGE_ARCHS its verify step stages its rows where they fit, SINGLE_STAGE_AHEAD chunks a step
+    (stage=0, or 1 to 16, to choose)."""
     if overrides.get("shadow") and metric != "l2":
         raise ValueError(f"the single-query kernel streams a float16 shadow for l2 only; got metric {metric!r}")
     overrides.setdefault("stage", None if arch in SINGLE_STAGE_ARCHS else 0)
