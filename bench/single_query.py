@@ -5,9 +5,9 @@ bytes measured in the same run (the floor: the bytes the kernel must read, at th
 
 Rows: 20k and 100k x 128 float32 (float32 stream, float16 shadow), 1M x 768 float32 (both), 1M x 768
 float16; with each shadow (or float16) row the kernel's knobs: forced slices (fewer, fuller blocks), rows a
-slice, warps, rows in flight, lanes a row. k = 10, l2, medians over --reps calls
-after warm-up. The shadow and the float32 stream must return identical answers (both are exact); the script
-fails if they do not.
+slice, warps, rows in flight, lanes a row, the verify step's staging, the slices' shared bound. k = 10, l2,
+medians over --reps calls after warm-up. The shadow and the float32 stream must return identical answers (both
+are exact); the script fails if they do not.
 
     PYTHONPATH=$PWD python3 bench/single_query.py [--quick] [--out-dir DIR]
 """
@@ -31,10 +31,12 @@ K = 10
 # (render.single_params overrides, forced slices): the kernel's knobs, timed alone (the defaults first).
 SMALL_SWEEP = (({}, None), ({}, 132), ({}, 66), ({}, 49), ({"rmax": 4096}, 33), ({"rmax": 4096}, 25), ({"rmax": 8192}, 13),
                ({"warps": 32}, None), ({"unroll": 4}, None), ({"lanes": 4}, None), ({"warps": 8, "unroll": 4}, None),
-               ({"lanes": 4, "warps": 32}, None), ({"stage": 0}, None), ({"stage": 4}, None), ({"stage": 8}, None))
+               ({"lanes": 4, "warps": 32}, None), ({"stage": 0}, None), ({"stage": 1}, None), ({"stage": 8}, None),
+               ({"shared_bound": True}, None))
 LARGE_SWEEP = (({}, None), ({"rmax": 4096}, None), ({"rmax": 8192}, None), ({"unroll": 4}, None), ({"warps": 32}, None),
                ({"rmax": 4096, "warps": 32}, None), ({"rmax": 8192, "warps": 32}, None),
-               ({"rmax": 16384, "warps": 32}, None), ({"stage": 0}, None), ({"stage": 4}, None), ({"stage": 8}, None))
+               ({"rmax": 16384, "warps": 32}, None), ({"stage": 0}, None), ({"stage": 1}, None), ({"stage": 8}, None),
+               ({"shared_bound": True}, None))
 
 
 def _events_ms(issue, stream, launches: int, per_sample: int = 10) -> float:

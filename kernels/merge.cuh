@@ -86,50 +86,57 @@ constexpr int SLICE_GROUP = 12;
 // ties at the K-th key (taken here by position). False, with nothing written, where it cannot: more lists
 // than BOUNDED_MAX_LISTS or fewer than K, T = +inf, more than BOUNDED_MAX_FOUND entries <= T (then
 // gather_best). Every thread of the block calls it; ends with a __syncthreads().
-template <int K, int SORT, int LEN>
+// GIVEN: T is `given` (finite, the same in every thread), an upper bound found elsewhere that need not bound
+// these entries' K-th key: no minima, and where fewer than K entries are <= T, the slots after them get
+// (+inf, -1) too (the single-query kernel's slices under a bound another slice published; single.cuh).
+template <int K, int SORT, int LEN, bool GIVEN = false>
 TINYKNN_D bool bounded_gather(const float* keys, const int* positions, int total, unsigned long long* scratch,
-                              float* sort_keys, int* sort_positions, unsigned& kth) {
+                              float* sort_keys, int* sort_positions, unsigned& kth, float given = 0.0f) {
   const int n_lists = (total + LEN - 1) / LEN;
-  if (n_lists > BOUNDED_MAX_LISTS || n_lists < K) return false;
+  if (!GIVEN && (n_lists > BOUNDED_MAX_LISTS || n_lists < K)) return false;
   const int threads = blockDim.x;
   float* minima = reinterpret_cast<float*>(scratch);
   unsigned long long* found = scratch + BOUNDED_MAX_LISTS / 2;
   unsigned* counters = reinterpret_cast<unsigned*>(found + BOUNDED_MAX_FOUND);   // [0] found, [1] T's bits
   if (threadIdx.x == 0) counters[0] = 0;
-  for (int l = threadIdx.x; l < n_lists; l += threads) {
-    float least = positive_infinity();
-#pragma unroll
-    for (int j = 0; j < LEN; ++j) least = l * LEN + j < total ? fminf(least, keys[l * LEN + j]) : least;
-    minima[l] = least;
-  }
-  __syncthreads();
-  // T: the K-th smallest minimum. Few lists: each minimum ranked against all the others (ties by list); many:
-  // topk.cuh's radix select (its histogram in `found`), the same value (up to the sign of a zero, which no
-  // comparison below sees).
-  float bound;
-  if (n_lists <= BOUNDED_RANK_LISTS) {
-    // each minimum as one integer, (ordered bits, list), so that a rank is one comparison an entry (in `found`,
-    // unused until T is known), the others counted four at a time into independent sums
-    for (int l = threadIdx.x; l < (n_lists + 3) / 4 * 4; l += threads) {
-      found[l] = l < n_lists ? ((unsigned long long)ordered_bits(minima[l]) << 32) | (unsigned)l : ~0ull;
-    }
-    __syncthreads();
-    for (int l = threadIdx.x; l < n_lists; l += threads) {
-      const unsigned long long mine = found[l];
-      int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
-      for (int o = 0; o < n_lists; o += 4) {
-        r0 += found[o] < mine ? 1 : 0;
-        r1 += found[o + 1] < mine ? 1 : 0;
-        r2 += found[o + 2] < mine ? 1 : 0;
-        r3 += found[o + 3] < mine ? 1 : 0;
-      }
-      if (r0 + r1 + r2 + r3 == K - 1) counters[1] = (unsigned)(mine >> 32);
-    }
-    __syncthreads();
-    bound = from_ordered_bits(counters[1]);
+  float bound = given;
+  if constexpr (GIVEN) {
+    __syncthreads();      // the counter zeroed before any thread counts
   } else {
-    int ties;
-    bound = from_ordered_bits(block_select(minima, n_lists, K, reinterpret_cast<unsigned*>(found), ties));
+    for (int l = threadIdx.x; l < n_lists; l += threads) {
+      float least = positive_infinity();
+#pragma unroll
+      for (int j = 0; j < LEN; ++j) least = l * LEN + j < total ? fminf(least, keys[l * LEN + j]) : least;
+      minima[l] = least;
+    }
+    __syncthreads();
+    // T: the K-th smallest minimum. Few lists: each minimum ranked against all the others (ties by list); many:
+    // topk.cuh's radix select (its histogram in `found`), the same value (up to the sign of a zero, which no
+    // comparison below sees).
+    if (n_lists <= BOUNDED_RANK_LISTS) {
+      // each minimum as one integer, (ordered bits, list), so that a rank is one comparison an entry (in `found`,
+      // unused until T is known), the others counted four at a time into independent sums
+      for (int l = threadIdx.x; l < (n_lists + 3) / 4 * 4; l += threads) {
+        found[l] = l < n_lists ? ((unsigned long long)ordered_bits(minima[l]) << 32) | (unsigned)l : ~0ull;
+      }
+      __syncthreads();
+      for (int l = threadIdx.x; l < n_lists; l += threads) {
+        const unsigned long long mine = found[l];
+        int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+        for (int o = 0; o < n_lists; o += 4) {
+          r0 += found[o] < mine ? 1 : 0;
+          r1 += found[o + 1] < mine ? 1 : 0;
+          r2 += found[o + 2] < mine ? 1 : 0;
+          r3 += found[o + 3] < mine ? 1 : 0;
+        }
+        if (r0 + r1 + r2 + r3 == K - 1) counters[1] = (unsigned)(mine >> 32);
+      }
+      __syncthreads();
+      bound = from_ordered_bits(counters[1]);
+    } else {
+      int ties;
+      bound = from_ordered_bits(block_select(minima, n_lists, K, reinterpret_cast<unsigned*>(found), ties));
+    }
   }
   if (!(bound < positive_infinity())) return false;
   for (int l = threadIdx.x; l < n_lists; l += threads) {
@@ -148,7 +155,7 @@ TINYKNN_D bool bounded_gather(const float* keys, const int* positions, int total
   __syncthreads();
   const int n_found = (int)counters[0];
   if (n_found > BOUNDED_MAX_FOUND) return false;
-  for (int i = threadIdx.x; i < n_found; i += threads) {      // at least K: the K minima
+  for (int i = threadIdx.x; i < n_found; i += threads) {      // at least K unless GIVEN: the K minima
     const unsigned long long mine = found[i];
     int rank = 0;
     for (int o = 0; o < n_found; ++o) rank += found[o] < mine ? 1 : 0;
@@ -157,7 +164,7 @@ TINYKNN_D bool bounded_gather(const float* keys, const int* positions, int total
       sort_positions[rank] = (int)(unsigned)mine;
     }
   }
-  for (int i = K + threadIdx.x; i < SORT; i += threads) {
+  for (int i = (GIVEN && n_found < K ? n_found : K) + threadIdx.x; i < SORT; i += threads) {
     sort_keys[i] = positive_infinity();
     sort_positions[i] = -1;
   }

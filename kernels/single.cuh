@@ -46,8 +46,13 @@ struct ShadowKeyBound {
 // rows, n_data of them): the slices split the list, each row is loaded where the list names it, and the lists
 // hold those positions, so the verify step reads the stored rows as it does unfiltered. A row the list does
 // not name is never loaded. Without LISTED, `listed_rows` is unused and the kernel is the unfiltered one.
+// GT (a knob): the slices share a bound as scan_kernel's do (topk.cuh's publish_bound, in arrivals[1]): a slice
+// that selects its list in full publishes its KL-th key; a slice that finds one published when its rows are
+// streamed lists only its keys under it (the KL best of those; fewer, padded, where fewer are), with no
+// minima and no select. Rows left out are above a bound that KL listed keys are under, so above the KL-th
+// list key the verify step's proof starts from. The last block zeroes arrivals[1] for the next launch.
 template <class Metric, class Bound, class T, class S, int DIM, int K, int KL, int G, int WARPS, int RMAX, int UNROLL,
-          int CMAX, int SMEM, bool LISTED = false, int STAGE = 0>
+          int CMAX, int SMEM, bool LISTED = false, int STAGE = 0, bool GT = false>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const float* __restrict__ data_inv_norms,
               long long n_data, long long rows_per_slice, const float* __restrict__ queries,
@@ -86,6 +91,7 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   unsigned long long* slice_scratch = reinterpret_cast<unsigned long long*>(
       reinterpret_cast<char*>(shared_space) + align16(QUERY_BYTES + RMAX * 8 + SORT * 8 + MERGE_SHARED_FIXED));
   __shared__ unsigned last_block;
+  __shared__ float slice_bound;       // GT: the bound another slice published, the same in every thread
   require_dynamic_smem(NEED);
 
   TINYKNN_PHASE(0);
@@ -140,14 +146,29 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   TINYKNN_PHASE(2);
 
   // The slice's list: its KL best (padded with (+inf, -1) where the slice has fewer rows), bounded by the
-  // minima of its keys in groups of SLICE_GROUP (bounded_gather), else by gather_best's radix select.
+  // minima of its keys in groups of SLICE_GROUP (bounded_gather), else by gather_best's radix select; GT: its
+  // keys under another slice's published bound where there is one (see above).
   float* list_keys = out_keys + (long long)blockIdx.x * KL;
   int* list_positions = out_positions + (long long)blockIdx.x * KL;
   if (count > KL) {
     unsigned slice_kth;
-    if (!bounded_gather<KL, SORT, SLICE_GROUP>(row_keys, row_positions, count, slice_scratch, sort_keys,
-                                               sort_positions, slice_kth)) {
-      gather_best<KL, SORT>(row_keys, row_positions, count, sort_keys, sort_positions, histogram, histogram + 258);
+    bool under = false;     // GT: listed under another slice's bound
+    if constexpr (GT) {
+      if (threadIdx.x == 0) slice_bound = read_bound(arrivals + 1);
+      __syncthreads();
+      if (slice_bound < positive_infinity()) {
+        under = bounded_gather<KL, SORT, SLICE_GROUP, true>(row_keys, row_positions, count, slice_scratch, sort_keys,
+                                                            sort_positions, slice_kth, slice_bound);
+        if (!under) __syncthreads();    // every thread has read the failed attempt's counter
+      }
+    }
+    if (!under && !bounded_gather<KL, SORT, SLICE_GROUP>(row_keys, row_positions, count, slice_scratch, sort_keys,
+                                                         sort_positions, slice_kth)) {
+      slice_kth = gather_best<KL, SORT>(row_keys, row_positions, count, sort_keys, sort_positions, histogram,
+                                        histogram + 258);
+    }
+    if constexpr (GT) {
+      if (threadIdx.x == 0) publish_bound(arrivals + 1, from_ordered_bits(slice_kth));
     }
     for (int j = threadIdx.x; j < KL; j += WARPS * 32) {
       list_keys[j] = sort_keys[j];
@@ -170,6 +191,9 @@ single_kernel(const T* __restrict__ data, const S* __restrict__ scan_rows, const
   TINYKNN_PHASE(4);
   if (!last_block) return;
   __threadfence();
+  if constexpr (GT) {
+    if (threadIdx.x == 0) atomicExch(arrivals + 1, 0u);   // every slice has published: none yet, for the next launch
+  }
   // The lists into shared memory when they fit (gather_best reads them once per radix pass), else in place.
   const int total = gridDim.x * KL;
   const float* keys = out_keys;

@@ -8,8 +8,8 @@
 Covers: ingest (host rows, float64/float16 CUDA rows and queries when CuPy is present), scan with
 register lists and with shared-memory lists (k = 2048), tiled with shared lists (bulk rebuilds), the
 l2 filter key, the verify step after every selection (small and large k, padding) and the band search
-of unproven queries (far data, 40 tied copies), the single-query kernel (its last block verifies) and
-tiled blocks of 16, graph
+of unproven queries (far data, 40 tied copies), the single-query kernel (its last block verifies; its slices'
+shared bound, a knob) and tiled blocks of 16, graph
 replay, float16 storage and every metric; then the tensor-core screen (float16, bfloat16, int8, uint8
 and a float32 index's float16 shadow), filters read in place (a position list read by the LISTED single, scan and
 tiled kernels; a run of rows as a view, screened in place from 4,096 rows), the rows permuted on the
@@ -124,6 +124,29 @@ def screen_and_ops(rng) -> None:
 SCAN_MAX_QUERIES = plan.SCAN_MAX_QUERIES
 
 
+def shared_bound_single(rng) -> None:
+    """The single-query kernel's shared bound (single.cuh's GT, a knob): several waves of slices, the later
+    ones listing their keys under another's bound; a near query, then a far one (the bound zeroed between). The
+    third case's first 70 % is far rows: their loose bound leaves more than 512 keys under it in the later
+    slices (of 1,536 rows), which then select as usual."""
+    for metric, dtype, dim, n, slices in (("l2", "float32", 8, 200_000, 400), ("ip", "float16", 16, 150_000, 400),
+                                          ("l2", "float32", 16, 300_000, 290)):
+        db = rng.standard_normal((n, dim)).astype(np.float32)
+        if slices == 290:                                  # the first wave or more: far rows
+            db[: n * 7 // 10] += 50.0
+        queries = np.stack([db[3], db[3] + 20.0, db[9]]).astype(np.float32)
+        with tinyknn.Index(dim, metric, dtype, device="cuda") as index:
+            index.add(db)
+            searcher = index._searcher
+            searcher.single_overrides, searcher.slices_override = (("shared_bound", True),), slices
+            searcher._forget_plans()
+            for _ in range(2):                              # the second round replays a graph
+                for q in queries:
+                    assert_exact(*index.search(q[None], 10), db, q[None], 10, metric, dtype)
+            slices = [p.slices for p in searcher._plans.values() if getattr(p, "variant", None) == "single"]
+        print(f"ok {metric} {dtype} dim={dim} n={n} single, shared bound, slices={slices}", flush=True)
+
+
 def main(only: str | None = None) -> int:
     """Every case; `only` a selection kernel's name ("single", "scan", "tiled"): its cases alone, no screen."""
     rng = np.random.default_rng(7)
@@ -152,6 +175,8 @@ def main(only: str | None = None) -> int:
             assert_exact(distances.get(), ids.get(), db, q.astype(np.float16), k, metric, dtype)
         print(f"ok {metric} {dtype} dim={dim} n={n} k={k} nq={n_queries} {variant} slices={slices}", flush=True)
     plan.SCAN_MAX_QUERIES = SCAN_MAX_QUERIES
+    if only in (None, "single"):
+        shared_bound_single(rng)
     if only is None:
         screen_and_ops(rng)
     return 0

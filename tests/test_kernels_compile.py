@@ -101,10 +101,12 @@ STAGED = [("l2", "float32", 768, 10, True), ("l2", "float16", 768, 10, False), (
 
 def test_the_staged_verify_step_needs_no_local_memory(kernel_cache):
     """The single-query kernel with its verify step's rows staged in shared memory (stage=1; 4, the default, and
-    8: its chain loading that many chunks a step), and its listed variant: compiled, no spills, and the shared
-    memory it asks for within a block's."""
+    8: its chain loading that many chunks a step), its listed variant and the shared-bound knob: compiled, no
+    spills, and the shared memory it asks for within a block's."""
     specs = [render.single_spec(metric, dtype, dim, k, "sm_90", shadow=shadow, stage=stage, **listed)
              for metric, dtype, dim, k, shadow in STAGED for listed in ({}, {"listed": True}) for stage in (1, 4, 8)]
+    specs += [render.single_spec(metric, dtype, dim, k, "sm_90", shadow=shadow, shared_bound=True, **listed)
+              for metric, dtype, dim, k, shadow in STAGED for listed in ({}, {"listed": True})]   # the GT knob
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
     for spec in specs:

@@ -258,6 +258,20 @@ def test_the_staged_verify_step_sizes_its_shared_memory():
         render.single_spec("l2", "float32", 4096, 128, "sm_90", stage=1)
 
 
+def test_the_shared_bound_knob_names_its_own_kernel():
+    """shared_bound (single.cuh's GT, a knob): the spec carries gt = 1 and the instantiation one more template
+    argument, after LISTED and STAGE (0 where unstaged); the default specs are as they were."""
+    plain = render.single_spec("l2", "float16", 768, 10, "sm_90")
+    shared = render.single_spec("l2", "float16", 768, 10, "sm_90", shared_bound=True)
+    assert "gt" not in dict(plain.params) and shared.param("gt") == 1 and shared != plain
+    assert dict(shared.params) == {**dict(plain.params), "gt": 1}
+    assert cuda_source.name_expression(shared) == cuda_source.name_expression(plain)[:-1] + ", true>"
+    unstaged = render.single_spec("ip", "uint8", 256, 100, "sm_89", shared_bound=True)
+    assert cuda_source.name_expression(unstaged).endswith(", false, 0, true>")
+    listed = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, listed=True, shared_bound=True)
+    assert cuda_source.name_expression(listed).endswith(f", true, {render.SINGLE_STAGE_AHEAD}, true>")
+
+
 @pytest.mark.parametrize("arch,dtype,dim,k,staged", [("sm_90", "float32", 768, 10, True),
                                                      ("sm_90a", "float16", 768, 10, True),
                                                      ("sm_90", "uint8", 128, 100, True),

@@ -199,6 +199,8 @@ def main() -> int:
     parser.add_argument("--stage", type=int, choices=(0, 1, 2, 4, 8), default=0,
                         help="0: the verify step reads its rows from global memory; 1: staged in shared memory; "
                              "2, 4, 8: staged, the chain loading that many chunks a step (render.single_params)")
+    parser.add_argument("--shared-bound", action="store_true",
+                        help="the slices share a bound (render.single_params shared_bound, single.cuh's GT; a knob)")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
     labels = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -214,7 +216,7 @@ def main() -> int:
     stamped = Stamped(current_device().arch)
     rng = np.random.default_rng(0)
     try:
-        overrides = (("stage", args.stage),)
+        overrides = (("stage", args.stage),) + ((("shared_bound", True),) if args.shared_bound else ())
         shapes = {label: run_shape(label, args.searches, stamped, rng, overrides) for label in labels}
     finally:
         stamped.close()

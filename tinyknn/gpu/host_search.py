@@ -187,7 +187,7 @@ class HostQueries:
         shadow = view.pointer(self, "screen_shadow") if main.spec.param("shadow", 0) else 0
         self._device("queries", n_queries * self._stride * 4)
         self._device("candidates", plans.candidate_bytes(n_queries, slices, per_list))
-        bounds = self._device("bounds", n_queries * 4)
+        bounds = self._device("bounds", max(n_queries, 2) * 4)    # one query: [0] arrivals, [1] single.cuh's GT
         self._device("thresholds", n_queries * 8)
         ids_offset, status_offset, _ = plans.result_layout(n_queries, k)
         results = self._pointer("results")

@@ -101,8 +101,10 @@ def name_expression(spec: KernelSpec) -> str:
         streamed = _STORAGE_TYPES["float16"] if shadow else storage
         args = [metric, bound, storage, streamed, spec.dim, spec.k, p("kl"), p("lanes"), p("warps"),
                 p("rmax"), p("unroll"), p("cmax"), p("smem")]
-        if p("listed", 0) or p("stage", 0):     # trailing defaults: (LISTED = false, STAGE = 0)
-            args += ["true" if p("listed", 0) else "false"] + ([p("stage")] if p("stage", 0) else [])
+        if p("listed", 0) or p("stage", 0) or p("gt", 0):    # trailing defaults: LISTED = false, STAGE = 0, GT = false
+            args += ["true" if p("listed", 0) else "false"]
+            args += [p("stage", 0)] if p("stage", 0) or p("gt", 0) else []
+            args += ["true"] if p("gt", 0) else []
     elif spec.variant == "tiled":
         if p("filter", 0):
             metric = "tinyknn::L2Expanded"

@@ -152,14 +152,16 @@ _BOUNDED_BYTES = 4 * 1024 + 8 * 512 + 16   # bounded_gather's scratch (BOUNDED_S
 def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, warps: int = SINGLE_WARPS,
                   rmax: int = SINGLE_MAX_ROWS, unroll: int | None = None,
                   cmax: int = SINGLE_COPY_MAX, shadow: bool = False, listed: bool = False,
-                  stage: int | None = 0) -> dict[str, int]:
+                  stage: int | None = 0, shared_bound: bool = False) -> dict[str, int]:
     """Parameters of the single-query kernel: the scan kernel's lanes per row, a slice of at most
     `rmax` rows whose keys and positions sit in shared memory, and room for the verify step after.
     shadow: a float32 l2 index streams its float16 shadow (single.cuh's ShadowKeyBound), with a wider margin.
     listed: it reads the rows a position list names (a filter's, in place). stage=1: the verify step stages
     its candidates' rows in shared memory, a thread a candidate (verify.cuh's verify_distances_staged;
     ValueError where they do not fit in SINGLE_STAGE_MAX_SMEM); stage=2 to 16: staged, the chain loading that
-    many chunks a step (its AHEAD); stage=None: staged where they fit, SINGLE_STAGE_AHEAD chunks a step."""
+    many chunks a step (its AHEAD); stage=None: staged where they fit, SINGLE_STAGE_AHEAD chunks a step.
+    shared_bound (a knob, "gt"): a slice that finds another's KL-th key published lists only its keys under it
+    (single.cuh's GT)."""
     if shadow and dtype != "float32":
         raise ValueError(f"only a float32 index streams a float16 shadow; got dtype {dtype!r}")
     streamed = "float16" if shadow else dtype
@@ -190,6 +192,8 @@ def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, war
                              f"at most {SINGLE_STAGE_MAX_SMEM} fit")
         if stage:
             params = {**params, "smem": max(params["smem"], staged), "stage": stage}
+    if shared_bound:
+        params = {**params, "gt": 1}
     return _listed({**params, "shadow": 1} if shadow else params, listed)
 
 
