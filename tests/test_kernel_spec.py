@@ -35,3 +35,12 @@ def test_unhashable_params_are_checked_every_time():
     assert spec.param("bq") == 64
     with pytest.raises(ValueError):
         KernelSpec("ip", "float32", 16, 4, "tiled", "sm_80", {"bq": "many"})
+
+
+def test_trailing_arguments_name_only_what_a_spec_sets():
+    from tinyknn.spec import trailing_arguments
+
+    assert trailing_arguments(("false", "false"), (0, 0), ("false", "false")) == []
+    assert trailing_arguments(("true", "false"), (0, 0), ("false", "false")) == ["true"]
+    assert trailing_arguments(("false", "false"), (4, 0), ("false", "false")) == ["false", 4]
+    assert trailing_arguments(("false", "false"), (0, 0), ("true", "false")) == ["false", 0, "true"]

@@ -129,6 +129,15 @@ _CHECKED_SPECS: dict[tuple, tuple] = {}
 _CHECKED_SPECS_MAX = 4096
 
 
+def trailing_arguments(*pairs: tuple) -> list:
+    """A kernel template's defaulted arguments as (value, default) pairs, those still at their default at the
+    end dropped: an instantiation names only what it sets, so a spec without a later knob keeps its name."""
+    values = [value for value, _ in pairs]
+    while values and values[-1] == pairs[len(values) - 1][1]:
+        values.pop()
+    return values
+
+
 def _checked_spec_fields(metric, dtype, dim, k, variant, arch, params) -> tuple:
     """KernelSpec's fields checked and normalised (ValueError/TypeError naming the bad one), in _SPEC_FIELDS order."""
     metric, dtype, dim, arch = parse_metric(metric), parse_dtype(dtype), parse_dim(dim), parse_arch(arch)

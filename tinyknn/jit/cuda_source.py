@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from .._paths import kernels_dir
-from ..spec import KernelSpec
+from ..spec import KernelSpec, trailing_arguments
 from . import render_screen
 
 _SCREEN_VARIANTS = ("screen", "screen_queries", "screen_rows", "threshold", "survivors", "range_survivors",
@@ -101,10 +101,8 @@ def name_expression(spec: KernelSpec) -> str:
         streamed = _STORAGE_TYPES["float16"] if shadow else storage
         args = [metric, bound, storage, streamed, spec.dim, spec.k, p("kl"), p("lanes"), p("warps"),
                 p("rmax"), p("unroll"), p("cmax"), p("smem")]
-        if p("listed", 0) or p("stage", 0) or p("gt", 0):    # trailing defaults: LISTED = false, STAGE = 0, GT = false
-            args += ["true" if p("listed", 0) else "false"]
-            args += [p("stage", 0)] if p("stage", 0) or p("gt", 0) else []
-            args += ["true"] if p("gt", 0) else []
+        flag = lambda v: "true" if v else "false"   # noqa: E731
+        args += trailing_arguments((flag(p("listed", 0)), "false"), (p("stage", 0), 0), (flag(p("gt", 0)), "false"))
     elif spec.variant == "tiled":
         if p("filter", 0):
             metric = "tinyknn::L2Expanded"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..spec import KernelSpec, parse_arch
+from ..spec import KernelSpec, parse_arch, trailing_arguments
 
 SCREEN_ELEMENTS = {"float16": "tinyknn::ScreenF16", "bfloat16": "tinyknn::ScreenBF16",
                    "int8": "tinyknn::ScreenS8", "uint8": "tinyknn::ScreenU8"}
@@ -233,8 +233,8 @@ def name_expression(spec: KernelSpec) -> str:
     if spec.variant == "screen_hopper":
         flag = lambda v: "true" if v else "false"   # noqa: E731
         args = [element, flag(spec.metric != "l2"), flag(p("exact")), p("bn"), p("mw"), p("stages"), p("smem")]
-        if p("eg", 0) or p("kt", 0) or p("ik", 0):    # EG: the probes' epilogues; KT: the threshold mode
-            args += [p("eg", 0), p("kt", 0)] + (["true"] if p("ik", 0) else [])
+        # EG: the probes' epilogues; KT: the threshold mode; IK: integer keys
+        args += trailing_arguments((p("eg", 0), 0), (p("kt", 0), 0), (flag(p("ik", 0)), "false"))
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         flag = lambda v: "true" if v else "false"   # noqa: E731
