@@ -10,6 +10,7 @@ and the search move together while the core and the seed do not, the host's CPU 
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
+import _common  # noqa: E402
 import tinyknn  # noqa: E402
 
 
@@ -52,20 +54,15 @@ def main(tag: str) -> None:
     rows = list(rng.standard_normal((64, 128), dtype=np.float32)[:, None, :])
     with tinyknn.Index(128, "l2", "float32", device="cuda") as index:
         index.add(db)
-        for q in rows[:20]:
-            index.search(q, 10)
-        searches = []
-        for i in range(300):
-            t0 = time.perf_counter_ns()
-            index.search(rows[i % len(rows)], 10)
-            searches.append((time.perf_counter_ns() - t0) / 1e3)
+        cycled = itertools.cycle(rows)
+        searches = _common.time_calls(lambda: index.search(next(cycled), 10), 300, warmup=20)
     arrays = []
     for _ in range(2000):
         t0 = time.perf_counter_ns()
         np.empty((1, 10), np.float32)
         arrays.append(time.perf_counter_ns() - t0)
     print(json.dumps({"tag": tag, "cpu": current_cpu(), "method_call_ns": round(method_call_ns(), 1),
-                      "np_empty_ns": statistics.median(arrays), "search_us": round(statistics.median(searches), 1),
+                      "np_empty_ns": statistics.median(arrays), "search_us": round(_common.median_us(searches), 1),
                       "hashseed": os.environ.get("PYTHONHASHSEED")}), flush=True)
 
 
