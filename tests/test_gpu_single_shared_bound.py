@@ -113,11 +113,14 @@ def test_a_slice_with_too_many_keys_under_the_bound_selects_as_usual(rng):
         searcher = index._searcher
         searcher.slices_override = 300                        # slices of more than 512 rows, in several waves
         try:
+            searcher.single_overrides = (("shared_bound", False),)
+            searcher._forget_plans()
             plain = [index.search(q[None], 10) for q in queries]
             searcher.single_overrides = (("shared_bound", True),)
             searcher._forget_plans()
             shared = [index.search(q[None], 10) for q in queries]
-            rows = searcher._host_batch(1, 10).plan.rows_per_slice
+            with searcher._lock, searcher._reading(None):       # a search's view of the rows, as in a search
+                rows = searcher._host_batch(1, 10).plan.rows_per_slice
         finally:
             searcher.single_overrides, searcher.slices_override = (), None
             searcher._forget_plans()
@@ -125,3 +128,23 @@ def test_a_slice_with_too_many_keys_under_the_bound_selects_as_usual(rng):
         for q, (d0, i0), (d1, i1) in zip(queries, plain, shared):
             assert_exact(d1, i1, db, q[None], 10, "l2")
             assert np.array_equal(i0, i1) and np.array_equal(d0.view(np.int32), d1.view(np.int32))
+
+
+@pytest.mark.parametrize("limit", [1 << 20, 1 << 40])
+def test_the_default_shares_the_bound_where_a_query_streams_enough_bytes(rng, monkeypatch, limit):
+    """render.single_shares_bound picks the knob by the bytes one query streams (on Hopper): the default search
+    of an index past the limit runs the shared-bound kernel, one under it the plain one, exact either way."""
+    from tinyknn.jit import render
+
+    monkeypatch.setattr(render, "SINGLE_SHARED_BOUND_BYTES", limit)
+    db = _rows(rng, 100_000, 64, "float16")                 # 12.8 MB of float16 rows
+    queries = _queries(rng, db, "float16")
+    with tinyknn.Index(64, "l2", "float16", device="cuda") as index:
+        index.add(db)
+        searcher = index._searcher
+        for q in queries:
+            d, ids = index.search(q[None], 10)
+            assert_exact(d, ids, db, q[None], 10, "l2", "float16")
+        with searcher._lock, searcher._reading(None):
+            shared = searcher._main_spec(1, 10, False).param("gt", 0)
+        assert shared == (limit < db.size * 2 and searcher._arch in render.SINGLE_STAGE_ARCHS)

@@ -130,7 +130,8 @@ def test_one_query_gets_a_scan_block_of_one():
     assert [block(1), block(2), block(8), block(None)] == [1, 8, 8, 8]
     listed = render.specs_for_search("ip", "float16", 128, 10, "sm_90")
     assert {s.param("qb") for s in listed if s.variant == "scan"} == {8}       # one query: single_kernel
-    assert [s.k for s in listed if s.variant == "single" and not s.param("listed", 0)] == [10]
+    singles = [s for s in listed if s.variant == "single" and not s.param("listed", 0)]
+    assert [s.k for s in singles] == [10, 10] and [s.param("gt", 0) for s in singles] == [0, 1]  # shared bound
     beyond = render.specs_for_search("ip", "float16", 128, render.SINGLE_MAX_K + 1, "sm_90")
     assert 1 in {s.param("qb") for s in beyond if s.variant == "scan"}
     assert not [s for s in beyond if s.variant == "single"]
@@ -198,10 +199,11 @@ def test_one_query_on_a_float32_l2_index_may_stream_its_float16_shadow():
     assert shadow.param("kl") == 10 + render.SINGLE_SHADOW_MARGIN > plain.param("kl") and shadow.param("shadow") == 1
     assert shadow.param("lanes") <= plain.param("lanes")       # 16-byte chunks of half the bytes
     listed = render.specs_for_search("l2", "float32", 100, 10, "sm_90")
-    assert [s.param("shadow", 0) for s in listed if s.variant == "single" and not s.param("listed", 0)] == [0, 1]
+    singles = [s for s in listed if s.variant == "single" and not s.param("listed", 0) and not s.param("gt", 0)]
+    assert [s.param("shadow", 0) for s in singles] == [0, 1]
     for metric, dtype in (("ip", "float32"), ("cosine", "float32"), ("l2", "float16")):
         assert len([s for s in render.specs_for_search(metric, dtype, 100, 10, "sm_90")
-                    if s.variant == "single" and not s.param("listed", 0)]) == 1
+                    if s.variant == "single" and not s.param("listed", 0) and not s.param("gt", 0)]) == 1
     with pytest.raises(ValueError, match="float32 index streams a float16 shadow; got dtype 'float16'"):
         render.single_spec("l2", "float16", 100, 10, "sm_90", shadow=True)
     with pytest.raises(ValueError, match="for l2 only; got metric 'ip'"):
@@ -301,3 +303,23 @@ def test_a_small_database_gets_fewer_single_query_blocks():
     assert plan.split_rows(20_000, 1, loaded, 132, spec.param("kl"))[0] == 20_000 // plan.SINGLE_MIN_SLICE_ROWS + 1
     assert plan.split_rows(100_000, 1, loaded, 132, spec.param("kl"))[0] == 131    # rows rounded to steps of 256
     assert plan.split_rows(20_000, 1, loaded, 132, spec.param("kl"), slices=79)[0] == 79
+
+
+def test_one_query_shares_its_slices_bound_past_the_streamed_bytes():
+    """single_shares_bound: on Hopper only, from SINGLE_SHARED_BOUND_BYTES streamed (a float32 l2 index streams
+    its float16 shadow, half its bytes); specs_for_search lists both kernels, plain and listed."""
+    limit = render.SINGLE_SHARED_BOUND_BYTES
+    rows = -(-limit // (768 * 2))
+    assert render.single_shares_bound("sm_90", "float16", 768, rows)
+    assert not render.single_shares_bound("sm_90", "float16", 768, rows - 1)
+    assert not render.single_shares_bound("sm_80", "float16", 768, 10 * rows)
+    assert render.single_shares_bound("sm_90a", "float32", 768, rows, shadow=True)     # float16 rows
+    assert not render.single_shares_bound("sm_90a", "float32", 768, rows - 1, shadow=True)
+    assert render.single_shares_bound("sm_90a", "float32", 768, -(-rows // 2))        # its own, twice the bytes
+    every = set(render.specs_for_search("l2", "float32", 768, 10, "sm_90"))
+    for listed in (False, True):
+        for shadow in (False, True):
+            for shared in (False, True):
+                knobs = {"shadow": shadow, "shared_bound": shared, **({"listed": True} if listed else {})}
+                assert render.single_spec("l2", "float32", 768, 10, "sm_90", **knobs) in every
+    assert not [s for s in render.specs_for_search("l2", "float32", 768, 10, "sm_80") if s.param("gt", 0)]

@@ -141,7 +141,11 @@ class HostQueries:
         view = self._view       # None outside a search (tests ask which kernel a shape gets): every row
         listed = {"listed": True} if view is not None and view.prefix == "list" else {}   # they read the row list
         if variant == "single":
-            return render.single_spec(*args, shadow=self._streams_shadow(), **listed, **dict(self.single_overrides))
+            shadow = self._streams_shadow()
+            n_rows = self._n if view is None else view.n
+            knobs = {"shadow": shadow, "shared_bound": render.single_shares_bound(
+                self._arch, self.dtype, self.dim, n_rows, shadow), **listed, **dict(self.single_overrides)}
+            return render.single_spec(*args, **knobs)
         if variant == "scan":
             return render.scan_spec(*args, n_queries=n_queries, **listed)
         return render.tiled_spec(*args, exact=exact, n_queries=n_queries, **listed)

@@ -69,6 +69,8 @@ SINGLE_STAGE_ARCHS = ("sm_90", "sm_90a")   # where the verify step stages its ro
 SINGLE_STAGE_AHEAD = 4          # the staged chain's chunks loaded a step by default (H200, four interleaved rounds:
                                 # kernel 100k x 128 19.6 -> 18.6 us, 1M x 768 float16 370.8 -> 368.3, float32
                                 # through its shadow 375.9 -> 369.8; 8 the same as 4)
+SINGLE_SHARED_BOUND_BYTES = 128 << 20   # on SINGLE_STAGE_ARCHS, one query that streams at least this many bytes
+                                # has its slices share a bound (single_shares_bound)
 SINGLE_MAX_K = 128              # the single-query kernel up to this k (its last block verifies k + margin)
 SINGLE_SHADOW_MARGIN = 8        # candidates beyond k when streaming a float32 index's float16 shadow (its bound is
                                 # looser than float32's: 2 extra would send more near-ties to the band search)
@@ -205,6 +207,27 @@ def single_spec(metric: str, dtype: str, dim: int, k: int, arch: str, **override
         raise ValueError(f"the single-query kernel streams a float16 shadow for l2 only; got metric {metric!r}")
     overrides.setdefault("stage", None if arch in SINGLE_STAGE_ARCHS else 0)
     return KernelSpec(metric, dtype, dim, k, "single", arch, tuple(single_params(dtype, dim, k, **overrides).items()))
+
+
+def single_shares_bound(arch: str, dtype: str, dim: int, n_rows: int, shadow: bool = False) -> bool:
+    """Whether one query's slices share a bound by default (single_params shared_bound): on SINGLE_STAGE_ARCHS,
+    where the rows streamed reach SINGLE_SHARED_BOUND_BYTES, whose slices' streams end further apart than the
+    select a published bound saves. H200, kernel medians of four interleaved rounds (bench/probes/single_ab.py):
+    1M x 128 float32 94.7 -> 90.6 us, 1M x 768 float16 361.3 -> 357.1, float32 363.2 -> 359.0, 2M x 768
+    float16 698.5 -> 691.0; but 100k x 128 float32 (26 MB of shadow) 18.9 -> 19.4."""
+    streamed = "float16" if shadow else dtype
+    row_bytes = row_layout(dim, streamed)[1] * ITEMSIZE[streamed]
+    return arch in SINGLE_STAGE_ARCHS and n_rows * row_bytes >= SINGLE_SHARED_BOUND_BYTES
+
+
+def single_specs(metric: str, dtype: str, dim: int, k: int, arch: str, listed: bool = False) -> list[KernelSpec]:
+    """Every single-query kernel a search of (metric, dtype, dim, k) may pick: the rows themselves and, for
+    float32 l2, the float16 shadow; on SINGLE_STAGE_ARCHS each also with the slices' shared bound."""
+    shadows = (False, True) if metric == "l2" and dtype == "float32" else (False,)
+    shared = (False, True) if arch in SINGLE_STAGE_ARCHS else (False,)
+    knobs = [{"shadow": True} if shadow else {} for shadow in shadows]
+    knobs = [dict(knob, shared_bound=True) if bound else knob for bound in shared for knob in knobs]
+    return [single_spec(metric, dtype, dim, k, arch, **knob, **({"listed": True} if listed else {})) for knob in knobs]
 
 
 def uses_filter_key(metric: str, k: int) -> bool:
@@ -356,9 +379,7 @@ def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
     for main in dict.fromkeys(mains):
         specs += [main, verify_spec(main)]
     if k <= SINGLE_MAX_K:
-        specs.append(single_spec(metric, dtype, dim, k, arch))
-        if metric == "l2" and dtype == "float32":      # through the float16 shadow
-            specs.append(single_spec(metric, dtype, dim, k, arch, shadow=True))
+        specs += single_specs(metric, dtype, dim, k, arch)
     specs += [band_spec(metric, dtype, arch), rows_spec(arch), range_spec(metric, dtype, dim, arch)]
     specs += selection_specs(arch) + listed_specs(metric, dtype, dim, k, arch)
     if arch == render_screen.HOPPER_ARCH:   # sm_90a: the Hopper screen of batches (gpu/screen_hopper.py)
@@ -374,9 +395,7 @@ def listed_specs(metric: str, dtype: str, dim: int, k: int, arch: str) -> list[K
     if k > SINGLE_MAX_K:
         mains.append(scan_spec(metric, dtype, dim, k, arch, n_queries=1, listed=True))
     else:
-        mains.append(single_spec(metric, dtype, dim, k, arch, listed=True))
-        if metric == "l2" and dtype == "float32":
-            mains.append(single_spec(metric, dtype, dim, k, arch, shadow=True, listed=True))
+        mains += single_specs(metric, dtype, dim, k, arch, listed=True)
     if k <= TILED_MAX_K:
         mains += tiled_specs(metric, dtype, dim, k, arch, listed=True)
     return list(dict.fromkeys(mains))
@@ -394,6 +413,6 @@ def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpe
 
 __all__ = [
     "ITEMSIZE", "RANGE_QB", "band_spec", "hopper_specs", "list_length", "listed_specs", "norms_spec", "range_spec",
-    "row_layout", "rows_spec", "scan_spec", "selection_spec", "selection_specs", "single_spec", "specs_for_search",
-    "tiled_spec", "tiled_specs", "uses_filter_key", "verify_spec",
+    "row_layout", "rows_spec", "scan_spec", "selection_spec", "selection_specs", "single_shares_bound", "single_spec",
+    "single_specs", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key", "verify_spec",
 ]
