@@ -316,10 +316,15 @@ def test_one_query_shares_its_slices_bound_past_the_streamed_bytes():
     assert render.single_shares_bound("sm_90a", "float32", 768, rows, shadow=True)     # float16 rows
     assert not render.single_shares_bound("sm_90a", "float32", 768, rows - 1, shadow=True)
     assert render.single_shares_bound("sm_90a", "float32", 768, -(-rows // 2))        # its own, twice the bytes
-    every = set(render.specs_for_search("l2", "float32", 768, 10, "sm_90"))
-    for listed in (False, True):
-        for shadow in (False, True):
-            for shared in (False, True):
-                knobs = {"shadow": shadow, "shared_bound": shared, **({"listed": True} if listed else {})}
-                assert render.single_spec("l2", "float32", 768, 10, "sm_90", **knobs) in every
+    assert not render.single_shares_bound("sm_90a", "float32", 768, -(-rows // 2) - 1)
+    padded = render.row_layout(100, "float16")[1] * 2                                  # 100 dims stored as 104
+    assert padded > 200 and render.single_shares_bound("sm_90", "float16", 100, -(-limit // padded))
+    assert not render.single_shares_bound("sm_90", "float16", 100, -(-limit // padded) - 1)
+    for arch in ("sm_90", "sm_90a"):
+        every = set(render.specs_for_search("l2", "float32", 768, 10, arch))
+        for listed in (False, True):
+            for shadow in (False, True):
+                for shared in (False, True):
+                    knobs = {"shadow": shadow, "shared_bound": shared, **({"listed": True} if listed else {})}
+                    assert render.single_spec("l2", "float32", 768, 10, arch, **knobs) in every
     assert not [s for s in render.specs_for_search("l2", "float32", 768, 10, "sm_80") if s.param("gt", 0)]

@@ -138,7 +138,9 @@ class HostQueries:
     def _main_spec(self, n_queries: int, k: int, exact: bool):
         args = (self.metric, self.dtype, self.dim, k, self._arch)
         variant = plans.choose_variant(n_queries, k)
-        view = self._view       # None outside a search (tests ask which kernel a shape gets): every row
+        # view: None outside a search (tests ask which kernel a shape gets): every row, in stored bytes (a search
+        # through the float16 shadow counts half, so its shared_bound may differ)
+        view = self._view
         listed = {"listed": True} if view is not None and view.prefix == "list" else {}   # they read the row list
         if variant == "single":
             shadow = self._streams_shadow()
