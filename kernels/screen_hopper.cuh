@@ -164,12 +164,15 @@ template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
 // integer, so a row whose exact key is within tq is within floor(tq) and survives. ip's survivors are the float
 // keys' exactly; l2's too on rows whose |x|^2 < 2^22 (sq then rounds back to |x|^2) against the threshold
 // step's tq; beyond that, or against range search's thresholds, a row within one unit of tq may differ.
+// PB (a knob with IK for l2): the producer warpgroup's idle warps store the tile's |x|^2 lower bounds already
+// biased (the float sq + 2^23, rounded as the epilogue's add rounds it), so the epilogue reads S' bits and drops
+// its 2 FADD a chunk, redone for every tile by every consumer thread.
 template <int MW> __host__ __device__ constexpr int hopper_epi_group() { return MW == 1 ? 4 : 2; }
 TINYKNN_D int int_threshold(float tq, bool ip) {   // floor(tq) clamped to +-2^26 (NaN: every row), l2's bias added
   const float clamped = tq != tq ? 67108864.0f : fminf(fmaxf(tq, -67108864.0f), 67108864.0f);
   return __float2int_rd(clamped) + (ip ? 0 : 0x4B000000);
 }
-template <class Mma, bool IP, int BN, int MW, int G, bool IK, class Acc>
+template <class Mma, bool IP, int BN, int MW, int G, bool IK, bool PB, class Acc>
 TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[MW][2], const float* norm_s,
                                int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
                                int* __restrict__ survivors, int capacity) {
@@ -201,8 +204,11 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
 #pragma unroll
     for (int u = 0; u < G; ++u) {
       nv[u] = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * (j0 + u) + 2 * t4);
-      sq[u] = IK && !IP ? make_int2(__float_as_int(nv[u].x + 8388608.0f), __float_as_int(nv[u].y + 8388608.0f))
-                        : make_int2(0, 0);
+      if constexpr (PB)       // the producer stored them biased already (the kernel's PB)
+        sq[u] = *reinterpret_cast<const int2*>(norm_s + 8 * (j0 + u) + 2 * t4);
+      else
+        sq[u] = IK && !IP ? make_int2(__float_as_int(nv[u].x + 8388608.0f), __float_as_int(nv[u].y + 8388608.0f))
+                          : make_int2(0, 0);
     }
     bool any[G];
 #pragma unroll
@@ -298,7 +304,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) 
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
-          bool IK = false>
+          bool IK = false, bool PB = false>
 __global__ void __launch_bounds__(384, 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -322,6 +328,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   static_assert(SMEM >= NEED, "screen_hopper_kernel: SMEM is smaller than its shared memory layout");
   static_assert(!IK || (EXACT && KT == 0 && Acc(1) / Acc(2) == Acc(0)),
                 "screen_hopper_kernel: integer keys for the screen of exact 8-bit dot products only");
+  static_assert(!PB || (IK && !IP), "screen_hopper_kernel: biased |x|^2 bounds for l2's integer keys only");
+  constexpr int BIAS_THREADS = 96;                     // PB: the producer warpgroup's warps 1-3
 
   extern __shared__ __align__(1024) unsigned char hopper_space[];
   require_dynamic_smem(NEED);
@@ -341,7 +349,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       mbar_init(empty(s), 8);
     }
     for (int b = 0; b < HOPPER_SCALAR_SLOTS; ++b) {
-      mbar_init(sfull(b), 1);
+      mbar_init(sfull(b), PB ? BIAS_THREADS : 1);
       mbar_init(sempty(b), 256);                     // every consumer thread: each read the slot
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -356,6 +364,20 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   if (wg == 0) {
     // ---------------- producer ----------------
     regs_dec<40>();
+    if constexpr (PB) {
+      if (threadIdx.x >= 32) {   // warps 1-3: each tile's |x|^2 lower bounds into its scalar slot, biased
+        float* const slot0 = reinterpret_cast<float*>(hopper_space + (scalars - raw));
+        int i = 0;
+        for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
+          const int rt = (int)(t / n_qt);
+          const int b = i % HOPPER_SCALAR_SLOTS;
+          mbar_wait(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
+          for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS)
+            slot0[b * BN + r] = __fadd_rn(__ldg(sq_norms + (long long)rt * BN + r), 8388608.0f);
+          mbar_arrive(sfull(b));                       // release: the stores before it are seen after the wait
+        }
+      }
+    }
     if (threadIdx.x == 0) {
       prefetch_map(&tmap_q);
       prefetch_map(&tmap_x);
@@ -366,7 +388,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         mbar_wait(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
         if constexpr (IP) {
           mbar_arrive(sfull(b));                       // no per-row scalars: the slot is ready at once
-        } else {
+        } else if constexpr (!PB) {
           mbar_expect_tx(sfull(b), SC_BYTES);
           bulk_load(scalars + b * SC_BYTES, sq_norms + (long long)rt * BN, SC_BYTES, sfull(b));
         }
@@ -462,8 +484,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       if constexpr (KT > 0)
         hopper_threshold_epilogue<Mma, IP, BN, MW, KT>(acc, tq, norm_s, q_first, rt, n_rt, t4, n_queries, out_upper);
       else
-        hopper_epilogue<Mma, IP, BN, MW, EPI_G, IK>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries, n_rows,
-                                                counts, survivors, capacity);
+        hopper_epilogue<Mma, IP, BN, MW, EPI_G, IK, PB>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries,
+                                                        n_rows, counts, survivors, capacity);
       // the scalar slot is free for the producer's next bulk copy (async proxy) once every consumer thread,
       // each after its own reads of it and a proxy fence, has arrived (one arrival per warp after __syncwarp
       // left compute-sanitizer's racecheck seeing no order between lanes' reads and the next copy)

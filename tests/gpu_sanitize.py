@@ -4,6 +4,7 @@
     compute-sanitizer --tool memcheck python3 tests/gpu_sanitize.py
     compute-sanitizer --tool racecheck python3 tests/gpu_sanitize.py
     compute-sanitizer --tool racecheck python3 tests/gpu_sanitize.py single    # one selection kernel's cases
+    TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py biased   # the 8-bit l2 screen with PB
 
 Covers: ingest (host rows, float64/float16 CUDA rows and queries when CuPy is present), scan with
 register lists and with shared-memory lists (k = 2048), tiled with shared lists (bulk rebuilds), the
@@ -68,11 +69,11 @@ def stored(rng, dtype, shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def screen_and_ops(rng) -> None:
+def screen_and_ops(rng, cases=SCREEN_AND_OPS) -> None:
     from reference import contract_distances, searched
     from reference import stored as stored64
 
-    for metric, dtype, dim, n, k, n_queries in SCREEN_AND_OPS:
+    for metric, dtype, dim, n, k, n_queries in cases:
         db, q = stored(rng, dtype, (n, dim)), stored(rng, dtype, (n_queries, dim))
         with tinyknn.Index(dim, metric, dtype, device="cuda") as index:
             index.add(db)
@@ -148,7 +149,15 @@ def shared_bound_single(rng) -> None:
 
 
 def main(only: str | None = None) -> int:
-    """Every case; `only` a selection kernel's name ("single", "scan", "tiled"): its cases alone, no screen."""
+    """Every case; `only` a selection kernel's name ("single", "scan", "tiled"): its cases alone, no screen;
+    "biased": the 8-bit l2 screen's cases with render_screen.HOPPER_PRODUCER_BIAS on (a knob), alone."""
+    if only == "biased":
+        from tinyknn.jit import render_screen
+
+        render_screen.HOPPER_PRODUCER_BIAS = True
+        screen_and_ops(np.random.default_rng(7), [c for c in SCREEN_AND_OPS if c[:2] == ("l2", "int8")] +
+                       [("l2", "uint8", 128, 17000, 10, 64)])
+        return 0
     rng = np.random.default_rng(7)
     for metric, dtype, dim, n, k, n_queries, variant, offset in CASES:
         if only is not None and variant != only:

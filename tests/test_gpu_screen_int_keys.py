@@ -3,7 +3,8 @@
 threshold. Below 2^22 the float keys are those same integers, so the survivors must be the same ones: every
 query's survivor count, the answers (bit for bit, and the float64 oracle's) and the queries handed back are equal
 to the float epilogue's, for exact 8-bit queries and for queries the 8-bit type cannot hold (every row survives).
-On brighter rows a row within one unit of the threshold may go either way; the answers must not."""
+On brighter rows a row within one unit of the threshold may go either way; the answers must not. The knob PB
+(render_screen.HOPPER_PRODUCER_BIAS: l2's |x|^2 bounds stored biased by the producer) must change nothing."""
 
 from __future__ import annotations
 
@@ -32,11 +33,12 @@ def wgmma(monkeypatch):
     reset_config()
 
 
-def _screened(db, queries, metric, dtype, k, int_keys, monkeypatch):
+def _screened(db, queries, metric, dtype, k, int_keys, monkeypatch, bias=False):
     """(distances, ids, survivor counts, handed back, the Hopper screen's spec) of one batch on a fresh index."""
     from tinyknn.jit import render_screen
 
     monkeypatch.setattr(render_screen, "HOPPER_INT_KEYS", int_keys)
+    monkeypatch.setattr(render_screen, "HOPPER_PRODUCER_BIAS", bias)
     with tinyknn.Index(db.shape[1], metric, dtype, device="cuda") as index:
         index.add(db)
         searcher = index._searcher
@@ -63,6 +65,10 @@ def test_integer_keys_keep_the_same_survivors(metric, dtype, dim, k, rng, wgmma,
     assert np.array_equal(plain[1], keyed[1]) and np.array_equal(plain[0].view(np.int32), keyed[0].view(np.int32))
     assert plain[3] == keyed[3] >= 2                                  # the two non-8-bit queries handed back
     assert_exact(keyed[0], keyed[1], db, queries, k, metric, dtype)
+    if metric == "l2":                                                 # the producer's biased bounds: the same
+        biased = _screened(db, queries, metric, dtype, k, True, monkeypatch, bias=True)
+        assert biased[4].param("pb") == 1 and np.array_equal(biased[2], keyed[2]) and biased[3] == keyed[3]
+        assert np.array_equal(biased[1], keyed[1]) and np.array_equal(biased[0].view(np.int32), keyed[0].view(np.int32))
 
 
 def test_integer_keys_on_bright_rows_answer_the_same(rng, wgmma, monkeypatch):
@@ -76,3 +82,7 @@ def test_integer_keys_on_bright_rows_answer_the_same(rng, wgmma, monkeypatch):
     assert keyed[4].param("ik") == 1
     assert np.array_equal(plain[1], keyed[1]) and np.array_equal(plain[0].view(np.int32), keyed[0].view(np.int32))
     assert_exact(keyed[0], keyed[1], db, queries, 10, "l2", "uint8")
+    biased = _screened(db, queries, "l2", "uint8", 10, True, monkeypatch, bias=True)   # rounded to even alike
+    counts = _screened(db, queries, "l2", "uint8", 10, True, monkeypatch)[2]
+    assert biased[4].param("pb") == 1 and np.array_equal(biased[2], counts)
+    assert np.array_equal(biased[1], keyed[1]) and np.array_equal(biased[0].view(np.int32), keyed[0].view(np.int32))

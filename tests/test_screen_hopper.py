@@ -75,6 +75,21 @@ def test_integer_keys_are_the_default_where_they_apply(monkeypatch):
     assert rs.hopper_spec("l2", "float16", 128, "sm_90").param("ik", 0) == 0
 
 
+def test_the_producer_biases_l2s_bounds_only_as_a_knob_beside_integer_keys(monkeypatch):
+    """HOPPER_PRODUCER_BIAS (off by default; screen_hopper.cuh's PB): on, the keyed l2 screen gets PB = true as
+    its last template argument; ip, the float keys and the threshold mode keep their kernels."""
+    keyed = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert keyed.param("pb", 0) == 0
+    monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", True)
+    biased = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert biased.param("pb") == 1 and biased.param("ik") == 1
+    assert cuda_source.name_expression(biased) == cuda_source.name_expression(keyed)[:-1] + ", true>"
+    assert rs.hopper_spec("ip", "uint8", 128, "sm_90").param("pb", 0) == 0
+    assert rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=1).param("pb", 0) == 0
+    monkeypatch.setattr(rs, "HOPPER_INT_KEYS", False)
+    assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("pb", 0) == 0
+
+
 def test_the_spec_carries_the_conversion_of_its_stride():
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("exact") == 1
     assert rs.hopper_spec("l2", "uint8", 768, "sm_90").param("exact") == 0

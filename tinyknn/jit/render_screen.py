@@ -115,6 +115,8 @@ HOPPER_DEVICE_ARCHES = ("sm_90", "sm_90a")      # compute capability 9.0 runs sm
 HOPPER_STAGES, HOPPER_KB, HOPPER_SCALAR_SLOTS = 4, 128, 8
 HOPPER_EPI_GROUP = 0            # probes only: hopper_spec's epi_group (0: the kernel's own choice)
 HOPPER_INT_KEYS = True          # the screen's keys as integers where integer_keys allows (screen_hopper.cuh, IK)
+HOPPER_PRODUCER_BIAS = False    # a knob: with l2's integer keys the producer stores |x|^2 biased
+                                # (screen_hopper.cuh, PB)
 HOPPER_THREADS = 384
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
@@ -187,10 +189,11 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
     if not 0 <= keep <= HOPPER_MAX_KEEP:
         raise ValueError(f"keep is 0 (the screen) or 1 to {HOPPER_MAX_KEEP} (its threshold mode's bounds per tile); "
                          f"got {keep}")
+    keyed = HOPPER_INT_KEYS and not keep and integer_keys(element, stride)
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
               "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}),
-              **({"kt": keep} if keep else {}),
-              **({"ik": 1} if HOPPER_INT_KEYS and not keep and integer_keys(element, stride) else {})}
+              **({"kt": keep} if keep else {}), **({"ik": 1} if keyed else {}),
+              **({"pb": 1} if keyed and HOPPER_PRODUCER_BIAS and metric == "l2" else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
@@ -233,8 +236,9 @@ def name_expression(spec: KernelSpec) -> str:
     if spec.variant == "screen_hopper":
         flag = lambda v: "true" if v else "false"   # noqa: E731
         args = [element, flag(spec.metric != "l2"), flag(p("exact")), p("bn"), p("mw"), p("stages"), p("smem")]
-        # EG: the probes' epilogues; KT: the threshold mode; IK: integer keys
-        args += trailing_arguments((p("eg", 0), 0), (p("kt", 0), 0), (flag(p("ik", 0)), "false"))
+        # EG: the probes' epilogues; KT: the threshold mode; IK: integer keys; PB: |x|^2 biased by the producer
+        args += trailing_arguments((p("eg", 0), 0), (p("kt", 0), 0), (flag(p("ik", 0)), "false"),
+                                   (flag(p("pb", 0)), "false"))
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         flag = lambda v: "true" if v else "false"   # noqa: E731
