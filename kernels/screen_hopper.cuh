@@ -15,7 +15,8 @@
 //        arrived on its "empty" mbarrier), then per k-block of 128 bytes of K one TMA box of the
 //        tile's queries and one of its rows into the STAGES-deep ring (128-byte swizzle), completing on
 //        the stage's "full" mbarrier (arrive.expect_tx + complete_tx); it waits on the stage's "empty"
-//        mbarrier before reusing it.
+//        mbarrier before reusing it. With PB its warps 1-3 fill the scalar slots instead, with plain stores
+//        of the bounds biased to integers, and arrive on the slot's "full" mbarrier (96 arrivals).
 //   WG1, WG2, the consumers (setmaxnreg.inc 232), cooperative: WG c takes queries [64 MW c, 64 MW (c + 1))
 //        of every tile as MW wgmma m64nBN blocks, 4 instructions per k-block each (32 bytes of K apiece),
 //        both operands from shared-memory descriptors; one wgmma group stays in flight, and a stage is
@@ -486,10 +487,11 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       else
         hopper_epilogue<Mma, IP, BN, MW, EPI_G, IK, PB>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries,
                                                         n_rows, counts, survivors, capacity);
-      // the scalar slot is free for the producer's next bulk copy (async proxy) once every consumer thread,
-      // each after its own reads of it and a proxy fence, has arrived (one arrival per warp after __syncwarp
-      // left compute-sanitizer's racecheck seeing no order between lanes' reads and the next copy)
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      // the scalar slot is free for the producer's next bulk copy (async proxy; PB: its warps' plain stores, no
+      // fence needed) once every consumer thread, each after its own reads of it and a proxy fence, has arrived
+      // (one arrival per warp after __syncwarp left compute-sanitizer's racecheck seeing no order between lanes'
+      // reads and the next copy)
+      if constexpr (!PB) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       mbar_arrive(sempty(b));
     }
   }

@@ -155,8 +155,16 @@ def main(only: str | None = None) -> int:
         from tinyknn.jit import render_screen
 
         render_screen.HOPPER_PRODUCER_BIAS = True
-        screen_and_ops(np.random.default_rng(7), [c for c in SCREEN_AND_OPS if c[:2] == ("l2", "int8")] +
+        rng = np.random.default_rng(7)
+        screen_and_ops(rng, [c for c in SCREEN_AND_OPS if c[:2] == ("l2", "int8")] +
                        [("l2", "uint8", 128, 17000, 10, 64)])
+        # 340,000 rows: ~10 tiles a block, so each scalar slot is reused (its "empty" wait and parity wrap)
+        db, q = stored(rng, "uint8", (340_000, 128)), stored(rng, "uint8", (100, 128))
+        with tinyknn.Index(128, "l2", "uint8", device="cuda") as index:
+            index.add(db)
+            assert_exact(*index.search(q, 10), db, q, 10, "l2", "uint8")
+            assert index._searcher._screen.hopper_spec.param("pb") == 1, "the biased kernel did not run"
+        print("ok biased uint8 l2 n=340000 nq=100", flush=True)
         return 0
     rng = np.random.default_rng(7)
     for metric, dtype, dim, n, k, n_queries, variant, offset in CASES:

@@ -86,3 +86,17 @@ def test_integer_keys_on_bright_rows_answer_the_same(rng, wgmma, monkeypatch):
     counts = _screened(db, queries, "l2", "uint8", 10, True, monkeypatch)[2]
     assert biased[4].param("pb") == 1 and np.array_equal(biased[2], counts)
     assert np.array_equal(biased[1], keyed[1]) and np.array_equal(biased[0].view(np.int32), keyed[0].view(np.int32))
+
+
+def test_biased_bounds_through_reused_scalar_slots(rng, wgmma, monkeypatch):
+    """340,000 uint8 rows: about 10 row tiles a block, so each of the 8 scalar slots is filled again after the
+    consumers free it (PB's producer warps wait on its "empty" barrier, whose parity wraps): the survivors,
+    answers and hand-backs equal the keyed epilogue's."""
+    n, dim = 340_000, 128
+    db = rng.integers(0, 256, (n, dim)).astype(np.uint8)
+    queries = np.clip(db[rng.choice(n, 100)].astype(np.float32) + rng.integers(-3, 4, (100, dim)), 0, 255)
+    keyed, biased = (_screened(db, queries, "l2", "uint8", 10, True, monkeypatch, bias=flag) for flag in (False, True))
+    assert keyed[4].param("pb", 0) == 0 and biased[4].param("pb") == 1
+    assert np.array_equal(biased[2], keyed[2]) and biased[3] == keyed[3]
+    assert np.array_equal(biased[1], keyed[1]) and np.array_equal(biased[0].view(np.int32), keyed[0].view(np.int32))
+    assert_exact(biased[0], biased[1], db, queries, 10, "l2", "uint8")
