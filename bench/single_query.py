@@ -36,7 +36,7 @@ SMALL_SWEEP = (({}, None), ({}, 132), ({}, 66), ({}, 49), ({"rmax": 4096}, 33), 
 LARGE_SWEEP = (({}, None), ({"rmax": 4096}, None), ({"rmax": 8192}, None), ({"unroll": 4}, None), ({"warps": 32}, None),
                ({"rmax": 4096, "warps": 32}, None), ({"rmax": 8192, "warps": 32}, None),
                ({"rmax": 16384, "warps": 32}, None), ({"stage": 0}, None), ({"stage": 1}, None), ({"stage": 8}, None),
-               ({"shared_bound": True}, None))
+               ({"shared_bound": False}, None))   # the default shares it on Hopper at these sizes
 
 
 def _events_ms(issue, stream, launches: int, per_sample: int = 10) -> float:
@@ -136,8 +136,9 @@ def _end_to_end(index, queries, reps: int) -> dict:
     return result
 
 
-def _warm(dim: int, dtype: str, sweep) -> None:
-    """Compile the shape's kernels up front, in parallel (NVRTC releases the GIL)."""
+def _warm(dim: int, dtype: str, sweep, n: int) -> None:
+    """Compile the shape's kernels up front, in parallel (NVRTC releases the GIL): the sweep's as an index of `n`
+    rows runs them (each knob on top of the defaults, the slices' shared bound among them)."""
     import concurrent.futures
     import os
 
@@ -147,7 +148,9 @@ def _warm(dim: int, dtype: str, sweep) -> None:
 
     arch = current_device().arch
     specs = set(render.specs_for_search("l2", dtype, dim, K, arch))
-    specs |= {render.single_spec("l2", dtype, dim, K, arch, shadow=dtype == "float32", **o) for o, _ in sweep}
+    shadow = dtype == "float32"
+    shared = {"shared_bound": render.single_shares_bound(arch, dtype, dim, n, shadow)}
+    specs |= {render.single_spec("l2", dtype, dim, K, arch, shadow=shadow, **{**shared, **o}) for o, _ in sweep}
     with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(get_cubin, sorted(specs)))
 
@@ -160,7 +163,7 @@ def measure_shape(label: str, n: int, dim: int, dtype: str, reps: int, launches:
     db = rng.standard_normal((n, dim), dtype=np.float32)
     queries = rng.standard_normal((64, dim), dtype=np.float32)
     out = {"n": n, "dim": dim, "dtype": dtype, "k": K, "metric": "l2", "modes": {}}
-    _warm(dim, dtype, knobs)
+    _warm(dim, dtype, knobs, n)
     with tinyknn.Index(dim, "l2", dtype, device="cuda") as index:
         index.add(db)
         del db

@@ -68,7 +68,7 @@ def main() -> None:
     results = {}
     for label in args.shapes.split(","):
         n, dim, dtype = SHAPES[label.strip()]
-        single_query._warm(dim, dtype, tuple((knobs, None) for knobs in variants.values()))
+        single_query._warm(dim, dtype, tuple((knobs, None) for knobs in variants.values()), n)
         db = rng.standard_normal((n, dim), dtype=np.float32)
         queries = rng.standard_normal((64, dim), dtype=np.float32)
         with tinyknn.Index(dim, "l2", dtype, device="cuda") as index:

@@ -55,8 +55,12 @@ def stamped_source(spec) -> cuda_source.RenderedSource:
 
 
 def spec_of(label: str, arch: str, **overrides):
+    """The kernel a search of `label` runs on `arch` with `overrides` (the slices' shared bound by the library's
+    rule unless they name it)."""
     n, dim, dtype = SHAPES[label]
-    return render.single_spec("l2", dtype, dim, K, arch, shadow=dtype == "float32", **overrides)
+    shadow = dtype == "float32"
+    knobs = {"shared_bound": render.single_shares_bound(arch, dtype, dim, n, shadow), **overrides}
+    return render.single_spec("l2", dtype, dim, K, arch, shadow=shadow, **knobs)
 
 
 def compile_only(arch: str) -> None:
@@ -199,8 +203,9 @@ def main() -> int:
     parser.add_argument("--stage", type=int, choices=(0, 1, 2, 4, 8), default=0,
                         help="0: the verify step reads its rows from global memory; 1: staged in shared memory; "
                              "2, 4, 8: staged, the chain loading that many chunks a step (render.single_params)")
-    parser.add_argument("--shared-bound", action="store_true",
-                        help="the slices share a bound (render.single_params shared_bound, single.cuh's GT; a knob)")
+    parser.add_argument("--shared-bound", choices=("on", "off"), default=None,
+                        help="the slices share a bound or not (render.single_params shared_bound, single.cuh's GT; "
+                             "default: the library's rule, render.single_shares_bound)")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
     labels = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -216,7 +221,8 @@ def main() -> int:
     stamped = Stamped(current_device().arch)
     rng = np.random.default_rng(0)
     try:
-        overrides = (("stage", args.stage),) + ((("shared_bound", True),) if args.shared_bound else ())
+        overrides = (("stage", args.stage),) + \
+            ((("shared_bound", args.shared_bound == "on"),) if args.shared_bound else ())
         shapes = {label: run_shape(label, args.searches, stamped, rng, overrides) for label in labels}
     finally:
         stamped.close()
