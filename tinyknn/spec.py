@@ -129,6 +129,11 @@ _CHECKED_SPECS: dict[tuple, tuple] = {}
 _CHECKED_SPECS_MAX = 4096
 
 
+def cpp_bool(value) -> str:
+    """A truth value as a C++ template argument."""
+    return "true" if value else "false"
+
+
 def trailing_arguments(*pairs: tuple) -> list:
     """A kernel template's defaulted arguments as (value, default) pairs, those still at their default at the
     end dropped: an instantiation names only what it sets, so a spec without a later knob keeps its name."""

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from .._paths import kernels_dir
-from ..spec import KernelSpec, trailing_arguments
+from ..spec import KernelSpec, cpp_bool, trailing_arguments
 from . import render_screen
 
 _SCREEN_VARIANTS = ("screen", "screen_queries", "screen_rows", "threshold", "survivors", "range_survivors",
@@ -101,13 +101,13 @@ def name_expression(spec: KernelSpec) -> str:
         streamed = _STORAGE_TYPES["float16"] if shadow else storage
         args = [metric, bound, storage, streamed, spec.dim, spec.k, p("kl"), p("lanes"), p("warps"),
                 p("rmax"), p("unroll"), p("cmax"), p("smem")]
-        flag = lambda v: "true" if v else "false"   # noqa: E731
-        args += trailing_arguments((flag(p("listed", 0)), "false"), (p("stage", 0), 0), (flag(p("gt", 0)), "false"))
+        args += trailing_arguments((cpp_bool(p("listed", 0)), "false"), (p("stage", 0), 0),
+                                   (cpp_bool(p("gt", 0)), "false"))
     elif spec.variant == "tiled":
         if p("filter", 0):
             metric = "tinyknn::L2Expanded"
         args = [metric, storage, p("kl", spec.k), p("bq"), p("bn"), p("warps"), p("depth"),
-                "true" if p("reglists") else "false", p("smem")]
+                cpp_bool(p("reglists")), p("smem")]
         args += ["true"] if p("listed", 0) else []
     elif spec.variant == "verify":
         bound = "tinyknn::FilterKeyBound" if p("filter", 0) else _BOUND_TYPES[spec.metric]

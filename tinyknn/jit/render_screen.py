@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..spec import KernelSpec, parse_arch, trailing_arguments
+from ..spec import KernelSpec, cpp_bool, parse_arch, trailing_arguments
 
 SCREEN_ELEMENTS = {"float16": "tinyknn::ScreenF16", "bfloat16": "tinyknn::ScreenBF16",
                    "int8": "tinyknn::ScreenS8", "uint8": "tinyknn::ScreenU8"}
@@ -234,16 +234,15 @@ def name_expression(spec: KernelSpec) -> str:
         return f"tinyknn::sample_terms_kernel<{p('bn')}>"
     element = SCREEN_ELEMENTS[element_of(spec.metric, spec.dtype)]
     if spec.variant == "screen_hopper":
-        flag = lambda v: "true" if v else "false"   # noqa: E731
-        args = [element, flag(spec.metric != "l2"), flag(p("exact")), p("bn"), p("mw"), p("stages"), p("smem")]
+        args = [element, cpp_bool(spec.metric != "l2"), cpp_bool(p("exact")), p("bn"), p("mw"), p("stages"),
+                p("smem")]
         # EG: the probes' epilogues; KT: the threshold mode; IK: integer keys; PB: |x|^2 biased by the producer
-        args += trailing_arguments((p("eg", 0), 0), (p("kt", 0), 0), (flag(p("ik", 0)), "false"),
-                                   (flag(p("pb", 0)), "false"))
+        args += trailing_arguments((p("eg", 0), 0), (p("kt", 0), 0), (cpp_bool(p("ik", 0)), "false"),
+                                   (cpp_bool(p("pb", 0)), "false"))
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
-        flag = lambda v: "true" if v else "false"   # noqa: E731
-        args = [element, flag(spec.metric != "l2"), flag(p("threshold")), p("kl"), p("bq"), p("bn"), p("bkb"),
-                p("wq"), p("wn"), p("stages"), "true", p("smem")]
+        args = [element, cpp_bool(spec.metric != "l2"), cpp_bool(p("threshold")), p("kl"), p("bq"), p("bn"),
+                p("bkb"), p("wq"), p("wn"), p("stages"), "true", p("smem")]
         return f"tinyknn::screen_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen_queries":
         return f"tinyknn::screen_queries_kernel<{element}>"
