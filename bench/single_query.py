@@ -148,9 +148,7 @@ def _warm(dim: int, dtype: str, sweep, n: int) -> None:
 
     arch = current_device().arch
     specs = set(render.specs_for_search("l2", dtype, dim, K, arch))
-    shadow = dtype == "float32"
-    shared = {"shared_bound": render.single_shares_bound(arch, dtype, dim, n, shadow)}
-    specs |= {render.single_spec("l2", dtype, dim, K, arch, shadow=shadow, **{**shared, **o}) for o, _ in sweep}
+    specs |= {render.single_spec_over(n, "l2", dtype, dim, K, arch, shadow=dtype == "float32", **o) for o, _ in sweep}
     with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(get_cubin, sorted(specs)))
 

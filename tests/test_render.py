@@ -328,3 +328,14 @@ def test_one_query_shares_its_slices_bound_past_the_streamed_bytes():
                     knobs = {"shadow": shadow, "shared_bound": shared, **({"listed": True} if listed else {})}
                     assert render.single_spec("l2", "float32", 768, 10, arch, **knobs) in every
     assert not [s for s in render.specs_for_search("l2", "float32", 768, 10, "sm_80") if s.param("gt", 0)]
+
+
+def test_the_kernel_a_search_runs_takes_the_shared_bound_by_its_rows_unless_told():
+    """single_spec_over: single_spec with single_shares_bound's answer for the rows searched (the float16
+    shadow's bytes where it streams the shadow); an override naming shared_bound wins."""
+    rows = -(-render.SINGLE_SHARED_BOUND_BYTES // (768 * 2))
+    assert render.single_spec_over(rows, "l2", "float32", 768, 10, "sm_90", shadow=True).param("gt") == 1
+    assert render.single_spec_over(rows - 1, "l2", "float32", 768, 10, "sm_90", shadow=True).param("gt", 0) == 0
+    assert render.single_spec_over(rows, "l2", "float16", 768, 10, "sm_80").param("gt", 0) == 0
+    told = render.single_spec_over(rows, "l2", "float16", 768, 10, "sm_90", shared_bound=False, listed=True)
+    assert told == render.single_spec("l2", "float16", 768, 10, "sm_90", listed=True)

@@ -58,9 +58,7 @@ def spec_of(label: str, arch: str, **overrides):
     """The kernel a search of `label` runs on `arch` with `overrides` (the slices' shared bound by the library's
     rule unless they name it)."""
     n, dim, dtype = SHAPES[label]
-    shadow = dtype == "float32"
-    knobs = {"shared_bound": render.single_shares_bound(arch, dtype, dim, n, shadow), **overrides}
-    return render.single_spec("l2", dtype, dim, K, arch, shadow=shadow, **knobs)
+    return render.single_spec_over(n, "l2", dtype, dim, K, arch, shadow=dtype == "float32", **overrides)
 
 
 def compile_only(arch: str) -> None:

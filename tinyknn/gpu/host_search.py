@@ -143,11 +143,8 @@ class HostQueries:
         view = self._view
         listed = {"listed": True} if view is not None and view.prefix == "list" else {}   # they read the row list
         if variant == "single":
-            shadow = self._streams_shadow()
-            n_rows = self._n if view is None else view.n
-            knobs = {"shadow": shadow, "shared_bound": render.single_shares_bound(
-                self._arch, self.dtype, self.dim, n_rows, shadow), **listed, **dict(self.single_overrides)}
-            return render.single_spec(*args, **knobs)
+            knobs = {"shadow": self._streams_shadow(), **listed, **dict(self.single_overrides)}
+            return render.single_spec_over(self._n if view is None else view.n, *args, **knobs)
         if variant == "scan":
             return render.scan_spec(*args, n_queries=n_queries, **listed)
         return render.tiled_spec(*args, exact=exact, n_queries=n_queries, **listed)

@@ -221,6 +221,14 @@ def single_shares_bound(arch: str, dtype: str, dim: int, n_rows: int, shadow: bo
     return arch in SINGLE_STAGE_ARCHS and n_rows * row_bytes >= SINGLE_SHARED_BOUND_BYTES
 
 
+def single_spec_over(n_rows: int, metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
+    """The single-query kernel a search over `n_rows` rows runs: single_spec, with the slices' shared bound where
+    single_shares_bound says unless `overrides` name it."""
+    shadow = bool(overrides.get("shadow", False))
+    overrides.setdefault("shared_bound", single_shares_bound(arch, dtype, dim, n_rows, shadow))
+    return single_spec(metric, dtype, dim, k, arch, **overrides)
+
+
 def single_specs(metric: str, dtype: str, dim: int, k: int, arch: str, listed: bool = False) -> list[KernelSpec]:
     """Every single-query kernel a search of (metric, dtype, dim, k) may pick: the rows themselves and, for
     float32 l2, the float16 shadow; on SINGLE_STAGE_ARCHS each also with the slices' shared bound."""
@@ -415,5 +423,6 @@ def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpe
 __all__ = [
     "ITEMSIZE", "RANGE_QB", "band_spec", "hopper_specs", "list_length", "listed_specs", "norms_spec", "range_spec",
     "row_layout", "rows_spec", "scan_spec", "selection_spec", "selection_specs", "single_shares_bound", "single_spec",
-    "single_specs", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key", "verify_spec",
+    "single_spec_over", "single_specs", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
+    "verify_spec",
 ]
