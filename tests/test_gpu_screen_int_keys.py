@@ -48,6 +48,12 @@ def _screened(db, queries, metric, dtype, k, int_keys, monkeypatch, bias=False):
         return distances, ids, counts, searcher._screen.fallbacks, searcher._screen.hopper_spec
 
 
+def _assert_biased_as_keyed(biased, keyed) -> None:
+    """PB's batch (HOPPER_PRODUCER_BIAS) against the keyed epilogue's: survivors, hand-backs, ids, distance bits."""
+    assert biased[4].param("pb") == 1 and np.array_equal(biased[2], keyed[2]) and biased[3] == keyed[3]
+    assert np.array_equal(biased[1], keyed[1]) and np.array_equal(biased[0].view(np.int32), keyed[0].view(np.int32))
+
+
 @pytest.mark.parametrize("metric,dtype,dim", [("l2", "uint8", 128), ("ip", "uint8", 100), ("l2", "int8", 96),
                                               ("ip", "int8", 128)])
 @pytest.mark.parametrize("k", [1, 10, 100])
@@ -66,9 +72,7 @@ def test_integer_keys_keep_the_same_survivors(metric, dtype, dim, k, rng, wgmma,
     assert plain[3] == keyed[3] >= 2                                  # the two non-8-bit queries handed back
     assert_exact(keyed[0], keyed[1], db, queries, k, metric, dtype)
     if metric == "l2":                                                 # the producer's biased bounds: the same
-        biased = _screened(db, queries, metric, dtype, k, True, monkeypatch, bias=True)
-        assert biased[4].param("pb") == 1 and np.array_equal(biased[2], keyed[2]) and biased[3] == keyed[3]
-        assert np.array_equal(biased[1], keyed[1]) and np.array_equal(biased[0].view(np.int32), keyed[0].view(np.int32))
+        _assert_biased_as_keyed(_screened(db, queries, metric, dtype, k, True, monkeypatch, bias=True), keyed)
 
 
 def test_integer_keys_on_bright_rows_answer_the_same(rng, wgmma, monkeypatch):
@@ -83,9 +87,7 @@ def test_integer_keys_on_bright_rows_answer_the_same(rng, wgmma, monkeypatch):
     assert np.array_equal(plain[1], keyed[1]) and np.array_equal(plain[0].view(np.int32), keyed[0].view(np.int32))
     assert_exact(keyed[0], keyed[1], db, queries, 10, "l2", "uint8")
     biased = _screened(db, queries, "l2", "uint8", 10, True, monkeypatch, bias=True)   # rounded to even alike
-    counts = _screened(db, queries, "l2", "uint8", 10, True, monkeypatch)[2]
-    assert biased[4].param("pb") == 1 and np.array_equal(biased[2], counts)
-    assert np.array_equal(biased[1], keyed[1]) and np.array_equal(biased[0].view(np.int32), keyed[0].view(np.int32))
+    _assert_biased_as_keyed(biased, keyed)
 
 
 def test_biased_bounds_through_reused_scalar_slots(rng, wgmma, monkeypatch):
@@ -96,7 +98,6 @@ def test_biased_bounds_through_reused_scalar_slots(rng, wgmma, monkeypatch):
     db = rng.integers(0, 256, (n, dim)).astype(np.uint8)
     queries = np.clip(db[rng.choice(n, 100)].astype(np.float32) + rng.integers(-3, 4, (100, dim)), 0, 255)
     keyed, biased = (_screened(db, queries, "l2", "uint8", 10, True, monkeypatch, bias=flag) for flag in (False, True))
-    assert keyed[4].param("pb", 0) == 0 and biased[4].param("pb") == 1
-    assert np.array_equal(biased[2], keyed[2]) and biased[3] == keyed[3]
-    assert np.array_equal(biased[1], keyed[1]) and np.array_equal(biased[0].view(np.int32), keyed[0].view(np.int32))
+    assert keyed[4].param("pb", 0) == 0
+    _assert_biased_as_keyed(biased, keyed)
     assert_exact(biased[0], biased[1], db, queries, 10, "l2", "uint8")
