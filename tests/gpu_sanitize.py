@@ -150,7 +150,7 @@ def shared_bound_single(rng) -> None:
 
 def main(only: str | None = None) -> int:
     """Every case; `only` a selection kernel's name ("single", "scan", "tiled"): its cases alone, no screen;
-    "biased": the 8-bit l2 screen's cases with render_screen.HOPPER_PRODUCER_BIAS on (a knob), alone."""
+    "biased": the 8-bit l2 screen's cases with render_screen.HOPPER_PRODUCER_BIAS on (the default), alone."""
     if only == "biased":
         from tinyknn.jit import render_screen
 

@@ -3,8 +3,9 @@
 threshold. Below 2^22 the float keys are those same integers, so the survivors must be the same ones: every
 query's survivor count, the answers (bit for bit, and the float64 oracle's) and the queries handed back are equal
 to the float epilogue's, for exact 8-bit queries and for queries the 8-bit type cannot hold (every row survives).
-On brighter rows a row within one unit of the threshold may go either way; the answers must not. The knob PB
-(render_screen.HOPPER_PRODUCER_BIAS: l2's |x|^2 bounds stored biased by the producer) must change nothing."""
+On brighter rows a row within one unit of the threshold may go either way; the answers must not. PB
+(render_screen.HOPPER_PRODUCER_BIAS, the default with l2's integer keys: l2's |x|^2 bounds stored biased by the
+producer) must change nothing against the keyed epilogue without it."""
 
 from __future__ import annotations
 

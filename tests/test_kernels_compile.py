@@ -134,12 +134,11 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
     keyed += [render_screen.hopper_spec(metric, dtype, 128, "sm_90a") for metric in ("l2", "ip")
               for dtype in ("uint8", "int8")]
     assert {s.param("ik", 0) for s in keyed} == {0, 1}
-    monkeypatch.setattr(render_screen, "HOPPER_INT_KEYS", True)       # and the knob that biases l2's bounds
-    monkeypatch.setattr(render_screen, "HOPPER_PRODUCER_BIAS", True)
-    biased = [render_screen.hopper_spec(metric, dtype, 128, "sm_90a") for metric in ("l2", "ip")
-              for dtype in ("uint8", "int8")]
-    assert [s.param("pb", 0) for s in biased] == [1, 1, 0, 0]
-    keyed += biased
+    monkeypatch.setattr(render_screen, "HOPPER_INT_KEYS", True)       # l2's keyed kernels without the producer's bias
+    monkeypatch.setattr(render_screen, "HOPPER_PRODUCER_BIAS", False)
+    unbiased = [render_screen.hopper_spec("l2", dtype, 128, "sm_90a") for dtype in ("uint8", "int8")]
+    assert [s.param("pb", 0) for s in keyed[:2]] == [1, 1] and [s.param("pb", 0) for s in unbiased] == [0, 0]
+    keyed += unbiased
     specs += grouped + keyed
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]

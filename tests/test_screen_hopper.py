@@ -62,7 +62,9 @@ def test_integer_keys_only_where_every_squared_norm_is_below_two_to_the_23(eleme
 
 def test_integer_keys_are_the_default_where_they_apply(monkeypatch):
     """HOPPER_INT_KEYS (on by default): the 8-bit screen where integer_keys allows gets IK = true, its threshold
-    mode and the other element types keep their kernels; off, the float keys' kernel."""
+    mode and the other element types keep their kernels; off, the float keys' kernel (the producer's bias off
+    here: it is a further template argument, tested below)."""
+    monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", False)
     keyed = rs.hopper_spec("l2", "uint8", 128, "sm_90")
     assert keyed.param("ik") == 1
     monkeypatch.setattr(rs, "HOPPER_INT_KEYS", False)
@@ -75,15 +77,16 @@ def test_integer_keys_are_the_default_where_they_apply(monkeypatch):
     assert rs.hopper_spec("l2", "float16", 128, "sm_90").param("ik", 0) == 0
 
 
-def test_the_producer_biases_l2s_bounds_only_as_a_knob_beside_integer_keys(monkeypatch):
-    """HOPPER_PRODUCER_BIAS (off by default; screen_hopper.cuh's PB): on, the keyed l2 screen gets PB = true as
-    its last template argument; ip, the float keys and the threshold mode keep their kernels."""
-    keyed = rs.hopper_spec("l2", "uint8", 128, "sm_90")
-    assert keyed.param("pb", 0) == 0
-    monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", True)
+def test_the_producer_biases_l2s_bounds_beside_integer_keys(monkeypatch):
+    """HOPPER_PRODUCER_BIAS (on by default; screen_hopper.cuh's PB): the keyed l2 screen gets PB = true as its last
+    template argument; off, the keyed kernel without it; ip, the float keys and the threshold mode never have it."""
     biased = rs.hopper_spec("l2", "uint8", 128, "sm_90")
     assert biased.param("pb") == 1 and biased.param("ik") == 1
+    monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", False)
+    keyed = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert keyed.param("pb", 0) == 0 and keyed.param("ik") == 1
     assert cuda_source.name_expression(biased) == cuda_source.name_expression(keyed)[:-1] + ", true>"
+    monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", True)
     assert rs.hopper_spec("ip", "uint8", 128, "sm_90").param("pb", 0) == 0
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=1).param("pb", 0) == 0
     monkeypatch.setattr(rs, "HOPPER_INT_KEYS", False)
