@@ -62,14 +62,14 @@ def use_screen(index, kind: str) -> None:
 
 
 def kernels_for(arch: str) -> list:
-    from tinyknn.jit import render, render_screen
+    from tinyknn.jit import render_screen, search_kernels
 
     specs = []
     for _, _, dim, dtype, _, _, ks in WORKLOADS:
         for k in ks:
-            specs += render.specs_for_search(METRIC, dtype, dim, k, arch)
+            specs += search_kernels.specs_for_search(METRIC, dtype, dim, k, arch)
             specs += render_screen.specs_for_screen(METRIC, dtype, k, arch)
-        specs += render.hopper_specs(METRIC, dtype, dim, arch)
+        specs += search_kernels.hopper_specs(METRIC, dtype, dim, arch)
     return list(dict.fromkeys(specs))
 
 

@@ -84,13 +84,14 @@ def warm_kernels(dim: int) -> float:
     from concurrent.futures import ThreadPoolExecutor
 
     from tinyknn.gpu.device import current_device
-    from tinyknn.jit import render
+    from tinyknn.jit import render, search_kernels
     from tinyknn.jit.cache import get_cubin
 
     from tinyknn.jit import render_screen
 
     start, arch = time.perf_counter(), current_device().arch
-    specs = {spec for k in (1, 10, 100, 2048) for spec in render.specs_for_search("l2", "float32", dim, k, arch)}
+    specs = {spec for k in (1, 10, 100, 2048)
+             for spec in search_kernels.specs_for_search("l2", "float32", dim, k, arch)}
     specs |= set(render_screen.specs_for_range_screen("l2", "float32", arch,
                                                       render.row_layout(dim, "float16")[1]))
     with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:

@@ -36,7 +36,7 @@ import json, sys, time
 sys.modules["cuda.bindings.nvrtc"] = None      # any NVRTC import fails: a compile would raise
 t0 = time.perf_counter()
 from tinyknn.jit.cache import default_cache
-from tinyknn.jit.render import specs_for_search
+from tinyknn.jit.search_kernels import specs_for_search
 t1 = time.perf_counter()
 specs = specs_for_search(*json.loads(sys.argv[1]))
 cache = default_cache()
@@ -197,7 +197,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--arch", default="sm_90")
     args = parser.parse_args()
-    from tinyknn.jit.render import specs_for_search
+    from tinyknn.jit.search_kernels import specs_for_search
 
     env = environment()
     gpu = args.device != "cpu" and bool((env.get("cuda_device") or {}).get("available"))

@@ -28,7 +28,7 @@ SHAPES = (("20k x 128 float32", 20_000, 128, "float32"), ("100k x 128 float32", 
           ("1M x 768 float16", 1_000_000, 768, "float16"))
 TARGETS_MS = {"100k x 128 float32": 0.035, "1M x 768 float32": 0.45, "1M x 768 float16": 0.38}
 K = 10
-# (render.single_params overrides, forced slices): the kernel's knobs, timed alone (the defaults first).
+# (render_single.single_params overrides, forced slices): the kernel's knobs, timed alone (the defaults first).
 SMALL_SWEEP = (({}, None), ({}, 132), ({}, 66), ({}, 49), ({"rmax": 4096}, 33), ({"rmax": 4096}, 25), ({"rmax": 8192}, 13),
                ({"warps": 32}, None), ({"unroll": 4}, None), ({"lanes": 4}, None), ({"warps": 8, "unroll": 4}, None),
                ({"lanes": 4, "warps": 32}, None), ({"stage": 0}, None), ({"stage": 1}, None), ({"stage": 8}, None),
@@ -96,7 +96,7 @@ def _read_floor(nbytes: int, launches: int) -> dict:
 
 
 def _kernel_ms(searcher, launches: int, slices: int | None = None, overrides: dict | None = None) -> dict:
-    """The plan of one query (as a search builds it, with `slices` and render.single_params `overrides`
+    """The plan of one query (as a search builds it, with `slices` and render_single.single_params `overrides`
     forced), launched alone between CUDA events."""
     searcher.slices_override = slices
     searcher.single_overrides = tuple((overrides or {}).items())
@@ -143,12 +143,13 @@ def _warm(dim: int, dtype: str, sweep, n: int) -> None:
     import os
 
     from tinyknn.gpu.device import current_device
-    from tinyknn.jit import render
+    from tinyknn.jit import render_single, search_kernels
     from tinyknn.jit.cache import get_cubin
 
     arch = current_device().arch
-    specs = set(render.specs_for_search("l2", dtype, dim, K, arch))
-    specs |= {render.single_spec_over(n, "l2", dtype, dim, K, arch, shadow=dtype == "float32", **o) for o, _ in sweep}
+    specs = set(search_kernels.specs_for_search("l2", dtype, dim, K, arch))
+    specs |= {render_single.single_spec_over(n, "l2", dtype, dim, K, arch, shadow=dtype == "float32", **o)
+              for o, _ in sweep}
     with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(get_cubin, sorted(specs)))
 

@@ -10,10 +10,10 @@ import os
 def warm(combinations, extra=()) -> None:
     """combinations: (metric, dtype, dim, k) tuples; extra: more KernelSpecs."""
     from tinyknn.gpu.device import current_device
-    from tinyknn.jit import render
+    from tinyknn.jit import search_kernels
     from tinyknn.jit.cache import get_cubin
 
     arch = current_device().arch
-    specs = {spec for c in combinations for spec in render.specs_for_search(*c, arch)} | set(extra)
+    specs = {spec for c in combinations for spec in search_kernels.specs_for_search(*c, arch)} | set(extra)
     with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(get_cubin, sorted(specs)))

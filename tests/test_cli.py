@@ -50,7 +50,7 @@ def warmed(tmp_path_factory):
 
 @pytest.mark.nvrtc
 def test_warm_compiles_every_variant_for_each_arch(warmed):
-    from tinyknn.jit.render import specs_for_search
+    from tinyknn.jit.search_kernels import specs_for_search
 
     cache_dir, summary = warmed
     expected = {spec for arch in ("sm_80", "sm_90") for spec in specs_for_search("l2", "float32", 32, 4, arch)}
@@ -78,7 +78,7 @@ def test_warm_again_finds_everything_cached_and_a_manifest_names_its_arch(warmed
     manifest.write_text('arch = ["sm_90"]\n[[specialisations]]\nmetric = "l2"\ndtype = "float32"\ndim = 32\nk = [4]\n')
     from_manifest = as_json(tinyknn("cache", "warm", "--manifest", str(manifest), "--json", cache_dir=cache_dir))
     assert from_manifest["arches"] == ["sm_90"] and from_manifest["source"] == str(manifest)
-    from tinyknn.jit.render import specs_for_search
+    from tinyknn.jit.search_kernels import specs_for_search
 
     on_90 = len(specs_for_search("l2", "float32", 32, 4, "sm_90"))
     assert from_manifest["compiled"] == 0 and from_manifest["cached"] == on_90

@@ -1,6 +1,6 @@
 """`tinyknn cache warm|list|info|verify|clear` in this process, over a toy-rendering cubin cache: what warm
 says and writes (a full disk included), arch spellings and refusals, what list shows, strays, clear on a
-read-only cache. The kernels planned are tinyknn's real ones (render.specs_for_search); each is compiled
+read-only cache. The kernels planned are tinyknn's real ones (search_kernels.specs_for_search); each is compiled
 as a one-line toy kernel of its own (tens of ms), so these run without minutes of NVRTC.
 """
 
@@ -67,7 +67,7 @@ def test_counted_nouns_are_singular_and_plural():
 
 @pytest.mark.nvrtc
 def test_warm_says_what_it_will_do_shows_progress_and_reports(toy_cli):
-    from tinyknn.jit.render import specs_for_search
+    from tinyknn.jit.search_kernels import specs_for_search
 
     code, out, err = toy_cli("cache", "warm", *COMBINATION, "--arch", "90", "--jobs", "2")
     n = len(specs_for_search("l2", "float32", 32, 4, "sm_90"))

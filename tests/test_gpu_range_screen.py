@@ -26,13 +26,13 @@ def warm_kernels():
     import os
 
     from tinyknn.gpu.device import current_device
-    from tinyknn.jit import render, render_screen
+    from tinyknn.jit import render, render_screen, search_kernels
     from tinyknn.jit.cache import get_cubin
 
     arch = current_device().arch
     specs = {spec for metric in ("l2", "ip", "cosine") for dtype in DTYPES
              for spec in render_screen.specs_for_range_screen(metric, dtype, arch) +
-             render.hopper_specs(metric, dtype, DIM, arch) +
+             search_kernels.hopper_specs(metric, dtype, DIM, arch) +
              [render.range_spec(metric, dtype, DIM, arch)] + render.selection_specs(arch)}
     with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(get_cubin, sorted(specs)))

@@ -46,13 +46,14 @@ def warm_kernels():
     import os
 
     from tinyknn.gpu.device import current_device
-    from tinyknn.jit import render, render_screen
+    from tinyknn.jit import render_screen, search_kernels
     from tinyknn.jit.cache import get_cubin
 
     arch = current_device().arch
     specs = {spec for metric in ("l2", "ip", "cosine") for dtype in DTYPES for k in KS
              for spec in render_screen.specs_for_screen(metric, dtype, k, arch) +
-             render.specs_for_search(metric, dtype, 72, k, arch) + render.hopper_specs(metric, dtype, 72, arch)}
+             search_kernels.specs_for_search(metric, dtype, 72, k, arch) +
+             search_kernels.hopper_specs(metric, dtype, 72, arch)}
     with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(get_cubin, sorted(specs)))
 

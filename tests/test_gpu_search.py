@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tinyknn
-from tinyknn.jit import render
+from tinyknn.jit import render, render_single, search_kernels
 from reference import assert_exact
 
 pytestmark = pytest.mark.gpu
@@ -47,7 +47,7 @@ def warm_kernels():
     arch = _arch()
     combos = {(m, t, d, k) for m in METRICS for t in DTYPES for d in DIMS for _, k, _ in SWEEP}
     combos |= {(m, t, d, k) for m in METRICS for t in DTYPES for d in (16, 64) for k in (1, 5, 10, 37, 100, 256)}
-    specs = sorted({s for c in combos for s in render.specs_for_search(*c, arch)})
+    specs = sorted({s for c in combos for s in search_kernels.specs_for_search(*c, arch)})
     with concurrent.futures.ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         list(pool.map(get_cubin, specs))
 
@@ -110,7 +110,8 @@ def test_both_selection_kernels(monkeypatch, variant, metric, dtype, dim, k, rng
         if variant == "scan":      # one query: a block of one
             assert index._searcher._main_spec(1, k, False).param("qb") == 1
         if variant == "single":
-            assert index._searcher._main_spec(1, k, False).variant == ("single" if k <= render.SINGLE_MAX_K else "scan")
+            expected = "single" if k <= render_single.SINGLE_MAX_K else "scan"
+            assert index._searcher._main_spec(1, k, False).variant == expected
         if variant == "tiled":
             block = {nq: index._searcher._main_spec(nq, k, False).param("bq") for nq in (7, 20, 300)}
             default = render.tiled_spec(metric, dtype, dim, k, _arch()).param("bq")
@@ -132,12 +133,12 @@ def test_single_query_kernel(metric, rng):
                 for _ in range(4):
                     q = _data(rng, 1, dim)
                     _check(index.search(q, k), db, q, k, metric, "float32")
-                expected = "single" if k <= render.SINGLE_MAX_K else "scan"
+                expected = "single" if k <= render_single.SINGLE_MAX_K else "scan"
                 assert index._searcher._main_spec(1, k, False).variant == expected
             if n == 600_000:
                 with index._searcher._lock, index._searcher._reading(None):
                     batch = index._searcher._host_batch(1, 10)
-                assert batch.plan.slices >= n / render.SINGLE_MAX_ROWS and batch.plan.verify is None
+                assert batch.plan.slices >= n / render_single.SINGLE_MAX_ROWS and batch.plan.verify is None
     db = _data(rng, 400, 6)
     db[100:140] = db[3]
     with tinyknn.Index(6, metric, "float32", device="cuda") as index:

@@ -9,7 +9,7 @@ import pytest
 from tinyknn.gpu import ranges
 from tinyknn.gpu.row_ops import _whole_index_batch
 from tinyknn.gpu.searcher import Rows
-from tinyknn.jit import cuda_source, render
+from tinyknn.jit import cuda_source, render, search_kernels
 
 
 def test_segment_sizes_are_the_next_powers_of_two():
@@ -28,7 +28,8 @@ def test_selection_specs_name_plain_kernels():
     names = {spec.variant: cuda_source.name_expression(spec) for spec in render.selection_specs("sm_90")}
     assert names == {"select": "tinyknn::select_kernel", "scatter": "tinyknn::scatter_kernel",
                      "segment_sort": "tinyknn::segment_sort_kernel"}
-    assert all(s in render.specs_for_search("l2", "float32", 128, 10, "sm_90") for s in render.selection_specs("sm_90"))
+    every = search_kernels.specs_for_search("l2", "float32", 128, 10, "sm_90")
+    assert all(s in every for s in render.selection_specs("sm_90"))
     with pytest.raises(ValueError, match="variant must be one of 'select', 'scatter', 'segment_sort'; got 'sort'"):
         render.selection_spec("sort", "sm_90")
 

@@ -1,4 +1,4 @@
-"""The single-query kernel's slices sharing a bound (render.single_params shared_bound, single.cuh's GT; a knob):
+"""The single-query kernel's slices sharing a bound (render_single.single_params shared_bound, single.cuh's GT; a knob):
 a slice that finds another slice's KL-th key published lists only its keys under it, with no select. With
 several waves of slices, the later ones find one; their lists are then short (padded with position -1), and
 the answers must be the default kernel's, bit for bit, and the float64 oracle's: every storage type and metric,
@@ -132,11 +132,11 @@ def test_a_slice_with_too_many_keys_under_the_bound_selects_as_usual(rng):
 
 @pytest.mark.parametrize("limit", [1 << 20, 1 << 40])
 def test_the_default_shares_the_bound_where_a_query_streams_enough_bytes(rng, monkeypatch, limit):
-    """render.single_shares_bound picks the knob by the bytes one query streams (on Hopper): the default search
+    """render_single.single_shares_bound picks the knob by the bytes one query streams (on Hopper): the default search
     of an index past the limit runs the shared-bound kernel, one under it the plain one, exact either way."""
-    from tinyknn.jit import render
+    from tinyknn.jit import render_single
 
-    monkeypatch.setattr(render, "SINGLE_SHARED_BOUND_BYTES", limit)
+    monkeypatch.setattr(render_single, "SINGLE_SHARED_BOUND_BYTES", limit)
     db = _rows(rng, 100_000, 64, "float16")                 # 12.8 MB of float16 rows
     queries = _queries(rng, db, "float16")
     with tinyknn.Index(64, "l2", "float16", device="cuda") as index:
@@ -146,4 +146,4 @@ def test_the_default_shares_the_bound_where_a_query_streams_enough_bytes(rng, mo
             d, ids = index.search(q[None], 10)
             assert_exact(d, ids, db, q[None], 10, "l2", "float16")
         ran = {s.param("gt", 0) for s in searcher._kernels if s.variant == "single"}     # what the searches ran
-        assert ran == {int(limit < db.size * 2 and searcher._arch in render.SINGLE_STAGE_ARCHS)}
+        assert ran == {int(limit < db.size * 2 and searcher._arch in render_single.SINGLE_STAGE_ARCHS)}

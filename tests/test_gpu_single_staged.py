@@ -1,5 +1,5 @@
 """The single-query kernel's verify step with its candidates' rows staged in shared memory, a thread a
-candidate (render.single_params stage=1, verify.cuh's verify_distances_staged; 4 and 8: the chain loading that
+candidate (render_single.single_params stage=1, verify.cuh's verify_distances_staged; 4 and 8: the chain loading that
 many chunks a step, 4 the default on Hopper where the rows fit): the same answers as the groups of lanes
 (stage=0), bit for bit, and the float64 oracle's, on every storage type and metric, on
 clustered rows with ties, with and without the float16 shadow, for a filter's rows read in place."""

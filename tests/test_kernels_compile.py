@@ -21,7 +21,7 @@ import os
 
 import pytest
 
-from tinyknn.jit import cuda_source, render
+from tinyknn.jit import cuda_source, render, render_single, search_kernels
 from tinyknn.config import get_config
 from tinyknn.jit.cache import CubinCache
 from tinyknn.jit.compiler import compile_cubin
@@ -50,7 +50,8 @@ def _specs(arch: str) -> list:
     dims = sorted({c[2] for c in combinations})
 
     def specs(metric, dtype, dim, k) -> dict:
-        return {cuda_source.name_expression(spec): spec for spec in render.specs_for_search(metric, dtype, dim, k, arch)}
+        return {cuda_source.name_expression(spec): spec
+                for spec in search_kernels.specs_for_search(metric, dtype, dim, k, arch)}
 
     found: dict = {}
     for metric, dtype, dim, k in combinations:
@@ -103,16 +104,16 @@ def test_the_staged_verify_step_needs_no_local_memory(kernel_cache):
     """The single-query kernel with its verify step's rows staged in shared memory (stage=1; 4, the default, and
     8: its chain loading that many chunks a step), its listed variant and the shared-bound knob: compiled, no
     spills, and the shared memory it asks for within a block's."""
-    specs = [render.single_spec(metric, dtype, dim, k, "sm_90", shadow=shadow, stage=stage, **listed)
+    specs = [render_single.single_spec(metric, dtype, dim, k, "sm_90", shadow=shadow, stage=stage, **listed)
              for metric, dtype, dim, k, shadow in STAGED for listed in ({}, {"listed": True}) for stage in (1, 4, 8)]
-    specs += [render.single_spec(metric, dtype, dim, k, "sm_90", shadow=shadow, shared_bound=True, **listed)
+    specs += [render_single.single_spec(metric, dtype, dim, k, "sm_90", shadow=shadow, shared_bound=True, **listed)
               for metric, dtype, dim, k, shadow in STAGED for listed in ({}, {"listed": True})]   # the GT knob
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
     for spec in specs:
         report = kernel_cache.get(spec).reports[cuda_source.name_expression(spec)]
         assert (report.stack_bytes, report.spill_store_bytes, report.spill_load_bytes) == (0, 0, 0), (spec, report)
-        assert spec.param("smem") <= render.SINGLE_STAGE_MAX_SMEM
+        assert spec.param("smem") <= render_single.SINGLE_STAGE_MAX_SMEM
 
 
 HOPPER = [("l2", "float16", 768), ("ip", "bfloat16", 128), ("l2", "uint8", 128), ("ip", "int8", 2048)]
@@ -121,7 +122,7 @@ HOPPER = [("l2", "float16", 768), ("ip", "bfloat16", 128), ("l2", "uint8", 128),
 def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
     from tinyknn.jit import render_screen
 
-    specs = [spec for combination in HOPPER for spec in render.hopper_specs(*combination, "sm_90a")]
+    specs = [spec for combination in HOPPER for spec in search_kernels.hopper_specs(*combination, "sm_90a")]
     assert {(s.param("bn"), s.param("exact", 0)) for s in specs if s.variant == "screen_hopper"} == \
         {(128, 0), (256, 1), (256, 0)}
     grouped = [render_screen.hopper_spec(metric, dtype, stride, "sm_90a", epi_group=group)
@@ -179,7 +180,7 @@ def test_the_two_arches_compile_different_thirds_and_every_dim_free_kernel():
     assert len(set(THIRDS.values())) == len(THIRDS)
     dims_of: dict[str, set] = {}
     for combination in combinations:
-        for spec in render.specs_for_search(*combination, "sm_90"):
+        for spec in search_kernels.specs_for_search(*combination, "sm_90"):
             dims_of.setdefault(cuda_source.name_expression(spec), set()).add(combination[2])
     chosen = set(_names("sm_90"))
     dim_free = {name for name, dims in dims_of.items() if len(dims) > 1}

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tinyknn.jit import cuda_source, render
+from tinyknn.jit import cuda_source, render, render_single, search_kernels
 from tinyknn.spec import KernelSpec
 
 
@@ -59,11 +59,11 @@ def test_row_layout_pads_to_16_bytes(dim, dtype, expected):
 
 
 def test_specs_for_search_cover_every_plan():
-    specs = render.specs_for_search("cosine", "float16", 96, 10, "sm_90")
+    specs = search_kernels.specs_for_search("cosine", "float16", 96, 10, "sm_90")
     variants = [s.variant for s in specs]
     assert variants.count("norms") == 2                    # database (float16) and CUDA queries (float32)
     assert {"scan", "tiled", "verify", "band"} <= set(variants)
-    big = render.specs_for_search("l2", "float32", 96, 2048, "90")
+    big = search_kernels.specs_for_search("l2", "float32", 96, 2048, "90")
     assert "tiled" not in [s.variant for s in big]          # k beyond the tiled kernel: scan only
     assert all(s.arch == "sm_90" for s in big)
     assert all(isinstance(s, KernelSpec) for s in big)
@@ -78,19 +78,19 @@ def test_small_batches_get_small_tiled_blocks():
     assert [block(10, n) for n in (1, 9, 16, 17, 32, 33, 1000)] == [16, 16, 16, 32, 32, 64, 64]
     assert [block(100, n) for n in (9, 16, 17, 1000)] == [16, 16, 32, 32]     # k = 100's default is 32
     assert render.tiled_spec("l2", "float32", 768, 10, "sm_90", n_queries=9, bq=64).param("bq") == 64
-    listed = render.specs_for_search("l2", "float32", 768, 10, "sm_90")
+    listed = search_kernels.specs_for_search("l2", "float32", 768, 10, "sm_90")
     blocks = {(s.param("bq"), s.param("filter", 0)) for s in listed if s.variant == "tiled"}
     assert blocks == {(bq, f) for bq in (16, 32, 64) for f in (0, 1)}
     for metric in ("l2", "ip", "cosine"):          # whatever a batch picks, cache warm compiles it
         for k in (1, 10, 100, 256):
-            listed = set(render.specs_for_search(metric, "float16", 96, k, "sm_90"))
+            listed = set(search_kernels.specs_for_search(metric, "float16", 96, k, "sm_90"))
             for n in range(1, 70):
                 for exact in (False, True):
                     assert render.tiled_spec(metric, "float16", 96, k, "sm_90", exact=exact, n_queries=n) in listed
-                if n > 1 or k > render.SINGLE_MAX_K:        # one query: single_kernel
+                if n > 1 or k > render_single.SINGLE_MAX_K:        # one query: single_kernel
                     assert render.scan_spec(metric, "float16", 96, k, "sm_90", n_queries=n) in listed
                 else:
-                    assert render.single_spec(metric, "float16", 96, k, "sm_90") in listed
+                    assert render_single.single_spec(metric, "float16", 96, k, "sm_90") in listed
     wide = render.tiled_spec("l2", "float32", 768, 10, "sm_90", n_queries=10, warps=32)   # 16 % 32 != 0
     assert wide.param("bq") % wide.param("warps") == 0
 
@@ -99,13 +99,13 @@ def test_listed_kernels_are_their_own_specs_and_cache_warm_lists_them():
     """A filtered search that reads a position list in place launches the LISTED instantiations (one more
     template argument, `true`); the unfiltered specs and their name expressions are what they were; the verify
     step after them is the unfiltered one; specs_for_search lists every listed kernel a search may pick."""
-    plain = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, stage=0)
-    listed = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, listed=True, stage=0)
+    plain = render_single.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, stage=0)
+    listed = render_single.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, listed=True, stage=0)
     assert "listed" not in dict(plain.params) and listed.param("listed") == 1
     assert cuda_source.name_expression(listed) == cuda_source.name_expression(plain)[:-1] + ", true>"
-    staged, staged_listed = (render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, **listing)
+    staged, staged_listed = (render_single.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, **listing)
                              for listing in ({}, {"listed": True}))
-    ahead = render.SINGLE_STAGE_AHEAD
+    ahead = render_single.SINGLE_STAGE_AHEAD
     assert cuda_source.name_expression(staged).endswith(f", false, {ahead}>")
     assert cuda_source.name_expression(staged_listed) == \
         cuda_source.name_expression(staged)[:-len(f", false, {ahead}>")] + f", true, {ahead}>"
@@ -113,13 +113,13 @@ def test_listed_kernels_are_their_own_specs_and_cache_warm_lists_them():
                  lambda **kw: render.tiled_spec("l2", "int8", 96, 10, "sm_90", n_queries=1000, **kw)):
         assert cuda_source.name_expression(make(listed=True)) == cuda_source.name_expression(make())[:-1] + ", true>"
         assert render.verify_spec(make(listed=True)) == render.verify_spec(make())
-    every = set(render.specs_for_search("cosine", "float16", 96, 10, "sm_90"))
-    assert set(render.listed_specs("cosine", "float16", 96, 10, "sm_90")) <= every
+    every = set(search_kernels.specs_for_search("cosine", "float16", 96, 10, "sm_90"))
+    assert set(search_kernels.listed_specs("cosine", "float16", 96, 10, "sm_90")) <= every
     for n in range(1, 70):
         assert render.tiled_spec("cosine", "float16", 96, 10, "sm_90", n_queries=n, listed=True) in every
         if n > 1:
             assert render.scan_spec("cosine", "float16", 96, 10, "sm_90", n_queries=n, listed=True) in every
-    beyond = set(render.specs_for_search("l2", "float32", 96, 200, "sm_90"))
+    beyond = set(search_kernels.specs_for_search("l2", "float32", 96, 200, "sm_90"))
     assert render.scan_spec("l2", "float32", 96, 200, "sm_90", n_queries=1, listed=True) in beyond
 
 
@@ -128,11 +128,11 @@ def test_one_query_gets_a_scan_block_of_one():
         return render.scan_spec("l2", "float32", 128, 10, "sm_90", n_queries=n).param("qb")
 
     assert [block(1), block(2), block(8), block(None)] == [1, 8, 8, 8]
-    listed = render.specs_for_search("ip", "float16", 128, 10, "sm_90")
+    listed = search_kernels.specs_for_search("ip", "float16", 128, 10, "sm_90")
     assert {s.param("qb") for s in listed if s.variant == "scan"} == {8}       # one query: single_kernel
     singles = [s for s in listed if s.variant == "single" and not s.param("listed", 0)]
     assert [s.k for s in singles] == [10, 10] and [s.param("gt", 0) for s in singles] == [0, 1]  # shared bound
-    beyond = render.specs_for_search("ip", "float16", 128, render.SINGLE_MAX_K + 1, "sm_90")
+    beyond = search_kernels.specs_for_search("ip", "float16", 128, render_single.SINGLE_MAX_K + 1, "sm_90")
     assert 1 in {s.param("qb") for s in beyond if s.variant == "scan"}
     assert not [s for s in beyond if s.variant == "single"]
 
@@ -146,7 +146,7 @@ def test_one_query_gets_a_scan_block_of_one():
 ])
 def test_specs_for_search_refuse_bad_input(bad, match):
     with pytest.raises(ValueError, match=match):
-        render.specs_for_search(*bad)
+        search_kernels.specs_for_search(*bad)
 
 
 @pytest.mark.parametrize("k", [1, 10, 32, 33, 100, 256, 1000, 2048])
@@ -161,8 +161,8 @@ def test_parameters_are_consistent(k, dim, dtype):
     assert scan["smem"] <= 227 * 1024                        # what an H100/H200 block may opt in to
     verify = dict(render.verify_spec(render.scan_spec("l2", dtype, dim, k, "sm_90")).params)
     assert verify["kl"] == render.list_length(k) and verify["smem"] <= 227 * 1024
-    if k <= render.SINGLE_MAX_K:
-        single = dict(render.single_spec("l2", dtype, dim, k, "sm_90").params)
+    if k <= render_single.SINGLE_MAX_K:
+        single = dict(render_single.single_spec("l2", dtype, dim, k, "sm_90").params)
         sort_slots = 1 << (single["kl"] - 1).bit_length()
         assert single["rmax"] % (single["warps"] * 32 // single["lanes"]) == 0 and single["rmax"] >= single["kl"]
         assert single["smem"] >= max(single["rmax"] * 8 + sort_slots * 8, sort_slots * 24)
@@ -191,23 +191,24 @@ def test_include_cycles_and_missing_headers_are_reported(tmp_path, monkeypatch):
 def test_one_query_on_a_float32_l2_index_may_stream_its_float16_shadow():
     """The shadow variant: float16 rows streamed, float32 rows verified under ShadowKeyBound, a wider margin;
     listed for warm-up beside the float32 stream, for float32 l2 only."""
-    shadow = render.single_spec("l2", "float32", 100, 10, "sm_90", shadow=True)
-    plain = render.single_spec("l2", "float32", 100, 10, "sm_90")
+    shadow = render_single.single_spec("l2", "float32", 100, 10, "sm_90", shadow=True)
+    plain = render_single.single_spec("l2", "float32", 100, 10, "sm_90")
     name = cuda_source.name_expression(shadow)
     assert "ShadowKeyBound, float, tinyknn::half_bits, 100," in name
     assert "half_bits" not in cuda_source.name_expression(plain)
-    assert shadow.param("kl") == 10 + render.SINGLE_SHADOW_MARGIN > plain.param("kl") and shadow.param("shadow") == 1
+    assert shadow.param("kl") == 10 + render_single.SINGLE_SHADOW_MARGIN > plain.param("kl")
+    assert shadow.param("shadow") == 1
     assert shadow.param("lanes") <= plain.param("lanes")       # 16-byte chunks of half the bytes
-    listed = render.specs_for_search("l2", "float32", 100, 10, "sm_90")
+    listed = search_kernels.specs_for_search("l2", "float32", 100, 10, "sm_90")
     singles = [s for s in listed if s.variant == "single" and not s.param("listed", 0) and not s.param("gt", 0)]
     assert [s.param("shadow", 0) for s in singles] == [0, 1]
     for metric, dtype in (("ip", "float32"), ("cosine", "float32"), ("l2", "float16")):
-        assert len([s for s in render.specs_for_search(metric, dtype, 100, 10, "sm_90")
+        assert len([s for s in search_kernels.specs_for_search(metric, dtype, 100, 10, "sm_90")
                     if s.variant == "single" and not s.param("listed", 0) and not s.param("gt", 0)]) == 1
     with pytest.raises(ValueError, match="float32 index streams a float16 shadow; got dtype 'float16'"):
-        render.single_spec("l2", "float16", 100, 10, "sm_90", shadow=True)
+        render_single.single_spec("l2", "float16", 100, 10, "sm_90", shadow=True)
     with pytest.raises(ValueError, match="for l2 only; got metric 'ip'"):
-        render.single_spec("ip", "float32", 100, 10, "sm_90", shadow=True)
+        render_single.single_spec("ip", "float32", 100, 10, "sm_90", shadow=True)
 
 
 @pytest.mark.parametrize("n,rmax,expected_waves", [(1_000_000, 2048, 4), (100_000, 2048, 1), (1_000_000, 8192, 1),
@@ -219,7 +220,7 @@ def test_single_query_slices_fill_whole_waves(n, rmax, expected_waves):
     from tinyknn.gpu import plan
 
     overrides = {} if rmax is None else {"rmax": rmax}
-    spec = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, **overrides)
+    spec = render_single.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, **overrides)
     rmax = spec.param("rmax")
     loaded = plan.LoadedKernel(spec, None, 512, spec.param("smem"), 1)
     slices, rows = plan.split_rows(n, 1, loaded, 132, spec.param("kl"))
@@ -233,45 +234,45 @@ def test_single_query_slices_fill_whole_waves(n, rmax, expected_waves):
 def test_single_query_rows_of_16_chunks_or_more_take_4_lanes_at_least(dtype, dim, lanes):
     """The single-query kernel splits a row of 16 to 31 16-byte chunks over 4 lanes, where the scan takes 2
     (SINGLE_MIN_LANES); shorter rows and longer ones keep the scan's lanes."""
-    assert render.single_spec("l2", dtype, dim, 10, "sm_90").param("lanes") == lanes
+    assert render_single.single_spec("l2", dtype, dim, 10, "sm_90").param("lanes") == lanes
     scan = render.scan_spec("l2", dtype, dim, 10, "sm_90").param("lanes")
-    assert lanes == (max(scan, render.SINGLE_MIN_LANES) if render.row_layout(dim, dtype)[0] >= 16 else scan)
+    assert lanes == (max(scan, render_single.SINGLE_MIN_LANES) if render.row_layout(dim, dtype)[0] >= 16 else scan)
 
 
 def test_the_staged_verify_step_sizes_its_shared_memory():
     """stage=1 (the verify step's candidates' rows staged in shared memory): the block's shared memory covers the
     verify step's own, the query in float64 and KL rows of an odd count of words; stage=0 specs' names stay as
     they were; a stage that cannot fit is refused with the sizes."""
-    plain = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=0)
-    staged = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=1)
+    plain = render_single.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=0)
+    staged = render_single.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=1)
     assert staged.param("stage") == 1 and plain.param("stage", 0) == 0
     kl, row_bytes = staged.param("kl"), render.row_layout(768, "float32")[1] * 4
-    need = render._align16(render.verify_params(kl, False)["smem"]) + 768 * 8 + kl * ((row_bytes // 4) | 1) * 4
+    need = render.align16(render.verify_params(kl, False)["smem"]) + 768 * 8 + kl * ((row_bytes // 4) | 1) * 4
     assert staged.param("smem") == max(plain.param("smem"), need)
     assert cuda_source.name_expression(staged).endswith(", false, 1>")
     assert cuda_source.name_expression(plain).endswith(f", {plain.param('smem')}>")
-    listed = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=1, listed=True)
+    listed = render_single.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=1, listed=True)
     assert cuda_source.name_expression(listed).endswith(", true, 1>")
-    ahead = render.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=8)
+    ahead = render_single.single_spec("l2", "float32", 768, 10, "sm_90", shadow=True, stage=8)
     assert cuda_source.name_expression(ahead).endswith(", false, 8>") and ahead.param("smem") == staged.param("smem")
     with pytest.raises(ValueError, match="stage is 0 .* up to 16; got 17"):
-        render.single_spec("l2", "float32", 768, 10, "sm_90", stage=17)
+        render_single.single_spec("l2", "float32", 768, 10, "sm_90", stage=17)
     with pytest.raises(ValueError, match=r"stage=1 needs \d+ bytes of shared memory for 136 rows of 16384 bytes"):
-        render.single_spec("l2", "float32", 4096, 128, "sm_90", stage=1)
+        render_single.single_spec("l2", "float32", 4096, 128, "sm_90", stage=1)
 
 
 def test_the_shared_bound_knob_names_its_own_kernel():
     """shared_bound (single.cuh's GT, a knob): the spec carries gt = 1 and the instantiation one more template
     argument, after LISTED and STAGE (0 where unstaged); the default specs are as they were."""
-    plain = render.single_spec("l2", "float16", 768, 10, "sm_90")
-    shared = render.single_spec("l2", "float16", 768, 10, "sm_90", shared_bound=True)
+    plain = render_single.single_spec("l2", "float16", 768, 10, "sm_90")
+    shared = render_single.single_spec("l2", "float16", 768, 10, "sm_90", shared_bound=True)
     assert "gt" not in dict(plain.params) and shared.param("gt") == 1 and shared != plain
     assert dict(shared.params) == {**dict(plain.params), "gt": 1}
     assert cuda_source.name_expression(shared) == cuda_source.name_expression(plain)[:-1] + ", true>"
-    unstaged = render.single_spec("ip", "uint8", 256, 100, "sm_89", shared_bound=True)
+    unstaged = render_single.single_spec("ip", "uint8", 256, 100, "sm_89", shared_bound=True)
     assert cuda_source.name_expression(unstaged).endswith(", false, 0, true>")
-    listed = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, listed=True, shared_bound=True)
-    assert cuda_source.name_expression(listed).endswith(f", true, {render.SINGLE_STAGE_AHEAD}, true>")
+    listed = render_single.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True, listed=True, shared_bound=True)
+    assert cuda_source.name_expression(listed).endswith(f", true, {render_single.SINGLE_STAGE_AHEAD}, true>")
 
 
 @pytest.mark.parametrize("arch,dtype,dim,k,staged", [("sm_90", "float32", 768, 10, True),
@@ -286,11 +287,11 @@ def test_the_verify_step_stages_its_rows_by_default_on_hopper_where_they_fit(arc
     SINGLE_STAGE_MAX_SMEM (no error where they do not), its chain loading SINGLE_STAGE_AHEAD chunks a step, and
     elsewhere keeps the unstaged kernel, whose spec is the one stage=0 names."""
     shadow = dtype == "float32"
-    spec = render.single_spec("l2", dtype, dim, k, arch, shadow=shadow)
-    assert spec.param("stage", 0) == (render.SINGLE_STAGE_AHEAD if staged else 0)
-    assert spec == render.single_spec("l2", dtype, dim, k, arch, shadow=shadow,
-                                      stage=render.SINGLE_STAGE_AHEAD if staged else 0)
-    assert spec.param("smem") <= render.SINGLE_STAGE_MAX_SMEM
+    spec = render_single.single_spec("l2", dtype, dim, k, arch, shadow=shadow)
+    assert spec.param("stage", 0) == (render_single.SINGLE_STAGE_AHEAD if staged else 0)
+    assert spec == render_single.single_spec("l2", dtype, dim, k, arch, shadow=shadow,
+                                      stage=render_single.SINGLE_STAGE_AHEAD if staged else 0)
+    assert spec.param("smem") <= render_single.SINGLE_STAGE_MAX_SMEM
 
 
 def test_a_small_database_gets_fewer_single_query_blocks():
@@ -298,7 +299,7 @@ def test_a_small_database_gets_fewer_single_query_blocks():
     100k rows still fill the 132 SMs; a forced slice count is kept."""
     from tinyknn.gpu import plan
 
-    spec = render.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True)
+    spec = render_single.single_spec("l2", "float32", 128, 10, "sm_90", shadow=True)
     loaded = plan.LoadedKernel(spec, None, 512, spec.param("smem"), 1)
     assert plan.split_rows(20_000, 1, loaded, 132, spec.param("kl"))[0] == 20_000 // plan.SINGLE_MIN_SLICE_ROWS + 1
     assert plan.split_rows(100_000, 1, loaded, 132, spec.param("kl"))[0] == 131    # rows rounded to steps of 256
@@ -308,34 +309,34 @@ def test_a_small_database_gets_fewer_single_query_blocks():
 def test_one_query_shares_its_slices_bound_past_the_streamed_bytes():
     """single_shares_bound: on Hopper only, from SINGLE_SHARED_BOUND_BYTES streamed (a float32 l2 index streams
     its float16 shadow, half its bytes); specs_for_search lists both kernels, plain and listed."""
-    limit = render.SINGLE_SHARED_BOUND_BYTES
+    limit = render_single.SINGLE_SHARED_BOUND_BYTES
     rows = -(-limit // (768 * 2))
-    assert render.single_shares_bound("sm_90", "float16", 768, rows)
-    assert not render.single_shares_bound("sm_90", "float16", 768, rows - 1)
-    assert not render.single_shares_bound("sm_80", "float16", 768, 10 * rows)
-    assert render.single_shares_bound("sm_90a", "float32", 768, rows, shadow=True)     # float16 rows
-    assert not render.single_shares_bound("sm_90a", "float32", 768, rows - 1, shadow=True)
-    assert render.single_shares_bound("sm_90a", "float32", 768, -(-rows // 2))        # its own, twice the bytes
-    assert not render.single_shares_bound("sm_90a", "float32", 768, -(-rows // 2) - 1)
+    assert render_single.single_shares_bound("sm_90", "float16", 768, rows)
+    assert not render_single.single_shares_bound("sm_90", "float16", 768, rows - 1)
+    assert not render_single.single_shares_bound("sm_80", "float16", 768, 10 * rows)
+    assert render_single.single_shares_bound("sm_90a", "float32", 768, rows, shadow=True)     # float16 rows
+    assert not render_single.single_shares_bound("sm_90a", "float32", 768, rows - 1, shadow=True)
+    assert render_single.single_shares_bound("sm_90a", "float32", 768, -(-rows // 2))        # its own, twice the bytes
+    assert not render_single.single_shares_bound("sm_90a", "float32", 768, -(-rows // 2) - 1)
     padded = render.row_layout(100, "float16")[1] * 2                                  # 100 dims stored as 104
-    assert padded > 200 and render.single_shares_bound("sm_90", "float16", 100, -(-limit // padded))
-    assert not render.single_shares_bound("sm_90", "float16", 100, -(-limit // padded) - 1)
+    assert padded > 200 and render_single.single_shares_bound("sm_90", "float16", 100, -(-limit // padded))
+    assert not render_single.single_shares_bound("sm_90", "float16", 100, -(-limit // padded) - 1)
     for arch in ("sm_90", "sm_90a"):
-        every = set(render.specs_for_search("l2", "float32", 768, 10, arch))
+        every = set(search_kernels.specs_for_search("l2", "float32", 768, 10, arch))
         for listed in (False, True):
             for shadow in (False, True):
                 for shared in (False, True):
                     knobs = {"shadow": shadow, "shared_bound": shared, **({"listed": True} if listed else {})}
-                    assert render.single_spec("l2", "float32", 768, 10, arch, **knobs) in every
-    assert not [s for s in render.specs_for_search("l2", "float32", 768, 10, "sm_80") if s.param("gt", 0)]
+                    assert render_single.single_spec("l2", "float32", 768, 10, arch, **knobs) in every
+    assert not [s for s in search_kernels.specs_for_search("l2", "float32", 768, 10, "sm_80") if s.param("gt", 0)]
 
 
 def test_the_kernel_a_search_runs_takes_the_shared_bound_by_its_rows_unless_told():
     """single_spec_over: single_spec with single_shares_bound's answer for the rows searched (the float16
     shadow's bytes where it streams the shadow); an override naming shared_bound wins."""
-    rows = -(-render.SINGLE_SHARED_BOUND_BYTES // (768 * 2))
-    assert render.single_spec_over(rows, "l2", "float32", 768, 10, "sm_90", shadow=True).param("gt") == 1
-    assert render.single_spec_over(rows - 1, "l2", "float32", 768, 10, "sm_90", shadow=True).param("gt", 0) == 0
-    assert render.single_spec_over(rows, "l2", "float16", 768, 10, "sm_80").param("gt", 0) == 0
-    told = render.single_spec_over(rows, "l2", "float16", 768, 10, "sm_90", shared_bound=False, listed=True)
-    assert told == render.single_spec("l2", "float16", 768, 10, "sm_90", listed=True)
+    rows = -(-render_single.SINGLE_SHARED_BOUND_BYTES // (768 * 2))
+    assert render_single.single_spec_over(rows, "l2", "float32", 768, 10, "sm_90", shadow=True).param("gt") == 1
+    assert render_single.single_spec_over(rows - 1, "l2", "float32", 768, 10, "sm_90", shadow=True).param("gt", 0) == 0
+    assert render_single.single_spec_over(rows, "l2", "float16", 768, 10, "sm_80").param("gt", 0) == 0
+    told = render_single.single_spec_over(rows, "l2", "float16", 768, 10, "sm_90", shared_bound=False, listed=True)
+    assert told == render_single.single_spec("l2", "float16", 768, 10, "sm_90", listed=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tinyknn.config import get_config, reset_config
-from tinyknn.jit import cuda_source, render, render_screen as rs
+from tinyknn.jit import cuda_source, render, render_screen as rs, search_kernels
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "90", "90a"])
@@ -24,7 +24,7 @@ def test_hopper_specs_refuse_other_arches(arch):
     with pytest.raises(ValueError, match=f"compute capability 9.0.*{arch}"):
         rs.hopper_spec("l2", "float16", 768, arch)
     assert rs.hopper_arch(arch) is None
-    assert render.hopper_specs("l2", "float16", 768, arch) == []
+    assert search_kernels.hopper_specs("l2", "float16", 768, arch) == []
 
 
 @pytest.mark.parametrize("metric,dtype,tile,ip", [
@@ -105,10 +105,11 @@ def test_bound_counts_four_instructions_per_128_byte_block():
 
 
 def test_warm_lists_the_hopper_kernels_for_sm_90a_only():
-    on_90a = render.specs_for_search("l2", "float16", 768, 10, "sm_90a")
+    on_90a = search_kernels.specs_for_search("l2", "float16", 768, 10, "sm_90a")
     assert {s.variant for s in on_90a} >= {"screen_hopper", "screen_tiles"}
-    assert not {s.variant for s in render.specs_for_search("l2", "float16", 768, 10, "sm_90")} & {"screen_hopper"}
-    assert render.hopper_specs("l2", "float16", 8, "sm_90a") == []          # dim < 16: never screened
+    on_90 = search_kernels.specs_for_search("l2", "float16", 768, 10, "sm_90")
+    assert not {s.variant for s in on_90} & {"screen_hopper"}
+    assert search_kernels.hopper_specs("l2", "float16", 8, "sm_90a") == []          # dim < 16: never screened
     with pytest.raises(ValueError, match="one entry header"):
         cuda_source.render_many([rs.tiles_spec(128, "sm_90a"), render.rows_spec("sm_90a")])
 
@@ -206,9 +207,9 @@ def test_small_batches_take_the_small_hopper_tile():
     assert (large.param("bn"), large.param("mw"), small.param("bn"), small.param("mw")) == (128, 2, 256, 1)
     assert small.param("smem") == rs.hopper_smem(256, 1)
     assert rs.hopper_spec("ip", "uint8", 128, "sm_90", small=True) == rs.hopper_spec("ip", "uint8", 128, "sm_90")
-    specs = render.hopper_specs("l2", "float16", 768, "sm_90a")
+    specs = search_kernels.hopper_specs("l2", "float16", 768, "sm_90a")
     assert small in specs and rs.tiles_spec(256, "sm_90a") in specs and rs.sample_spec(256, "sm_90a") in specs
     assert rs.hopper_spec("l2", "float16", 768, "sm_90", keep=2, small=True) in specs
     assert len(specs) == len(set(specs))
-    assert len(render.hopper_specs("l2", "uint8", 128, "sm_90a")) == len(render.hopper_specs("l2", "float16", 128,
-                                                                                              "sm_90a")) // 2
+    assert (len(search_kernels.hopper_specs("l2", "uint8", 128, "sm_90a"))
+            == len(search_kernels.hopper_specs("l2", "float16", 128, "sm_90a")) // 2)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Variants of the single-query kernel (render.single_params knobs) in interleaved rounds: the kernel alone
+"""Variants of the single-query kernel (render_single.single_params knobs) in interleaved rounds: the kernel alone
 (CUDA events, as bench/single_query.py times it) four rounds, then the search end to end (median of 300) two
 rounds, each variant's answers checked bit for bit against the library default's.
   --knob stage         the staged verify chain, 1, 4 or 8 chunks loaded a step (stage=1/4/8);

@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 import _common  # noqa: E402
-from tinyknn.jit import compiler, cuda_source, render  # noqa: E402
+from tinyknn.jit import compiler, cuda_source, render_single  # noqa: E402
 
 K = 10
 PHASES = ("start", "query", "streamed", "listed", "arrived", "copied", "gathered", "distances", "sorted", "done")
@@ -58,7 +58,7 @@ def spec_of(label: str, arch: str, **overrides):
     """The kernel a search of `label` runs on `arch` with `overrides` (the slices' shared bound by the library's
     rule unless they name it)."""
     n, dim, dtype = SHAPES[label]
-    return render.single_spec_over(n, "l2", dtype, dim, K, arch, shadow=dtype == "float32", **overrides)
+    return render_single.single_spec_over(n, "l2", dtype, dim, K, arch, shadow=dtype == "float32", **overrides)
 
 
 def compile_only(arch: str) -> None:
@@ -164,7 +164,7 @@ def run_shape(label: str, searches: int, stamped: Stamped, rng, overrides: tuple
     with tinyknn.Index(dim, "l2", dtype, device="cuda") as index:
         index.add(db)
         searcher = index._searcher
-        searcher.single_overrides = overrides      # render.single_params knobs (--stage)
+        searcher.single_overrides = overrides      # render_single.single_params knobs (--stage)
         before = len(stamped.modules)
         answers = [index.search(queries[i:i + 1], K) for i in range(len(queries))]
         if len(stamped.modules) == before:
@@ -200,10 +200,10 @@ def main() -> int:
     parser.add_argument("--compile-only", action="store_true", help="NVRTC and the ptxas report only (sm_90)")
     parser.add_argument("--stage", type=int, choices=(0, 1, 2, 4, 8), default=0,
                         help="0: the verify step reads its rows from global memory; 1: staged in shared memory; "
-                             "2, 4, 8: staged, the chain loading that many chunks a step (render.single_params)")
+                             "2, 4, 8: staged, the chain loading that many chunks a step (render_single.single_params)")
     parser.add_argument("--shared-bound", choices=("on", "off"), default=None,
-                        help="the slices share a bound or not (render.single_params shared_bound, single.cuh's GT; "
-                             "default: the library's rule, render.single_shares_bound)")
+                        help="the slices share a bound or not (render_single.single_params shared_bound, single.cuh's "
+                             "GT; default: the library's rule, render_single.single_shares_bound)")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
     labels = [s.strip() for s in args.shapes.split(",") if s.strip()]

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from ..inputs.validate import check_values
-from ..jit import render
+from ..jit import render, render_single
 from . import plan as plans
 
 BAND_MIN_CAPACITY = 256         # band entries per query at first (grown to the largest count when exceeded)
@@ -144,7 +144,7 @@ class HostQueries:
         listed = {"listed": True} if view is not None and view.prefix == "list" else {}   # they read the row list
         if variant == "single":
             knobs = {"shadow": self._streams_shadow(), **listed, **dict(self.single_overrides)}
-            return render.single_spec_over(self._n if view is None else view.n, *args, **knobs)
+            return render_single.single_spec_over(self._n if view is None else view.n, *args, **knobs)
         if variant == "scan":
             return render.scan_spec(*args, n_queries=n_queries, **listed)
         return render.tiled_spec(*args, exact=exact, n_queries=n_queries, **listed)

@@ -19,7 +19,7 @@ import ctypes
 import math
 from dataclasses import dataclass
 
-from ..jit import cuda_source, render, render_screen
+from ..jit import cuda_source, render, render_screen, render_single
 from ..jit.cache import get_cubin
 from ..spec import KernelSpec
 import numpy as np
@@ -137,7 +137,7 @@ def load_kernel(spec: KernelSpec) -> LoadedKernel:
 def choose_variant(n_queries: int, k: int) -> str:
     """single for one query (k up to SINGLE_MAX_K), scan for small batches (and whenever k is beyond the
     tiled kernel), tiled for large ones."""
-    if n_queries == 1 and k <= render.SINGLE_MAX_K and USE_SINGLE:
+    if n_queries == 1 and k <= render_single.SINGLE_MAX_K and USE_SINGLE:
         return "single"
     return "scan" if n_queries <= SCAN_MAX_QUERIES or k > render.TILED_MAX_K else "tiled"
 

@@ -305,7 +305,7 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
     row_lists_copied = 0                    # filters' row lists copied to the device (tests)
 
     slices_override: int | None = None   # benchmarks only: force the number of database slices
-    single_overrides: tuple = ()         # benchmarks only: (name, value) pairs for render.single_params
+    single_overrides: tuple = ()         # benchmarks only: (name, value) pairs for render_single.single_params
 
     # -- index operations (row positions; ids and labels are the Index's) ------------------------------
     def range_search(self, queries, radius: float, rows=None):

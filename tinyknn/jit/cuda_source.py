@@ -3,7 +3,8 @@
 The kernel templates live in kernels/*.cuh. `render_source` inlines them into one self-contained source
 (NVRTC here has no system headers and cuda.core's cache refuses include paths), so the source text is the
 same for every spec of an entry header: only the name expression (which template instantiation to build)
-changes. The specs themselves come from jit/render.py (search kernels) and jit/render_screen.py (the screen's).
+changes. The specs themselves come from jit/render.py (search kernels), jit/render_single.py (the one-query
+kernel's) and jit/render_screen.py (the screen's); jit/search_kernels.py lists those a search may launch.
 """
 
 from __future__ import annotations

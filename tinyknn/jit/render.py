@@ -1,9 +1,11 @@
-"""Which kernels a search launches and with which compile-time parameters: KernelSpecs (pure Python; no NVRTC,
-no GPU). jit/cuda_source.py turns a spec into the source and name expression NVRTC builds.
+"""The kernels' compile-time parameters: a KernelSpec per kernel variant (pure Python; no NVRTC, no GPU).
+jit/cuda_source.py turns a spec into the source and name expression NVRTC builds; jit/search_kernels.py lists
+the specs a whole search may launch.
 
-Every tuning knob (tile sizes, lanes per row, queries per block, dynamic shared memory) is chosen here, in
-Python, and handed to the template as a compile-time argument; the C++ side `static_assert`s that the shared
-memory it is given covers its layout, so a mismatch fails the compile (in CI) instead of corrupting memory.
+Every tuning knob (tile sizes, lanes per row, queries per block, dynamic shared memory) is chosen here (and in
+render_single.py, render_screen.py), in Python, and handed to the template as a compile-time argument; the C++
+side `static_assert`s that the shared memory it is given covers its layout, so a mismatch fails the compile (in
+CI) instead of corrupting memory.
 
 Variants (spec.variant):
 - "norms":  ingest_kernel<T>: copies rows of any float dtype and row stride into the padded
@@ -13,7 +15,7 @@ Variants (spec.variant):
             block streams its slice once for QB queries and keeps the k best per query.
 - "single": single_kernel: one query. Like scan (one block a slice), but each block keeps its slice's
             keys in shared memory and selects its list once, and the last block to finish runs the
-            verify step: one launch.
+            verify step: one launch (its specs: render_single.py).
             scan, single and tiled take `listed=True` (param "listed"): a filtered search that reads only
             the rows a sorted position list names, in place (the template's LISTED flag).
 - "tiled":  tiled_kernel: large batches. Tiles of BQ queries x BN rows are computed from shared
@@ -37,13 +39,13 @@ hence the same cache key and one cubin. That keeps the default manifest at 1,164
 sm_90, whose one-query kernels also come with the slices' shared bound).
 
 Length: one short params/spec function per kernel variant, kept beside the variant catalogue above so that
-a tuning change and its spec change together (the screen's are in render_screen.py).
+a tuning change and its spec change together (the screen's are in render_screen.py, the one-query kernel's in
+render_single.py).
 """
 
 from __future__ import annotations
 
-from ..spec import KernelSpec, parse_arch, parse_dim, parse_dtype, parse_k, parse_metric
-from . import render_screen
+from ..spec import KernelSpec, parse_dim, parse_dtype, parse_metric
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}   # bytes per stored element
 
@@ -51,30 +53,6 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}   
 SCAN_WARPS = 8                  # warps per scan block (8: half the slices of 4 at the same occupancy)
 SCAN_CHUNKS_PER_LANE = 8        # a row is split across the fewest lanes that keep <= this many 16-byte loads each
 SCAN_QUERY_SMEM = 16 * 1024     # shared memory for a scan block's queries
-SINGLE_WARPS = 16               # warps per single-query block (16: 0.057 ms on 100k x 128; 8: 0.073, 4: 0.13)
-SINGLE_MAX_ROWS = 8192          # rows per single-query slice (its keys in shared memory): 1M rows in one wave of
-                                # 132 slices, not 4 of 521 (1M x 768 float16: 384 -> 375 us); fewer rows keep theirs
-SINGLE_MIN_LANES = 4            # lanes a row at least, for rows of 16+ chunks (100k x 128 float16 shadow: 2 lanes
-                                # 22.2 us, 4 lanes 20.3): more rows in flight a warp than the scan's 8 chunks a lane
-SINGLE_UNROLL = 2               # rows per lane whose loads are in flight together (1 for 8-bit rows: their
-                                # 16-element chunks unpack into too many registers at 2; 1 where a lane holds
-                                # more than SCAN_CHUNKS_PER_LANE chunks of a row, the lanes capped at 32: float32
-                                # rows past 1,024 dims, whose 2 x 12 chunks spilled beside bounded_gather)
-# The last block copies the lists to shared memory up to this many entries (170 slices of 18), beside
-# bounded_gather's scratch: together the 32 KB the copy alone took at 4,096 entries.
-SINGLE_COPY_MAX = 3072
-SINGLE_STAGE_MAX_SMEM = 200 * 1024   # the staged verify step's shared memory at most (an H100/H200 block: 227 KB)
-SINGLE_STAGE_ARCHS = ("sm_90", "sm_90a")   # where the verify step stages its rows by default, where they fit (H200,
-                                # 1M x 768 kernel: float32 through its shadow 383.2 -> 376.4 us, float16 374.6 -> 372.2;
-                                # 100k x 128 20.2 both): measured on Hopper only, whose blocks get 227 KB
-SINGLE_STAGE_AHEAD = 4          # the staged chain's chunks loaded a step by default (H200, four interleaved rounds:
-                                # kernel 100k x 128 19.6 -> 18.6 us, 1M x 768 float16 370.8 -> 368.3, float32
-                                # through its shadow 375.9 -> 369.8; 8 the same as 4)
-SINGLE_SHARED_BOUND_BYTES = 128 << 20   # on SINGLE_STAGE_ARCHS, one query that streams at least this many bytes
-                                # has its slices share a bound (single_shares_bound)
-SINGLE_MAX_K = 128              # the single-query kernel up to this k (its last block verifies k + margin)
-SINGLE_SHADOW_MARGIN = 8        # candidates beyond k when streaming a float32 index's float16 shadow (its bound is
-                                # looser than float32's: 2 extra would send more near-ties to the band search)
 REGISTER_LIST_SLOTS = 256       # QB * padded k up to this: candidate lists in registers, else in shared memory
 TILED_MAX_K = 256               # above this a large batch uses the scan kernel, query group by query group
 TILED_BN = 128                  # database rows per tile
@@ -89,7 +67,7 @@ VERIFY_WARPS = 16               # warps per verify block after the scan: few que
 VERIFY_WARPS_BATCH = 8          # ... after the tiled kernel: many queries, so many blocks keep the loads in flight
 
 
-# -- the plans: which specs a search launches, with their parameters ------------------------------
+# -- the specs: each kernel variant and its parameters -------------------------------------------
 def row_layout(dim: int, dtype: str) -> tuple[int, int]:
     """(chunks, stride): 16-byte chunks per stored row and the padded row length in elements.
 
@@ -124,119 +102,32 @@ def scan_params(dtype: str, dim: int, k: int, *, qb: int | None = None, lanes: i
         lanes = 1
         while lanes < 32 and -(-chunks // lanes) > SCAN_CHUNKS_PER_LANE:
             lanes *= 2
-    query_floats = _query_floats(chunks, stride, lanes)
+    floats = query_floats(chunks, stride, lanes)
     kp = padded_k(kl)
     if qb is None:
-        qb = max(1, min(8, REGISTER_LIST_SLOTS // kp, _pow2_floor(SCAN_QUERY_SMEM // (4 * query_floats))))
-    smem = _align16(qb * query_floats * 4) + _align16(qb * 4) + warps * qb * kp * 8
-    return _listed({"qb": qb, "lanes": lanes, "warps": warps, "smem": smem, "kl": kl}, listed)
+        qb = max(1, min(8, REGISTER_LIST_SLOTS // kp, _pow2_floor(SCAN_QUERY_SMEM // (4 * floats))))
+    smem = align16(qb * floats * 4) + align16(qb * 4) + warps * qb * kp * 8
+    return mark_listed({"qb": qb, "lanes": lanes, "warps": warps, "smem": smem, "kl": kl}, listed)
 
 
-def _listed(params: dict[str, int], listed: bool) -> dict[str, int]:
+def mark_listed(params: dict[str, int], listed: bool) -> dict[str, int]:
     """A selection kernel's parameters, with "listed" only where it reads a position list (so the unfiltered
     specs, their name expressions and cache keys stay what they were)."""
     return {**params, "listed": 1} if listed else params
 
 
-def _query_floats(chunks: int, stride: int, lanes: int) -> int:
+def query_floats(chunks: int, stride: int, lanes: int) -> int:
     """Floats of one query row in shared memory: padded so that each of `lanes` lanes reads whole chunks."""
     return lanes * -(-chunks // lanes) * (stride // chunks)
 
 
-def _sort_slots(kl: int) -> int:
+def sort_slots(kl: int) -> int:
     """The power of two the verify step sorts kl candidates in (next_pow2 in merge.cuh)."""
     return max(2, 1 << (kl - 1).bit_length())
 
 
-_RADIX_BYTES = (256 + 4) * 4    # the radix histogram and gather counters (MERGE_SHARED_FIXED in merge.cuh)
-_BOUNDED_BYTES = 4 * 1024 + 8 * 512 + 16   # bounded_gather's scratch (BOUNDED_SHARED in merge.cuh)
-
-
-def single_params(dtype: str, dim: int, k: int, *, lanes: int | None = None, warps: int = SINGLE_WARPS,
-                  rmax: int = SINGLE_MAX_ROWS, unroll: int | None = None,
-                  cmax: int = SINGLE_COPY_MAX, shadow: bool = False, listed: bool = False,
-                  stage: int | None = 0, shared_bound: bool = False) -> dict[str, int]:
-    """Parameters of the single-query kernel: the scan kernel's lanes per row, a slice of at most
-    `rmax` rows whose keys and positions sit in shared memory, and room for the verify step after.
-    shadow: a float32 l2 index streams its float16 shadow (single.cuh's ShadowKeyBound), with a wider margin.
-    listed: it reads the rows a position list names (a filter's, in place). stage=1: the verify step stages
-    its candidates' rows in shared memory, a thread a candidate (verify.cuh's verify_distances_staged;
-    ValueError where they do not fit in SINGLE_STAGE_MAX_SMEM); stage=2 to 16: staged, the chain loading that
-    many chunks a step (its AHEAD); stage=None: staged where they fit, SINGLE_STAGE_AHEAD chunks a step.
-    shared_bound (a knob, "gt"): a slice that finds another's KL-th key published lists only its keys under it
-    (single.cuh's GT)."""
-    if shadow and dtype != "float32":
-        raise ValueError(f"only a float32 index streams a float16 shadow; got dtype {dtype!r}")
-    streamed = "float16" if shadow else dtype
-    kl = k + SINGLE_SHADOW_MARGIN if shadow else list_length(k)
-    chunks, stride = row_layout(dim, streamed)
-    if lanes is None:
-        lanes = scan_params(streamed, dim, k)["lanes"]
-        if chunks >= 4 * SINGLE_MIN_LANES:
-            lanes = max(lanes, SINGLE_MIN_LANES)
-    if unroll is None:
-        unroll = SINGLE_UNROLL if ITEMSIZE[streamed] > 1 and -(-chunks // lanes) <= SCAN_CHUNKS_PER_LANE else 1
-    query_bytes = _align16(_query_floats(chunks, stride, lanes) * 4) + 16
-    slice_bytes = _align16(query_bytes + rmax * 8 + _sort_slots(kl) * 8 + _RADIX_BYTES) + _BOUNDED_BYTES
-    verify_own = _align16(verify_params(kl, False)["smem"])       # verify_shared_bytes<KL> (single.cuh)
-    verify_bytes = verify_own + cmax * 8 + _BOUNDED_BYTES             # + the lists, bounded_gather's scratch
-    params = {"kl": kl, "lanes": lanes, "warps": warps, "rmax": rmax, "unroll": unroll, "cmax": cmax,
-              "smem": max(slice_bytes, verify_bytes)}
-    if stage is not None and not 0 <= stage <= 16:
-        raise ValueError(f"stage is 0 (no staging), 1 or the staged chain's chunks a step up to 16; got {stage}")
-    if stage != 0:
-        row_bytes = row_layout(dim, dtype)[1] * ITEMSIZE[dtype]      # the stored rows, as verify reads them
-        staged = verify_own + _align16(dim * 8) + kl * ((row_bytes // 4) | 1) * 4
-        fits = staged <= SINGLE_STAGE_MAX_SMEM
-        if stage is None:
-            stage = SINGLE_STAGE_AHEAD if fits else 0
-        elif not fits:
-            raise ValueError(f"stage={stage} needs {staged} bytes of shared memory for {kl} rows of {row_bytes} bytes; "
-                             f"at most {SINGLE_STAGE_MAX_SMEM} fit")
-        if stage:
-            params = {**params, "smem": max(params["smem"], staged), "stage": stage}
-    if shared_bound:
-        params = {**params, "gt": 1}
-    return _listed({**params, "shadow": 1} if shadow else params, listed)
-
-
-def single_spec(metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
-    """The single-query kernel (selection and verify step in one launch); shadow=True only for l2. On
-    SINGLE_STAGE_ARCHS its verify step stages its rows where they fit, SINGLE_STAGE_AHEAD chunks a step
-    (stage=0, or 1 to 16, to choose)."""
-    if overrides.get("shadow") and metric != "l2":
-        raise ValueError(f"the single-query kernel streams a float16 shadow for l2 only; got metric {metric!r}")
-    overrides.setdefault("stage", None if arch in SINGLE_STAGE_ARCHS else 0)
-    return KernelSpec(metric, dtype, dim, k, "single", arch, tuple(single_params(dtype, dim, k, **overrides).items()))
-
-
-def single_shares_bound(arch: str, dtype: str, dim: int, n_rows: int, shadow: bool = False) -> bool:
-    """Whether one query's slices share a bound by default (single_params shared_bound): on SINGLE_STAGE_ARCHS,
-    where the rows streamed reach SINGLE_SHARED_BOUND_BYTES, whose slices' streams end further apart than the
-    select a published bound saves. H200, kernel medians of four interleaved rounds (bench/probes/single_ab.py):
-    1M x 128 float32 94.7 -> 90.6 us, 1M x 768 float16 361.3 -> 357.1, float32 363.2 -> 359.0, 2M x 768
-    float16 698.5 -> 691.0; but 100k x 128 float32 (26 MB of shadow) 18.9 -> 19.4."""
-    streamed = "float16" if shadow else dtype
-    row_bytes = row_layout(dim, streamed)[1] * ITEMSIZE[streamed]
-    return arch in SINGLE_STAGE_ARCHS and n_rows * row_bytes >= SINGLE_SHARED_BOUND_BYTES
-
-
-def single_spec_over(n_rows: int, metric: str, dtype: str, dim: int, k: int, arch: str, **overrides) -> KernelSpec:
-    """The single-query kernel a search over `n_rows` rows runs: single_spec, with the slices' shared bound where
-    single_shares_bound says unless `overrides` name it."""
-    shadow = bool(overrides.get("shadow", False))
-    overrides.setdefault("shared_bound", single_shares_bound(arch, dtype, dim, n_rows, shadow))
-    return single_spec(metric, dtype, dim, k, arch, **overrides)
-
-
-def single_specs(metric: str, dtype: str, dim: int, k: int, arch: str, listed: bool = False) -> list[KernelSpec]:
-    """Every single-query kernel a search of (metric, dtype, dim, k) may pick: the rows themselves and, for
-    float32 l2, the float16 shadow; on SINGLE_STAGE_ARCHS each also with the slices' shared bound."""
-    shadows = (False, True) if metric == "l2" and dtype == "float32" else (False,)
-    shared = (False, True) if arch in SINGLE_STAGE_ARCHS else (False,)
-    knobs = [{"shadow": True} if shadow else {} for shadow in shadows]
-    knobs = [dict(knob, shared_bound=True) if bound else knob for bound in shared for knob in knobs]
-    return [single_spec(metric, dtype, dim, k, arch, **knob, **({"listed": True} if listed else {})) for knob in knobs]
+RADIX_BYTES = (256 + 4) * 4    # the radix histogram and gather counters (MERGE_SHARED_FIXED in merge.cuh)
+BOUNDED_BYTES = 4 * 1024 + 8 * 512 + 16   # bounded_gather's scratch (BOUNDED_SHARED in merge.cuh)
 
 
 def uses_filter_key(metric: str, k: int) -> bool:
@@ -257,24 +148,24 @@ def tiled_params(dtype: str, dim: int, k: int, *, filter_key: bool = False, bq: 
         bq = max(warps, min(64, _pow2_floor(TILED_LIST_SMEM // (kp * 8))))
     reglists = bool(reglists) and (bq // warps) * kp <= REGISTER_LIST_SLOTS
     lists = 0 if reglists else bq * kp * 8
-    staging = _align16(depth * (bq + 4 + bn + 4) * 4)
-    smem = lists + staging + _align16(bq * 4)
+    staging = align16(depth * (bq + 4 + bn + 4) * 4)
+    smem = lists + staging + align16(bq * 4)
     params = {"bq": bq, "bn": bn, "warps": warps, "depth": depth, "reglists": int(reglists), "smem": smem, "kl": kl}
     if filter_key:
         params["filter"] = 1
-    return _listed(params, listed)
+    return mark_listed(params, listed)
 
 
 def verify_params(kl: int, filter_key: bool, warps: int = VERIFY_WARPS) -> dict[str, int]:
     """verify_kernel's layout over kl candidates: float64 keys, ids, float32 keys, positions (each
     next_pow2(kl) slots), the radix histogram and the query's float64 sum of squares."""
-    params = {"kl": kl, "warps": warps, "smem": _sort_slots(kl) * 24 + _RADIX_BYTES + 16}
+    params = {"kl": kl, "warps": warps, "smem": sort_slots(kl) * 24 + RADIX_BYTES + 16}
     if filter_key:
         params["filter"] = 1
     return params
 
 
-def _align16(nbytes: int) -> int:
+def align16(nbytes: int) -> int:
     return -(-nbytes // 16) * 16
 
 
@@ -366,63 +257,8 @@ def selection_specs(arch: str) -> list[KernelSpec]:
     return [selection_spec(variant, arch) for variant in SELECTION_VARIANTS]
 
 
-def specs_for_search(metric, dtype, dim, k, arch) -> list[KernelSpec]:
-    """Every KernelSpec a search of (metric, dtype, dim, k) may launch: what `tinyknn cache warm` builds.
-
-    The database ingest (dtype), the query ingest (float32, for CUDA queries), the single-query
-    kernel (k <= SINGLE_MAX_K), the scan (small batches, one query alone beyond that k, and large ones
-    when k > TILED_MAX_K), the tiled kernel (large batches, in each
-    block size TILED_SMALL_BQ adds; for l2 also with the filter key), the verify step after each, and the
-    band search; for sm_90a also the Hopper screen's kernels; and the filtered searches' kernels that read a
-    position list in place (listed_specs).
-    """
-    metric, dtype, dim, k, arch = parse_metric(metric), parse_dtype(dtype), parse_dim(dim), parse_k(k), parse_arch(arch)
-    specs = [norms_spec(dtype, dim, arch)]
-    if dtype != "float32":
-        specs.append(norms_spec("float32", dim, arch))
-    mains = [scan_spec(metric, dtype, dim, k, arch)]
-    if k > SINGLE_MAX_K:    # one query alone: the single-query kernel up to SINGLE_MAX_K, else a scan block of one
-        mains.append(scan_spec(metric, dtype, dim, k, arch, n_queries=1))
-    if k <= TILED_MAX_K:
-        mains += tiled_specs(metric, dtype, dim, k, arch, exact=True) + tiled_specs(metric, dtype, dim, k, arch)
-    for main in dict.fromkeys(mains):
-        specs += [main, verify_spec(main)]
-    if k <= SINGLE_MAX_K:
-        specs += single_specs(metric, dtype, dim, k, arch)
-    specs += [band_spec(metric, dtype, arch), rows_spec(arch), range_spec(metric, dtype, dim, arch)]
-    specs += selection_specs(arch) + listed_specs(metric, dtype, dim, k, arch)
-    if arch == render_screen.HOPPER_ARCH:   # sm_90a: the Hopper screen of batches (gpu/screen_hopper.py)
-        specs += hopper_specs(metric, dtype, dim, arch)
-    return list(dict.fromkeys(specs))
-
-
-def listed_specs(metric: str, dtype: str, dim: int, k: int, arch: str) -> list[KernelSpec]:
-    """The selection kernels of a filtered search that reads the rows a position list names (searcher.py's
-    "list" view): single (and its float16 shadow for float32 l2), scan and tiled with listed=True; the verify
-    step after scan and tiled is the unfiltered one."""
-    mains = [scan_spec(metric, dtype, dim, k, arch, listed=True)]
-    if k > SINGLE_MAX_K:
-        mains.append(scan_spec(metric, dtype, dim, k, arch, n_queries=1, listed=True))
-    else:
-        mains += single_specs(metric, dtype, dim, k, arch, listed=True)
-    if k <= TILED_MAX_K:
-        mains += tiled_specs(metric, dtype, dim, k, arch, listed=True)
-    return list(dict.fromkeys(mains))
-
-
-def hopper_specs(metric: str, dtype: str, dim: int, arch: str) -> list[KernelSpec]:
-    """The Hopper screen's kernels for an index of (metric, dtype, dim) on sm_90 / sm_90a (none where the
-    screen never runs: other metrics, dim < 16)."""
-    if metric not in ("l2", "ip", "cosine") or dim < 16 or render_screen.hopper_arch(arch) is None:
-        return []
-    stride = row_layout(dim, render_screen.element_of(metric, dtype))[1]
-    keeps = range(1, render_screen.HOPPER_MAX_KEEP + 1)      # k = 1, and larger k
-    return render_screen.hopper_kernels(metric, dtype, stride, arch, keeps)
-
-
 __all__ = [
-    "ITEMSIZE", "RANGE_QB", "band_spec", "hopper_specs", "list_length", "listed_specs", "norms_spec", "range_spec",
-    "row_layout", "rows_spec", "scan_spec", "selection_spec", "selection_specs", "single_shares_bound", "single_spec",
-    "single_spec_over", "single_specs", "specs_for_search", "tiled_spec", "tiled_specs", "uses_filter_key",
-    "verify_spec",
+    "BOUNDED_BYTES", "ITEMSIZE", "RADIX_BYTES", "RANGE_QB", "align16", "band_spec", "list_length", "mark_listed",
+    "norms_spec", "query_floats", "range_spec", "row_layout", "rows_spec", "scan_spec", "selection_spec",
+    "selection_specs", "sort_slots", "tiled_spec", "tiled_specs", "uses_filter_key", "verify_spec",
 ]

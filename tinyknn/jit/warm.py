@@ -29,7 +29,7 @@ class WarmOutcome:
 def plan_specs(combinations, arches, specs_for=None) -> list[KernelSpec]:
     """Every KernelSpec a search of each (metric, dtype, dim, k) on each arch launches, without repeats."""
     if specs_for is None:
-        from .render import specs_for_search as specs_for
+        from .search_kernels import specs_for_search as specs_for
     specs: dict[KernelSpec, None] = {}
     for arch in arches:
         for metric, dtype, dim, k in combinations:
