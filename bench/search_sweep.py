@@ -16,17 +16,17 @@ from search_peers import Unsupported, to_numpy
 
 def measure(call, args, clock=None):
     """(timing summary in us with the first call's time, output of a warm call). The first call pays any
-    compile or lazy set-up; the second (skipped when the first was already slow) estimates how many timed
-    calls fit in --target-s."""
+    compile or lazy set-up; the second, untimed like it, estimates how many timed calls fit in --target-s.
+    A slow first call is no guide to the rest: a cold kernel cache's compiles took one GPU query's first
+    call to 2.2 s, which left the row 2 samples at 0.30 ms where warm calls take 0.03."""
     start = time.perf_counter()
     output = call()
-    first_s = warm_s = time.perf_counter() - start
+    first_s = time.perf_counter() - start
     if first_s > 3 * args.max_call_s:  # a very slow point: its one call is the measurement
         return {**_common.summary_us([first_s]), "first_call_us": first_s * 1e6, "first_call_only": True}, output
-    if first_s < args.max_call_s:
-        start = time.perf_counter()
-        output = call()
-        warm_s = time.perf_counter() - start
+    start = time.perf_counter()
+    output = call()
+    warm_s = time.perf_counter() - start
     reps = int(min(args.max_reps, max(args.min_reps, args.target_s / max(warm_s, 1e-7))))
     if warm_s * reps > 3 * args.max_call_s:  # a slow point: a few calls are enough to see it
         reps = max(1, int(3 * args.max_call_s / warm_s))

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,24 @@ def test_cpu_sweep_covers_every_value_of_every_axis():
     assert [(c.dim, c.k, c.nqs, c.data) for c in custom] == [(32, 5, (7,), "random"), (96, 5, (7,), "random")]
     eight_bit = search.choose_sweep(search.parse_args(["--dtype", "float16", "uint8"]))
     assert [(c.data, c.dtype) for c in eight_bit] == [("random", "float16"), ("sift-like", "uint8")]
+
+
+def test_a_slow_first_call_does_not_set_the_number_of_samples():
+    """A point whose first call pays a compile (here a 0.3 s sleep, above --max-call-s) but whose later calls
+    are fast is timed over many warm calls, not the few the first call's time would allow."""
+    sweep = _bench_module("search_sweep")
+    search = _bench_module("search")
+    args = search.parse_args(["--device", "cpu", "--max-call-s", "0.2", "--target-s", "0.05"])
+    calls = []
+
+    def call():
+        calls.append(None)
+        time.sleep(0.3 if len(calls) == 1 else 0.0005)
+        return len(calls)
+
+    timing, output = sweep.measure(call, args)
+    assert timing["first_call_us"] >= 3e5 and timing["n"] >= args.min_reps and timing["n"] == len(calls) - 2
+    assert timing["median_us"] < 1e5 and output == 2 and "first_call_only" not in timing
 
 
 def test_gpu_sweep_has_every_target_workload_and_shares_builds():
