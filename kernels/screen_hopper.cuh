@@ -21,6 +21,10 @@
 //        of every tile as MW wgmma m64nBN blocks, 4 instructions per k-block each (32 bytes of K apiece),
 //        both operands from shared-memory descriptors; one wgmma group stays in flight, and a stage is
 //        free once all 8 consumer warps have arrived on its "empty" mbarrier.
+// CW = 3 (a knob for probes: MW = 1, one k-block a row, the screen only): three consumer warpgroups (512
+// threads, tiles of 192 queries) for more warps to hide each one's waits. 512 threads leave 128 registers a
+// thread, fewer than an m64n256 s32 wgmma needs (ptxas asks 154), so each consumer takes its BN rows in two
+// halves of BN / 2 (64 accumulators), products then epilogue, and releases the stage after the second.
 //
 // ---- The bound and the epilogue (compare-only) --------------------------------------------------------
 // screen.cuh's model with n = 4 instructions per k-block (zero-filled ones included) in the host's gamma.
@@ -296,17 +300,18 @@ TINYKNN_D void hopper_threshold_epilogue(const Acc (&acc)[MW][BN / 2], const flo
 constexpr int HOPPER_SCALAR_SLOTS = 8;   // per-tile |x|^2 buffers of BN floats each
 // Shared memory of a configuration (the host passes at least this): 1024 bytes of alignment slack, the
 // ring, the scalar ring, the mbarriers.
-__host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES) {
-  return 1024 + STAGES * (128 * MW + BN) * 128 + HOPPER_SCALAR_SLOTS * BN * 4 + 8 * (2 * STAGES + 2 * HOPPER_SCALAR_SLOTS);
+__host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, int CW = 2) {
+  return 1024 + STAGES * (64 * CW * MW + BN) * 128 + HOPPER_SCALAR_SLOTS * BN * 4 +
+         8 * (2 * STAGES + 2 * HOPPER_SCALAR_SLOTS);
 }
 
 // tmap_q: the rounded queries (n_queries x row_bytes), tmap_x: the rows (n_rows x row_bytes), boxes of 128
-// bytes x (128 MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
+// bytes x (64 CW MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
-          bool IK = false, bool PB = false>
-__global__ void __launch_bounds__(384, 1)
+          bool IK = false, bool PB = false, int CW = 2>
+__global__ void __launch_bounds__(128 * (CW + 1), 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
                      int n_queries, int row_bytes, const float* __restrict__ thresholds,
@@ -315,13 +320,14 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
                      float* __restrict__ out_upper) {
   typedef HopperMma<E, EXACT> Mma;
   typedef typename Mma::Acc Acc;
-  constexpr int WG_Q = 64 * MW, TILE_Q = 2 * WG_Q;
+  constexpr int WG_Q = 64 * MW, TILE_Q = CW * WG_Q;
   constexpr int Q_BYTES = TILE_Q * 128, X_BYTES = BN * 128, STAGE_BYTES = Q_BYTES + X_BYTES;
   constexpr int BK = Mma::BK;
   constexpr int SC_BYTES = BN * 4;
-  constexpr int NACC = BN / 2;
+  constexpr int HALVES = CW == 3 ? 2 : 1;               // CW = 3: a consumer's rows in two halves
+  constexpr int NACC = BN / 2 / HALVES;
   constexpr int EPI_G = EG ? EG : hopper_epi_group<MW>();   // chunks of 8 rows per branch of the epilogue
-  constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES);
+  constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES, CW);
   static_assert(BN == 128 || BN == 256, "screen_hopper_kernel: BN is a wgmma N of 128 or 256");
   static_assert(MW * NACC <= 128, "screen_hopper_kernel: at most 128 accumulators per thread");
   static_assert(TILE_Q <= 256 && STAGES >= 2, "screen_hopper_kernel: a TMA box holds at most 256 rows");
@@ -330,6 +336,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   static_assert(!IK || (EXACT && KT == 0 && Acc(1) / Acc(2) == Acc(0)),
                 "screen_hopper_kernel: integer keys for the screen of exact 8-bit dot products only");
   static_assert(!PB || (IK && !IP), "screen_hopper_kernel: biased |x|^2 bounds for l2's integer keys only");
+  static_assert(CW == 2 || (CW == 3 && MW == 1 && KT == 0),
+                "screen_hopper_kernel: three consumer warpgroups for the screen of MW = 1 tiles only");
   constexpr int BIAS_THREADS = 96;                     // PB: the producer warpgroup's warps 1-3
 
   extern __shared__ __align__(1024) unsigned char hopper_space[];
@@ -347,11 +355,11 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full(s), 1);
-      mbar_init(empty(s), 8);
+      mbar_init(empty(s), 4 * CW);                   // one arrival per consumer warp
     }
     for (int b = 0; b < HOPPER_SCALAR_SLOTS; ++b) {
       mbar_init(sfull(b), PB ? BIAS_THREADS : 1);
-      mbar_init(sempty(b), 256);                     // every consumer thread: each read the slot
+      mbar_init(sempty(b), 128 * CW);                // every consumer thread: each read the slot
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -407,8 +415,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
     }
   } else {
     // ---------------- consumers ----------------
-    regs_inc<232>();
+    if constexpr (CW == 2) regs_inc<232>();            // CW = 3: the 128 a thread its launch leaves
     const int c = wg - 1;
+    if (CW == 3 && k_blocks != 1) __trap();           // its halves reread one stage (the host never asks this)
     const int g = lane >> 2, t4 = lane & 3;
     Acc acc[MW][NACC];
 #pragma unroll
@@ -429,20 +438,22 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
           eoff[m][h] = ok ? __ldg(err_offset + q) : 0.0f;
         }
     };
-    // a tile's products into `into`, a k-block at a time from ring position `pos` on (advanced past them); each
-    // stage is released once its group is done, but the last group is left in flight (the caller waits)
-    auto products = [&](Acc (&into)[MW][NACC], int& pos) {
+    // a tile's products (of its rows' half `half`: CW = 3) into `into`, a k-block at a time from ring position
+    // `pos` on (advanced past them); each stage is released once its group is done, but the last group is left
+    // in flight (the caller waits)
+    auto products = [&](Acc (&into)[MW][NACC], int& pos, int half) {
       for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
         const int s = pos % STAGES;
         mbar_wait(full(s), (pos / STAGES) & 1);
-        const unsigned a_base = ring + s * STAGE_BYTES + c * WG_Q * 128, b_base = ring + s * STAGE_BYTES + Q_BYTES;
+        const unsigned a_base = ring + s * STAGE_BYTES + c * WG_Q * 128;
+        const unsigned b_base = ring + s * STAGE_BYTES + Q_BYTES + half * (BN / HALVES) * 128;
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
 #pragma unroll
           for (int m = 0; m < MW; ++m)
-            Mma::template mma<BN>(into[m], sw128_desc(a_base + m * 64 * 128 + k * 32), sw128_desc(b_base + k * 32),
-                                  (kb | k) != 0);
+            Mma::template mma<BN / HALVES>(into[m], sw128_desc(a_base + m * 64 * 128 + k * 32),
+                                           sw128_desc(b_base + k * 32), (kb | k) != 0);
         }
         wgmma_commit();
         if (kb > 0) {
@@ -460,33 +471,41 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       load_terms(q_first, thr, esc, eoff);
       const float rmax = __ldg(tile_rmax + rt);
 
-      // ---- k loop ----
-      int pos = i * k_blocks;
-      products(acc, pos);
-      wgmma_wait<0>();
-      release((pos - 1) % STAGES);
-#pragma unroll
-      for (int m = 0; m < MW; ++m)
-#pragma unroll
-        for (int j = 0; j < NACC; ++j) Mma::keep(acc[m][j]);   // no read of acc moves above the wait
-
-      // ---- epilogue ----
       const int b = i % HOPPER_SCALAR_SLOTS;
-      mbar_wait(sfull(b), (i / HOPPER_SCALAR_SLOTS) & 1);
-      const float* norm_s = reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
+      const float* norm_s = nullptr;
       float tq[MW][2];
 #pragma unroll
-      for (int m = 0; m < MW; ++m)
+      for (int half = 0; half < HALVES; ++half) {
+        // ---- k loop ---- (CW = 3: one k-block, its stage read again for the second half, then released)
+        int pos = i * k_blocks;
+        products(acc, pos, half);
+        wgmma_wait<0>();
+        if (half == HALVES - 1) release((pos - 1) % STAGES);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float bound = fma_up(esc[m][h], rmax, eoff[m][h]);
-          tq[m][h] = KT > 0 ? bound : add_up(thr[m][h], bound);
+        for (int m = 0; m < MW; ++m)
+#pragma unroll
+          for (int j = 0; j < NACC; ++j) Mma::keep(acc[m][j]);   // no read of acc moves above the wait
+
+        // ---- epilogue ----
+        if (half == 0) {
+          mbar_wait(sfull(b), (i / HOPPER_SCALAR_SLOTS) & 1);
+          norm_s = reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
+#pragma unroll
+          for (int m = 0; m < MW; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float bound = fma_up(esc[m][h], rmax, eoff[m][h]);
+              tq[m][h] = KT > 0 ? bound : add_up(thr[m][h], bound);
+            }
         }
-      if constexpr (KT > 0)
-        hopper_threshold_epilogue<Mma, IP, BN, MW, KT>(acc, tq, norm_s, q_first, rt, n_rt, t4, n_queries, out_upper);
-      else
-        hopper_epilogue<Mma, IP, BN, MW, EPI_G, IK, PB>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries,
-                                                        n_rows, counts, survivors, capacity);
+        constexpr int BH = BN / HALVES;
+        if constexpr (KT > 0)
+          hopper_threshold_epilogue<Mma, IP, BN, MW, KT>(acc, tq, norm_s, q_first, rt, n_rt, t4, n_queries, out_upper);
+        else
+          hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB>(acc, tq, norm_s + half * BH, q_first,
+                                                          rt * BN + half * BH + 2 * t4, t4, n_queries, n_rows, counts,
+                                                          survivors, capacity);
+      }
       // the scalar slot is free for the producer's next bulk copy (async proxy; PB: its warps' plain stores, no
       // fence needed) once every consumer thread, each after its own reads of it and a proxy fence, has arrived
       // (one arrival per warp after __syncwarp left compute-sanitizer's racecheck seeing no order between lanes'

@@ -93,6 +93,26 @@ def test_the_producer_biases_l2s_bounds_beside_integer_keys(monkeypatch):
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("pb", 0) == 0
 
 
+def test_three_consumer_warpgroups_only_as_a_probes_knob_for_one_k_block(monkeypatch):
+    """HOPPER_CONSUMERS (2; a probe's 3, screen_hopper.cuh's CW): 3 gives the 8-bit screen of one 128-byte k-block
+    512 threads, 192-query tiles and 3 stages as its last template argument; the threshold mode, the small tile,
+    16-bit rows and longer rows keep their kernels."""
+    plain = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert plain.param("cw", 2) == 2 and rs.hopper_threads(plain) == 384 and rs.hopper_tile_queries(plain) == 128
+    monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 3)
+    three = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert three.param("cw") == 3 and three.param("stages") == rs.HOPPER_CONSUMERS_STAGES == 3
+    assert rs.hopper_threads(three) == 512 and rs.hopper_tile_queries(three) == 192
+    assert three.param("smem") == rs.hopper_smem(256, 1, 3, 3) == 181424 <= 227 * 1024 < rs.hopper_smem(256, 1, 4, 3)
+    assert cuda_source.name_expression(three).endswith(", 3, 181424, 0, 0, true, true, 3>")
+    assert rs.hopper_spec("ip", "int8", 100, "sm_90").param("cw") == 3
+    others = [rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=1),
+              rs.hopper_spec("l2", "uint8", 128, "sm_90", small=True),
+              rs.hopper_spec("l2", "float16", 64, "sm_90"), rs.hopper_spec("l2", "uint8", 256, "sm_90")]
+    for other in others:
+        assert other.param("cw", 2) == 2 and rs.hopper_threads(other) == 384, other
+
+
 def test_the_spec_carries_the_conversion_of_its_stride():
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("exact") == 1
     assert rs.hopper_spec("l2", "uint8", 768, "sm_90").param("exact") == 0

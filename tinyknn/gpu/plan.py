@@ -121,7 +121,7 @@ def load_kernel(spec: KernelSpec) -> LoadedKernel:
     if spec.variant == "screen":
         threads = 32 * spec.param("wq") * spec.param("wn")
     elif spec.variant == "screen_hopper":
-        threads = render_screen.HOPPER_THREADS
+        threads = render_screen.hopper_threads(spec)
     elif spec.variant in ("scan", "single", "tiled", "verify", "survivors"):
         threads = spec.param("warps") * 32
     elif spec.variant in SELECTION_THREADS:

@@ -93,7 +93,7 @@ class HopperSteps:
                      ptr("screen_sample_sq"), ptr("screen_sample_rmax"))[1].launch(math.ceil(tiles / 8), 256, 0,
                                                                                    s._stream)
         spec = rs.hopper_spec(s.metric, s.dtype, self.stride, s._arch, keep=kept, small=small)
-        tile_q = 128 * spec.param("mw")
+        tile_q = rs.hopper_tile_queries(spec)
         sample_map = self._tensor_map("sample", (rows, tiles, step, bn), lambda: sample_map_args(
             rows, tiles, step, self.row_bytes, self.element_bytes, bn))
         query_map = self._query_map(nq, tile_q)
@@ -107,7 +107,7 @@ class HopperSteps:
     def _screen_hopper(self, rows: int, n_rows: int, nq: int, capacity: int, spec) -> None:
         """Step 3 on sm_90a: the persistent Hopper screen of `spec` (the large or the small tile), one CTA per SM."""
         s = self.searcher
-        bn, tile_q = spec.param("bn"), 128 * spec.param("mw")
+        bn, tile_q = spec.param("bn"), rs.hopper_tile_queries(spec)
         ptr = s._pointer
         row_map = self._rows_map(f"rows{bn}", rows, n_rows, bn)
         query_map = self._query_map(nq, tile_q)

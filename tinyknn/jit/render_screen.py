@@ -118,13 +118,16 @@ HOPPER_INT_KEYS = True          # the screen's keys as integers where integer_ke
 HOPPER_PRODUCER_BIAS = True     # with l2's integer keys the producer's idle warps store |x|^2 biased
                                 # (screen_hopper.cuh, PB; H200, 10M x 128 uint8 x 2,048: screen step
                                 # 8.15 -> 8.00 ms at k = 10, 9.67 -> 9.59 at k = 100)
-HOPPER_THREADS = 384
+HOPPER_CONSUMERS = 2            # probes only: 3 gives the 8-bit screen of one k-block three consumer warpgroups
+                                # (screen_hopper.cuh, CW; 192-query tiles, each consumer's rows in two halves)
+HOPPER_CONSUMERS_STAGES = 3     # ... and the stages that then fit (4 do not: 238,784 bytes)
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
 HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds per (query, tile); more: mma.sync's
 _DOT_LIMIT = 1 << 24            # float32 holds every integer below this exactly
 _INT_KEY_LIMIT = 1 << 23        # |x|^2 below this: |x|^2 + 2^23 is exact, its float bits 0x4B000000 + |x|^2
 _LARGEST_PRODUCT = {"uint8": 255 * 255, "int8": 128 * 128}
+_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}
 
 
 def hopper_arch(arch: str) -> str | None:
@@ -142,11 +145,21 @@ def hopper_tile(element: str, small: bool = False) -> tuple[int, int]:
     return (256, 1) if element in ("int8", "uint8") or small else (128, 2)
 
 
-def hopper_smem(bn: int, mw: int, stages: int | None = None) -> int:
+def hopper_smem(bn: int, mw: int, stages: int | None = None, consumers: int = 2) -> int:
     """hopper_smem_bytes of kernels/screen_hopper.cuh (stages not given: HOPPER_STAGES as it is now)."""
     stages = stages or HOPPER_STAGES
-    ring = stages * (128 * mw + bn) * HOPPER_KB
+    ring = stages * (64 * consumers * mw + bn) * HOPPER_KB
     return 1024 + ring + HOPPER_SCALAR_SLOTS * bn * 4 + 8 * (2 * stages + 2 * HOPPER_SCALAR_SLOTS)
+
+
+def hopper_threads(spec: KernelSpec) -> int:
+    """Threads of a Hopper screen block: the producer warpgroup and its consumers (cw, 2 unless a probe's 3)."""
+    return 128 * (spec.param("cw", 2) + 1)
+
+
+def hopper_tile_queries(spec: KernelSpec) -> int:
+    """Queries of a Hopper screen tile (its tensor map's query box): 64 MW for each consumer warpgroup."""
+    return 64 * spec.param("mw") * spec.param("cw", 2)
 
 
 def hopper_k_blocks(row_bytes: int) -> int:
@@ -191,10 +204,14 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
         raise ValueError(f"keep is 0 (the screen) or 1 to {HOPPER_MAX_KEEP} (its threshold mode's bounds per tile); "
                          f"got {keep}")
     keyed = HOPPER_INT_KEYS and not keep and integer_keys(element, stride)
-    params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": HOPPER_STAGES,
-              "smem": hopper_smem(bn, mw), **({"eg": epi_group} if epi_group else {}),
+    three = HOPPER_CONSUMERS == 3 and mw == 1 and not keep and not small and \
+        hopper_k_blocks(stride * _ELEMENT_BYTES[element]) == 1
+    stages = HOPPER_CONSUMERS_STAGES if three else HOPPER_STAGES
+    params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": stages,
+              "smem": hopper_smem(bn, mw, stages, 3 if three else 2), **({"eg": epi_group} if epi_group else {}),
               **({"kt": keep} if keep else {}), **({"ik": 1} if keyed else {}),
-              **({"pb": 1} if keyed and HOPPER_PRODUCER_BIAS and metric == "l2" else {})}
+              **({"pb": 1} if keyed and HOPPER_PRODUCER_BIAS and metric == "l2" else {}),
+              **({"cw": 3} if three else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
@@ -237,9 +254,10 @@ def name_expression(spec: KernelSpec) -> str:
     if spec.variant == "screen_hopper":
         args = [element, cpp_bool(spec.metric != "l2"), cpp_bool(p("exact")), p("bn"), p("mw"), p("stages"),
                 p("smem")]
-        # EG: the probes' epilogues; KT: the threshold mode; IK: integer keys; PB: |x|^2 biased by the producer
+        # EG: the probes' epilogues; KT: the threshold mode; IK: integer keys; PB: |x|^2 biased by the producer;
+        # CW: consumer warpgroups
         args += trailing_arguments((p("eg", 0), 0), (p("kt", 0), 0), (cpp_bool(p("ik", 0)), "false"),
-                                   (cpp_bool(p("pb", 0)), "false"))
+                                   (cpp_bool(p("pb", 0)), "false"), (p("cw", 2), 2))
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         args = [element, cpp_bool(spec.metric != "l2"), cpp_bool(p("threshold")), p("kl"), p("bq"), p("bn"),
