@@ -1,4 +1,4 @@
-"""Capability probes (each run once) and the seeded random generator every test draws from."""
+"""Capability probes (each run once), the seeded random generator every test draws from, and shared fixtures."""
 
 from __future__ import annotations
 
@@ -80,6 +80,21 @@ def rng(request):
     request.node.user_properties.append(("seed", seed))
     print(f"random seed: TINYKNN_TEST_SEED={base} (test seed {seed})")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def wgmma(monkeypatch):
+    """Every batch of the test's indexes on the Hopper screen (TINYKNN_SCREEN=wgmma; compute capability 9.0)."""
+    from tinyknn.gpu.device import current_device
+    from tinyknn.jit import render_screen
+
+    if render_screen.hopper_arch(current_device().arch) is None:
+        pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
+    monkeypatch.setenv("TINYKNN_SCREEN", "wgmma")
+    reset_config()
+    yield
+    monkeypatch.undo()
+    reset_config()
 
 
 @pytest.fixture

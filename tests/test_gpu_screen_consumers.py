@@ -10,41 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tinyknn
+from hopper_batches import screened
 from reference import assert_exact
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture
-def wgmma(monkeypatch):
-    """Every batch of this test's indexes on the Hopper screen (TINYKNN_SCREEN=wgmma; compute capability 9.0)."""
-    from tinyknn.config import reset_config
-    from tinyknn.gpu.device import current_device
-    from tinyknn.jit import render_screen
-
-    if render_screen.hopper_arch(current_device().arch) is None:
-        pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
-    monkeypatch.setenv("TINYKNN_SCREEN", "wgmma")
-    reset_config()
-    yield
-    monkeypatch.undo()
-    reset_config()
-
-
 def _screened(db, queries, metric, dtype, k, consumers, monkeypatch, int_keys=True):
-    """(distances, ids, survivor counts, handed back, the Hopper screen's spec) of one batch on a fresh index."""
-    from tinyknn.jit import render_screen
-
-    monkeypatch.setattr(render_screen, "HOPPER_CONSUMERS", consumers)
-    monkeypatch.setattr(render_screen, "HOPPER_INT_KEYS", int_keys)
-    with tinyknn.Index(db.shape[1], metric, dtype, device="cuda") as index:
-        index.add(db)
-        searcher = index._searcher
-        distances, ids = searcher.search(queries, k)
-        counts = np.zeros(len(queries), np.int32)
-        searcher._buffers["screen_counts"].copy_to_host(counts, counts.nbytes)
-        return distances, ids, counts, searcher._screen.fallbacks, searcher._screen.hopper_spec
+    return screened(db, queries, metric, dtype, k, monkeypatch, HOPPER_CONSUMERS=consumers, HOPPER_INT_KEYS=int_keys)
 
 
 def _assert_same(three, two) -> None:

@@ -1,0 +1,24 @@
+"""Shared by the Hopper screen's knob tests (with conftest's `wgmma` fixture): one batch's screen outcome on a
+fresh index under render_screen knobs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import tinyknn
+
+
+def screened(db, queries, metric: str, dtype: str, k: int, monkeypatch, **knobs):
+    """(distances, ids, survivor counts, handed back, the Hopper screen's spec) of one batch on a fresh index,
+    render_screen's attributes set to `knobs` (e.g. HOPPER_INT_KEYS=False) before the index is made."""
+    from tinyknn.jit import render_screen
+
+    for name, value in knobs.items():
+        monkeypatch.setattr(render_screen, name, value)
+    with tinyknn.Index(db.shape[1], metric, dtype, device="cuda") as index:
+        index.add(db)
+        searcher = index._searcher
+        distances, ids = searcher.search(queries, k)
+        counts = np.zeros(len(queries), np.int32)
+        searcher._buffers["screen_counts"].copy_to_host(counts, counts.nbytes)
+        return distances, ids, counts, searcher._screen.fallbacks, searcher._screen.hopper_spec
