@@ -7,8 +7,9 @@
 // end and past the last row / query (the tensor maps' extents), so no padding to the tile is asked.
 //
 // ---- Work ---------------------------------------------------------------------------------------
-// A tile is TILE_Q = 128 MW queries x BN rows, numbered t = row_tile * n_query_tiles + query_tile (the
-// query tile fastest: the CTAs running at one time read the same few row tiles, which then come from L2).
+// A tile is TILE_Q = 64 MW CW queries (CW consumer warpgroups: 2, a probe's 3 below) x BN rows, numbered
+// t = row_tile * n_query_tiles + query_tile (the query tile fastest: the CTAs running at one time read the same
+// few row tiles, which then come from L2).
 // Persistent grid (one CTA per SM): CTA b takes tiles b, b + grid, ...  CTA = 3 warpgroups (384 threads):
 //   WG0, the producer (setmaxnreg.dec 40), one thread: per tile a bulk copy of the tile's |x|^2 lower
 //        bounds (l2) into an 8-slot scalar ring (a slot is free again once all 256 consumer threads have
@@ -336,8 +337,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   static_assert(!IK || (EXACT && KT == 0 && Acc(1) / Acc(2) == Acc(0)),
                 "screen_hopper_kernel: integer keys for the screen of exact 8-bit dot products only");
   static_assert(!PB || (IK && !IP), "screen_hopper_kernel: biased |x|^2 bounds for l2's integer keys only");
-  static_assert(CW == 2 || (CW == 3 && MW == 1 && KT == 0),
-                "screen_hopper_kernel: three consumer warpgroups for the screen of MW = 1 tiles only");
+  static_assert(CW == 2 || (CW == 3 && MW == 1 && BN == 256 && KT == 0),
+                "screen_hopper_kernel: three consumer warpgroups for the screen of 64 x 256 warpgroup tiles only");
   constexpr int BIAS_THREADS = 96;                     // PB: the producer warpgroup's warps 1-3
 
   extern __shared__ __align__(1024) unsigned char hopper_space[];

@@ -120,7 +120,7 @@ HOPPER_PRODUCER_BIAS = True     # with l2's integer keys the producer's idle war
                                 # 8.15 -> 8.00 ms at k = 10, 9.67 -> 9.59 at k = 100)
 HOPPER_CONSUMERS = 2            # probes only: 3 gives the 8-bit screen of one k-block three consumer warpgroups
                                 # (screen_hopper.cuh, CW; 192-query tiles, each consumer's rows in two halves)
-HOPPER_CONSUMERS_STAGES = 3     # ... and the stages that then fit (4 do not: 238,784 bytes)
+HOPPER_CONSUMERS_STAGES = 3     # ... and the stages that then fit (4 do not: 238,784 bytes; HOPPER_STAGES not used)
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
 HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds per (query, tile); more: mma.sync's
@@ -204,7 +204,7 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
         raise ValueError(f"keep is 0 (the screen) or 1 to {HOPPER_MAX_KEEP} (its threshold mode's bounds per tile); "
                          f"got {keep}")
     keyed = HOPPER_INT_KEYS and not keep and integer_keys(element, stride)
-    three = HOPPER_CONSUMERS == 3 and mw == 1 and not keep and not small and \
+    three = HOPPER_CONSUMERS == 3 and (bn, mw) == (256, 1) and not keep and not small and \
         hopper_k_blocks(stride * _ELEMENT_BYTES[element]) == 1
     stages = HOPPER_CONSUMERS_STAGES if three else HOPPER_STAGES
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": stages,
