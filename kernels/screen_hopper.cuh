@@ -311,7 +311,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, 
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
-          bool IK = false, bool PB = false, int CW = 2>
+          bool IK = false, bool PB = false, int CW = 2, bool XO = false>
 __global__ void __launch_bounds__(128 * (CW + 1), 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -325,7 +325,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   constexpr int Q_BYTES = TILE_Q * 128, X_BYTES = BN * 128, STAGE_BYTES = Q_BYTES + X_BYTES;
   constexpr int BK = Mma::BK;
   constexpr int SC_BYTES = BN * 4;
-  constexpr int HALVES = CW == 3 ? 2 : 1;               // CW = 3: a consumer's rows in two halves
+  constexpr int HALVES = CW == 3 || XO ? 2 : 1;         // CW = 3, XO: a consumer's rows in two halves
   constexpr int NACC = BN / 2 / HALVES;
   constexpr int EPI_G = EG ? EG : hopper_epi_group<MW>();   // chunks of 8 rows per branch of the epilogue
   constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES, CW);
@@ -339,6 +339,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   static_assert(!PB || (IK && !IP), "screen_hopper_kernel: biased |x|^2 bounds for l2's integer keys only");
   static_assert(CW == 2 || (CW == 3 && MW == 1 && BN == 256 && KT == 0),
                 "screen_hopper_kernel: three consumer warpgroups for the screen of 64 x 256 warpgroup tiles only");
+  static_assert(!XO || (CW == 2 && MW == 1 && BN == 256 && KT == 0),
+                "screen_hopper_kernel: the halves' overlap for the screen of 64 x 256 warpgroup tiles only");
   constexpr int BIAS_THREADS = 96;                     // PB: the producer warpgroup's warps 1-3
 
   extern __shared__ __align__(1024) unsigned char hopper_space[];
@@ -418,7 +420,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
     // ---------------- consumers ----------------
     if constexpr (CW == 2) regs_inc<232>();            // CW = 3: the 128 a thread its launch leaves
     const int c = wg - 1;
-    if (CW == 3 && k_blocks != 1) __trap();           // its halves reread one stage (the host never asks this)
+    if ((CW == 3 || XO) && k_blocks != 1) __trap();   // their halves reread one stage (the host never asks this)
     const int g = lane >> 2, t4 = lane & 3;
     Acc acc[MW][NACC];
 #pragma unroll
@@ -464,6 +466,61 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       }
     };
 
+    if constexpr (XO) {
+      // XO: the second half's products run while the first half's epilogue does, and the next tile's first half's
+      // while the second half's epilogue does (two sets of 64 accumulators, one group always in flight)
+      constexpr int BH = BN / 2;
+      Acc other[MW][NACC];
+      auto issue = [&](Acc (&into)[MW][NACC], int s, int half) {
+        const unsigned a_base = ring + s * STAGE_BYTES + c * WG_Q * 128;
+        const unsigned b_base = ring + s * STAGE_BYTES + Q_BYTES + half * BH * 128;
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          Mma::template mma<BH>(into[0], sw128_desc(a_base + k * 32), sw128_desc(b_base + k * 32), k != 0);
+        wgmma_commit();
+      };
+      auto settle = [&](Acc (&done)[MW][NACC]) {
+#pragma unroll
+        for (int j = 0; j < NACC; ++j) Mma::keep(done[0][j]);   // no read of it moves above the wait
+      };
+      if ((long long)blockIdx.x >= total) return;       // (the host launches at most a block a tile)
+      int i = 0;
+      mbar_wait(full(0), 0);
+      issue(acc, 0, 0);
+      for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
+        const int qt = (int)(t % n_qt), rt = (int)(t / n_qt), s = i % STAGES;
+        const int q_first = qt * TILE_Q + c * WG_Q + 16 * warp + g;   // + 8 h
+        float thr[MW][2], esc[MW][2], eoff[MW][2];
+        load_terms(q_first, thr, esc, eoff);
+        const float rmax = __ldg(tile_rmax + rt);
+        issue(other, s, 1);
+        wgmma_wait<1>();                                 // the first half is done, the second in flight
+        settle(acc);
+        const int b = i % HOPPER_SCALAR_SLOTS;
+        mbar_wait(sfull(b), (i / HOPPER_SCALAR_SLOTS) & 1);
+        const float* norm_s = reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
+        float tq[MW][2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) tq[0][h] = add_up(thr[0][h], fma_up(esc[0][h], rmax, eoff[0][h]));
+        hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries,
+                                                        n_rows, counts, survivors, capacity);
+        // the next tile's first half into the free set; after the last tile, this tile's stage again (a product
+        // nobody reads, waited for below: no branch around a wgmma, which ptxas would serialize)
+        const int next = i + 1, ns = t + gridDim.x < total ? next % STAGES : s;
+        if (ns != s) mbar_wait(full(ns), (next / STAGES) & 1);
+        issue(acc, ns, 0);
+        wgmma_wait<1>();
+        release(s);                                      // both halves of this tile's products are done
+        settle(other);
+        hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB>(other, tq, norm_s + BH, q_first, rt * BN + BH + 2 * t4, t4,
+                                                        n_queries, n_rows, counts, survivors, capacity);
+        if constexpr (!PB) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        mbar_arrive(sempty(b));
+      }
+      wgmma_wait<0>();
+      return;
+    }
     int i = 0;
     for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
       const int qt = (int)(t % n_qt), rt = (int)(t / n_qt);

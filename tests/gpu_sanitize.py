@@ -6,6 +6,7 @@
     compute-sanitizer --tool racecheck python3 tests/gpu_sanitize.py single    # one selection kernel's cases
     TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py biased   # the 8-bit l2 screen with PB
     TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py consumers   # ... with three consumers (CW)
+    TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py overlap     # ... with the halves' overlap (XO)
 
 Covers: ingest (host rows, float64/float16 CUDA rows and queries when CuPy is present), scan with
 register lists and with shared-memory lists (k = 2048), tiled with shared lists (bulk rebuilds), the
@@ -152,19 +153,21 @@ def shared_bound_single(rng) -> None:
 def main(only: str | None = None) -> int:
     """Every case; `only` a selection kernel's name ("single", "scan", "tiled"): its cases alone, no screen;
     "biased": the 8-bit l2 screen's cases with render_screen.HOPPER_PRODUCER_BIAS on (the default), alone;
-    "consumers": the 8-bit screen's cases with three consumer warpgroups (render_screen.HOPPER_CONSUMERS = 3)."""
-    if only in ("biased", "consumers"):
+    "consumers": the 8-bit screen's cases with three consumer warpgroups (render_screen.HOPPER_CONSUMERS = 3);
+    "overlap": with the halves' overlap (render_screen.HOPPER_OVERLAP_HALVES)."""
+    if only in ("biased", "consumers", "overlap"):
         from tinyknn.jit import render_screen
 
         render_screen.HOPPER_PRODUCER_BIAS = True
         render_screen.HOPPER_CONSUMERS = 3 if only == "consumers" else 2
-        param, value = ("cw", 3) if only == "consumers" else ("pb", 1)
+        render_screen.HOPPER_OVERLAP_HALVES = only == "overlap"
+        param, value = {"consumers": ("cw", 3), "overlap": ("xo", 1)}.get(only, ("pb", 1))
         rng = np.random.default_rng(7)
         screen_and_ops(rng, [c for c in SCREEN_AND_OPS if c[:2] == ("l2", "int8")] +
                        [("l2", "uint8", 128, 17000, 10, 64)])
         # 340,000 rows: ~10 tiles a block (~15 with three consumers' 192-query tiles), so each scalar slot and
         # ring stage is reused (its "empty" wait and parity wrap); 250 queries: a tile and a part of one
-        for metric, nq in (("l2", 250), ("ip", 250)) if only == "consumers" else (("l2", 100),):
+        for metric, nq in (("l2", 250), ("ip", 250)) if only != "biased" else (("l2", 100),):
             db, q = stored(rng, "uint8", (340_000, 128)), stored(rng, "uint8", (nq, 128))
             with tinyknn.Index(128, metric, "uint8", device="cuda") as index:
                 index.add(db)

@@ -168,6 +168,17 @@ def test_parse_ptxas_log_reads_entries_and_skips_device_functions():
     }
 
 
+def test_parse_ptxas_log_flags_serialized_wgmma():
+    """ptxas's C7518 (its wgmma.mma_async serialized: correct, but the overlap gone; NVRTC's log carries it, seen on
+    a Hopper screen variant with a wgmma behind a branch) is kept on that kernel only."""
+    log = SM80_LOG + ("ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are "
+                      "serialized due to program dependence on compiler-inserted WG.DP in divergent path in the "
+                      "function 'plain'\n")
+    reports = parse_ptxas_log(log)
+    assert reports["plain"].wgmma_serialized and not reports["_Z4scanILi128ELi100EEvPKfPfi"].wgmma_serialized
+    assert reports["plain"] == KernelReport(12, 0, 0, 0, 0, 360, wgmma_serialized=True)
+
+
 def test_parse_ptxas_log_refuses_a_report_it_cannot_read():
     with pytest.raises(TinyKnnError, match="cannot read the ptxas report"):
         parse_ptxas_log("ptxas info    : Compiling entry function 'k' for 'sm_90'\n")

@@ -145,6 +145,11 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
     three = [render_screen.hopper_spec(metric, dtype, 128, "sm_90a", keep=keep) for metric, dtype in
              (("l2", "uint8"), ("ip", "int8")) for keep in (0, 1)]
     assert [s.param("cw", 2) for s in three] == [3, 2, 3, 2]
+    monkeypatch.setattr(render_screen, "HOPPER_CONSUMERS", 2)         # and the halves' overlap
+    monkeypatch.setattr(render_screen, "HOPPER_OVERLAP_HALVES", True)
+    three += [render_screen.hopper_spec(metric, dtype, 128, "sm_90a") for metric, dtype in
+              (("l2", "uint8"), ("ip", "int8"), ("l2", "int8"))]
+    assert [s.param("xo", 0) for s in three[4:]] == [1, 1, 1]
     specs += grouped + keyed + three
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
@@ -152,6 +157,7 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
         report = kernel_cache.get(spec).reports[cuda_source.name_expression(spec)]
         assert (report.stack_bytes, report.spill_store_bytes, report.spill_load_bytes) == (0, 0, 0), (spec, report)
         if spec.variant == "screen_hopper":   # __launch_bounds__(384, 1): the consumers raise theirs (setmaxnreg)
+            assert not report.wgmma_serialized, spec    # ptxas kept the products asynchronous (no C7518)
             consumers = spec.param("cw", 2)    # 512 threads: 128 registers, none raised
             assert report.registers <= (168 if consumers == 2 else 128)
             assert spec.param("smem") == render_screen.hopper_smem(spec.param("bn"), spec.param("mw"),

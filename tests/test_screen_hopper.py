@@ -113,6 +113,25 @@ def test_three_consumer_warpgroups_only_as_a_probes_knob_for_one_k_block(monkeyp
         assert other.param("cw", 2) == 2 and rs.hopper_threads(other) == 384, other
 
 
+def test_the_halves_overlap_only_as_a_probes_knob_for_one_k_block(monkeypatch):
+    """HOPPER_OVERLAP_HALVES (off; a probe's, screen_hopper.cuh's XO): the 8-bit screen of one k-block keeps its
+    tile, threads and shared memory and gets XO = true as its last template argument; not with three consumers,
+    nor for the threshold mode, the small tile, 16-bit rows or longer rows."""
+    plain = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert plain.param("xo", 0) == 0
+    monkeypatch.setattr(rs, "HOPPER_OVERLAP_HALVES", True)
+    overlap = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert overlap.param("xo") == 1 and dict(overlap.params) == {**dict(plain.params), "xo": 1}
+    assert rs.hopper_threads(overlap) == 384 and rs.hopper_tile_queries(overlap) == 128
+    assert cuda_source.name_expression(overlap) == cuda_source.name_expression(plain)[:-1] + ", 2, true>"
+    for other in (rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=1),
+                  rs.hopper_spec("l2", "uint8", 128, "sm_90", small=True),
+                  rs.hopper_spec("l2", "float16", 64, "sm_90"), rs.hopper_spec("l2", "uint8", 256, "sm_90")):
+        assert other.param("xo", 0) == 0, other
+    monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 3)
+    assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("xo", 0) == 0
+
+
 def test_the_spec_carries_the_conversion_of_its_stride():
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("exact") == 1
     assert rs.hopper_spec("l2", "uint8", 768, "sm_90").param("exact") == 0

@@ -79,6 +79,10 @@ def main() -> None:
                         help="render_screen.HOPPER_CONSUMERS values (3: the 8-bit Hopper screen of one k-block with "
                              "three consumer warpgroups, screen_hopper.cuh's CW; default: the library's), a fresh "
                              "index each")
+    parser.add_argument("--hopper-overlap", type=numbers, default=[None],
+                        help="render_screen.HOPPER_OVERLAP_HALVES values (1: the 8-bit Hopper screen of one k-block "
+                             "with one half's products in flight during the other's epilogue, screen_hopper.cuh's XO; "
+                             "default: the library's), a fresh index each")
     parser.add_argument("--threshold-on-hopper", default="with-screen", choices=("with-screen", "always"),
                         help="screen.THRESHOLD_ON_HOPPER: 'always' runs step 2 on the Hopper threshold mode "
                              "whatever step 3 runs (compute capability 9.0)")
@@ -112,11 +116,12 @@ def main() -> None:
     hopper_tiles = [None if text == "default" else tuple(int(v) for v in text.split("x"))
                     for text in args.hopper_tiles.split(",")]
     default_int_keys, default_bias = render_screen.HOPPER_INT_KEYS, render_screen.HOPPER_PRODUCER_BIAS
-    default_consumers = render_screen.HOPPER_CONSUMERS
-    for group, stages, tile, rule, hopper_tile, hopper_stages, int_keys, bias, consumers in itertools.product(
+    default_consumers, default_overlap = render_screen.HOPPER_CONSUMERS, render_screen.HOPPER_OVERLAP_HALVES
+    for group, stages, tile, rule, hopper_tile, hopper_stages, int_keys, bias, consumers, overlap in itertools.product(
             args.epi_groups, args.threshold_stages, tiles, args.keep_rules.split(","), hopper_tiles,
-            args.hopper_stages, args.int_keys, args.producer_bias, args.hopper_consumers):
+            args.hopper_stages, args.int_keys, args.producer_bias, args.hopper_consumers, args.hopper_overlap):
         render_screen.HOPPER_CONSUMERS = consumers or default_consumers
+        render_screen.HOPPER_OVERLAP_HALVES = default_overlap if overlap is None else bool(overlap)
         render_screen.HOPPER_INT_KEYS = default_int_keys if int_keys is None else bool(int_keys)
         render_screen.HOPPER_PRODUCER_BIAS = default_bias if bias is None else bool(bias)
         render_screen.hopper_tile = (default_hopper_tile if hopper_tile is None
@@ -132,7 +137,7 @@ def main() -> None:
     render_screen.hopper_tile, render_screen.HOPPER_STAGES = default_hopper_tile, default_hopper_stages
     render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
     render_screen.HOPPER_INT_KEYS, render_screen.HOPPER_PRODUCER_BIAS = default_int_keys, default_bias
-    render_screen.HOPPER_CONSUMERS = default_consumers
+    render_screen.HOPPER_CONSUMERS, render_screen.HOPPER_OVERLAP_HALVES = default_consumers, default_overlap
     for name, value in zip(tile_names, default_tile):
         setattr(render_screen, name, value)
     if args.out:
@@ -193,6 +198,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                                "epi_group": render_screen.HOPPER_EPI_GROUP, "int_keys": render_screen.HOPPER_INT_KEYS,
                                "producer_bias": render_screen.HOPPER_PRODUCER_BIAS,
                                "hopper_consumers": render_screen.HOPPER_CONSUMERS,
+                               "hopper_overlap": render_screen.HOPPER_OVERLAP_HALVES,
                                "threshold_stages": render_screen.THRESHOLD_STAGES,
                                "tile": "x".join(str(v) for v in (render_screen.SCREEN_BQ, render_screen.SCREEN_BN,
                                                                   render_screen.SCREEN_WARPS_Q,

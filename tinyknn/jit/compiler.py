@@ -46,6 +46,7 @@ class KernelReport:
     spill_load_bytes: int
     shared_bytes: int
     constant_bytes: int = 0
+    wgmma_serialized: bool = False     # ptxas serialized its wgmma.mma_async (C7518): correct, but slow
 
     @property
     def spill_bytes(self) -> int:
@@ -187,6 +188,7 @@ _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _PROPERTIES = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGISTERS = re.compile(r"Used (\d+) registers")
+_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized.*function '([^']+)'")
 _SHARED = re.compile(r"(\d+) bytes smem")
 _CONSTANT = re.compile(r"(\d+) bytes cmem\[\d+\]")
 
@@ -194,6 +196,7 @@ _CONSTANT = re.compile(r"(\d+) bytes cmem\[\d+\]")
 def parse_ptxas_log(log: str) -> dict[str, KernelReport]:
     """ptxas -v lines -> {symbol: KernelReport} for every entry function (device functions skipped)."""
     fields: dict[str, dict[str, int]] = {}
+    serialized = {match.group(1) for match in map(_SERIALIZED.search, log.splitlines()) if match}
     entry = properties = None
     for line in log.splitlines():
         if match := _ENTRY.search(line):
@@ -214,7 +217,8 @@ def parse_ptxas_log(log: str) -> dict[str, KernelReport]:
     incomplete = [symbol for symbol, found in fields.items() if any(name not in found for name in required)]
     if incomplete:
         raise TinyKnnError(f"cannot read the ptxas report of {incomplete} from the NVRTC log:\n{log}")
-    return {symbol: KernelReport(**{"shared_bytes": 0, **found}) for symbol, found in fields.items()}
+    return {symbol: KernelReport(**{"shared_bytes": 0, **found}, wgmma_serialized=symbol in serialized)
+            for symbol, found in fields.items()}
 
 
 def reports_by_name(by_symbol: dict[str, KernelReport], lowered: dict[str, str]) -> dict[str, KernelReport]:

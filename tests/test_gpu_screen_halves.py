@@ -1,0 +1,59 @@
+"""The Hopper screen's knobs that take each consumer's 256 rows in two halves (8-bit rows of one 128-byte k-block;
+probes' knobs, off by default): three consumer warpgroups (render_screen.HOPPER_CONSUMERS = 3, screen_hopper.cuh's
+CW: 512 threads, 192-query tiles) and the halves' overlap (HOPPER_OVERLAP_HALVES, XO: one half's products in
+flight while the other's epilogue runs, across tiles). The survivors come from the same products and keys, so
+every query's survivor count, the queries handed back and the answers (bit for bit, and the float64 oracle's) must
+equal the default kernel's: integer and float keys, l2 and ip, a batch that is not a whole number of tiles, and
+enough rows that each block takes many tiles (its scalar slots and ring stages reused)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hopper_batches import screened
+from reference import assert_exact
+
+pytestmark = pytest.mark.gpu
+
+KNOBS = {"consumers": ({"HOPPER_CONSUMERS": 3}, ("cw", 3)), "overlap": ({"HOPPER_OVERLAP_HALVES": True}, ("xo", 1))}
+
+
+def _pair(db, queries, metric, dtype, k, knob, monkeypatch, int_keys=True):
+    """The default kernel's batch and the knob's, compared: survivors, hand-backs, ids and distance bits."""
+    knobs, (param, value) = KNOBS[knob]
+    plain = screened(db, queries, metric, dtype, k, monkeypatch, HOPPER_INT_KEYS=int_keys)
+    halves = screened(db, queries, metric, dtype, k, monkeypatch, HOPPER_INT_KEYS=int_keys, **knobs)
+    assert halves[4].param(param) == value and plain[4].param(param, 0) != value
+    assert np.array_equal(halves[2], plain[2]), "the survivors per query differ"
+    assert halves[3] == plain[3]
+    assert np.array_equal(halves[1], plain[1]) and np.array_equal(halves[0].view(np.int32), plain[0].view(np.int32))
+    return halves
+
+
+@pytest.mark.parametrize("knob", list(KNOBS))
+@pytest.mark.parametrize("metric,dtype,dim,int_keys", [("l2", "uint8", 128, True), ("ip", "int8", 100, True),
+                                                       ("l2", "int8", 128, False), ("ip", "uint8", 96, False)])
+@pytest.mark.parametrize("k", [1, 10, 100])
+def test_halves_keep_the_same_survivors(knob, metric, dtype, dim, int_keys, k, rng, wgmma, monkeypatch):
+    low, high = (0, 256) if dtype == "uint8" else (-128, 128)
+    n = 40_000
+    db = rng.integers(low, high, (n, dim)).astype(dtype)
+    db[: n // 4] = db[n // 4: n // 2]                                  # duplicated rows: ties
+    queries = db[rng.choice(n, 250)].astype(np.float32)              # 250: a tile (or two) and a part of one
+    queries[:60] = np.clip(queries[:60] + rng.integers(-2, 3, (60, dim)), low, high - 1)
+    queries[-2:] += 0.5                                                # not 8-bit: every row survives
+    halves = _pair(db, queries, metric, dtype, k, knob, monkeypatch, int_keys)
+    assert halves[3] >= 2                                              # the two non-8-bit queries handed back
+    assert_exact(halves[0], halves[1], db, queries, k, metric, dtype)
+
+
+@pytest.mark.parametrize("knob", list(KNOBS))
+def test_halves_through_many_tiles_a_block(knob, rng, wgmma, monkeypatch):
+    """340,000 uint8 rows and 400 queries: 15-20 tiles a block, so every scalar slot and ring stage is filled again
+    after the consumers free it, and the overlap carries a tile's first half across the loop each time."""
+    n, dim = 340_000, 128
+    db = rng.integers(0, 256, (n, dim)).astype(np.uint8)
+    queries = np.clip(db[rng.choice(n, 400)].astype(np.float32) + rng.integers(-3, 4, (400, dim)), 0, 255)
+    halves = _pair(db, queries, "l2", "uint8", 10, knob, monkeypatch)
+    assert_exact(halves[0], halves[1], db, queries, 10, "l2", "uint8")
