@@ -57,3 +57,14 @@ def test_halves_through_many_tiles_a_block(knob, rng, wgmma, monkeypatch):
     queries = np.clip(db[rng.choice(n, 400)].astype(np.float32) + rng.integers(-3, 4, (400, dim)), 0, 255)
     halves = _pair(db, queries, "l2", "uint8", 10, knob, monkeypatch)
     assert_exact(halves[0], halves[1], db, queries, 10, "l2", "uint8")
+
+
+@pytest.mark.parametrize("knob", list(KNOBS))
+def test_halves_with_one_tile_a_block(knob, rng, wgmma, monkeypatch):
+    """16,384 rows (64 row tiles) and 250 queries (2 query tiles): fewer tiles than an H200 has SMs, so each block
+    takes one, and the overlap's prologue and its after-the-last-tile reissue run on the same tile."""
+    n, dim = 16_384, 128
+    db = rng.integers(0, 256, (n, dim)).astype(np.uint8)
+    queries = np.clip(db[rng.choice(n, 250)].astype(np.float32) + rng.integers(-3, 4, (250, dim)), 0, 255)
+    halves = _pair(db, queries, "l2", "uint8", 10, knob, monkeypatch)
+    assert_exact(halves[0], halves[1], db, queries, 10, "l2", "uint8")
