@@ -1,7 +1,8 @@
 """The tensor-core path of a GPU search (kernels/screen.cuh, screen_steps.cuh): exact answers from a screen.
 
-Length: one batch's four steps share the row terms and buffers kept here; split, they would pass them all back
-and forth (the Hopper kernels' launches and tensor maps are a mixin, gpu/screen_hopper.py).
+Length: one batch's four steps share the row terms and buffers kept here, so the launches are mixins that read
+them: mma.sync's and the steps both screens share in gpu/screen_launch.py, the Hopper kernels' and their tensor
+maps in gpu/screen_hopper.py.
 
 For a batch of host queries on an l2 or ip index stored as float16, bfloat16, int8 or uint8 (or float32,
 through a float16 shadow of its rows), or a cosine index of any dtype (through a shadow of its rows divided by
@@ -31,8 +32,8 @@ import numpy as np
 from ..config import get_config
 from ..inputs.validate import check_values
 from ..jit import render, render_screen as rs
-from .memory import Event
 from .screen_hopper import HOPPER_SMALL_MAX_QUERIES, HopperSteps, use_hopper
+from .screen_launch import ScreenLaunches, StageMarks
 
 SCREEN_MIN_QUERIES = 64         # smaller batches: the scan and tiled kernels (the screen's tiles hold 128)
 SCREEN_MAX_K = 128              # survivors grow with k (about k x sample_step)
@@ -40,12 +41,10 @@ SCREEN_MIN_ROWS = 16384
 SCREEN_RUNS = True              # screen a run of rows too (a label's rows after the label order) from
 SCREEN_RUN_MIN_ROWS = 4096      # this many rows, on mma.sync's screen
 SCREEN_METRICS = ("l2", "ip", "cosine")
-WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
 
 
 ROW_PAD = 256                   # row terms are allocated in whole multiples of this many rows: the Hopper
                                 # screen's bulk copies read a whole tile of |x|^2 (BN <= 256)
-STAGES = ("queries", "threshold", "screen", "verify")   # what `timings` records, in order
 SAMPLE_DENSE_BELOW = 320_000    # rows a neighbour under which the sample takes every 8th row (sample_step)
 SURVIVOR_HEADROOM = 2           # the sample keeps k x step (the survivors within T, before the bound's band)
                                 # at most 1/2 of the survivor capacity: 10M x 128 uint8, k = 100, 2,048 queries
@@ -74,7 +73,7 @@ def sample_step(n_rows: int, k: int) -> int:
     return step
 
 
-class Screen(HopperSteps):
+class Screen(HopperSteps, ScreenLaunches):
     """The screened path's state for one GpuSearcher: row terms (and a float32 index's shadow) for rows [0, ready)."""
 
     def __init__(self, searcher):
@@ -319,107 +318,5 @@ class Screen(HopperSteps):
                 return True, tiles, kept
         tiles = -(-n_sample // rs.SCREEN_BN)
         return False, tiles, rs.threshold_keep(k, tiles)
-
-    def _screened_rows(self) -> int:
-        """The address of the first row the screen reads: of the float16 shadow or the stored rows, from the
-        view's first row."""
-        return self.searcher._pointer("screen_shadow" if self.shadow else "data") + self._first_row * self.row_bytes
-
-    _first_row = 0          # the batch's first row: a run's start, else 0 (set by _steps and screen_within)
-
-    def _term(self, name: str) -> int:
-        """The address of a row term (screen_sq_lo, screen_sq_hi, screen_rx: 4 bytes a row) from the batch's
-        first row."""
-        return self.searcher._pointer(name) + self._first_row * 4
-
-    def _round_queries(self, nq: int, hopper: bool) -> None:
-        """1. queries rounded, error terms (gamma's n: instructions per dot product, zero-filled ones included;
-        hopper: a Hopper kernel runs step 2 or 3, whose count, the larger, then holds for both)."""
-        s = self.searcher
-        ptr = s._pointer
-        if hopper:
-            n_mma = 4 * rs.hopper_k_blocks(self.row_bytes)
-        else:
-            n_mma = -(-self.row_bytes // rs.SCREEN_BKB) * (rs.SCREEN_BKB // 32)
-        self._packed(rs.step_spec("screen_queries", s.metric, s.dtype, 0, s._arch), ptr("screen_q32"), nq,
-                     s._stride, s.dim, ptr("screen_q"), self.stride, n_mma, int(self.shadow), int(self.normalize),
-                     2.0 if s.metric == "l2" else 1.0, ptr("screen_e"), ptr("screen_f"))[1].launch(
-            max(1, math.ceil(nq / 8)), 256, 0, s._stream)
-
-    def _screen_every_row(self, nq: int, hopper, capacity: int, n_rows: int | None = None) -> None:
-        """3. the screen over every row (of the view: n_rows from the batch's first row) against screen_t:
-        survivors (`capacity` a query) and their counts; `hopper` the Hopper screen spec to run (None:
-        mma.sync's, the only one a run takes)."""
-        s = self.searcher
-        ptr = s._pointer
-        n_rows = s._n if n_rows is None else n_rows
-        s._buffers["screen_counts"].fill_bytes(0, nq * 4, s._stream)
-        if hopper is not None:
-            self._screen_hopper(self._screened_rows(), n_rows, nq, capacity, hopper)
-        else:
-            self._screen(False, 1, self._screened_rows(), n_rows, 1, self._term("screen_sq_lo"), nq,
-                         ptr("screen_counts"), ptr("screen_survivors"), 0, capacity=capacity)
-
-    def _upload(self, queries: np.ndarray) -> None:
-        """The float32 queries, padded, into screen_q32. A searcher that keeps_queries (the host tier's chunk
-        workers: the same queries for every chunk, whose copy would otherwise queue behind the other worker's
-        chunk on the bus) uploads them once until forget_queries()."""
-        s = self.searcher
-        nq, target = len(queries), s._buffers["screen_q32"]
-        keeps = getattr(s, "keeps_queries", False)    # its kept_queries: (array, buffer address) or None
-        if keeps and s.kept_queries is not None and s.kept_queries[0] is queries and s.kept_queries[1] == target.ptr:
-            return
-        stage = s._pinned("screen_stage", nq * s._stride * 4)
-        staged = stage.array(np.float32, (nq, s._stride))
-        staged[:, :s.dim] = queries
-        if s._stride > s.dim:
-            staged[:, s.dim:] = 0.0
-        target.copy_from_host(stage, nq * s._stride * 4, s._stream)
-        if keeps:
-            s.kept_queries = (queries, target.ptr)
-
-    def _marks(self) -> "StageMarks":
-        return StageMarks(self.timings is not None)
-
-    def _screen(self, threshold: bool, k: int, rows: int, n_rows: int, row_step: int, sq_norms: int, nq: int,
-                counts: int, survivors: int, upper: int, sample_tiles: int | None = None,
-                capacity: int = 0) -> None:
-        """mma.sync's screen: threshold mode (bounds into `upper`, no survivors: capacity 0) or step 3 (survivors
-        with `capacity` room a query, the verify kernel's)."""
-        s = self.searcher
-        spec = rs.screen_spec(s.metric, s.dtype, k, s._arch, threshold=threshold, sample_tiles=sample_tiles)
-        loaded = s._kernel(spec)
-        ptr = s._pointer
-        row_tiles = -(-n_rows // spec.param("bn"))
-        query_tiles = -(-nq // spec.param("bq"))
-        resident = s._sm_count * loaded.blocks_per_sm
-        per_block = max(1, query_tiles * row_tiles // (WAVES * resident))
-        grid = query_tiles * -(-row_tiles // per_block)
-        _, launch = self._packed(spec, rows, n_rows, row_step, sq_norms if s.metric == "l2" else 0,
-                                 self._term("screen_rx"),
-                                 ptr("screen_q"), nq, self.row_bytes, ptr("screen_t"), ptr("screen_e"),
-                                 ptr("screen_f"), counts, survivors, capacity, upper, per_block)
-        launch.launch(grid, loaded.threads, loaded.shared_bytes, s._stream)
-
-
-class StageMarks:
-    """CUDA events between the steps of one batch (when asked for): each step's milliseconds into `timings`."""
-
-    def __init__(self, on: bool):
-        self.events = [] if on else None
-
-    def record(self, stream) -> None:
-        if self.events is not None:
-            event = Event(timing=True)
-            event.record(stream)
-            self.events.append(event)
-
-    def collect(self, timings) -> None:
-        """After the stream synchronised: append each step's time to timings[step]."""
-        if self.events is None or timings is None:
-            return
-        for name, start, end in zip(STAGES, self.events, self.events[1:]):
-            timings.setdefault(name, []).append(start.elapsed_ms(end))
-
 
 __all__ = ["Screen", "SCREEN_MIN_QUERIES", "SCREEN_MAX_K", "padded_rows", "sample_step"]
