@@ -82,6 +82,22 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
+@pytest.fixture(params=("mma", "wgmma"))
+def screen(request, monkeypatch):
+    """The screen kernel the test's indexes use, mma.sync's then the Hopper one (wgmma: compute capability 9.0)."""
+    from tinyknn.config import reset_config
+    from tinyknn.gpu.device import current_device
+    from tinyknn.jit import render_screen
+
+    if request.param == "wgmma" and render_screen.hopper_arch(current_device().arch) is None:
+        pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
+    monkeypatch.setenv("TINYKNN_SCREEN", request.param)
+    reset_config()
+    yield request.param
+    monkeypatch.undo()
+    reset_config()
+
+
 @pytest.fixture
 def wgmma(monkeypatch):
     """Every batch of the test's indexes on the Hopper screen (TINYKNN_SCREEN=wgmma; compute capability 9.0)."""

@@ -12,7 +12,7 @@ import pytest
 
 import tinyknn
 from reference import LARGER_IS_BETTER, contract_distances, exact_range, searched, stored
-from test_gpu_screen import check_screen_used, data, screen  # noqa: F401  (the fixture)
+from test_gpu_screen import check_screen_used, data
 
 pytestmark = pytest.mark.gpu
 DTYPES = ("float32", "float16", "uint8", "int8")

@@ -16,23 +16,6 @@ from reference import assert_exact
 pytestmark = pytest.mark.gpu
 DTYPES = ("float16", "bfloat16", "int8", "uint8", "float32")
 KS = (10, 100)
-SCREENS = ("mma", "wgmma")
-
-
-@pytest.fixture(params=SCREENS)
-def screen(request, monkeypatch):
-    """The screen kernel this test's indexes use (wgmma only on compute capability 9.0)."""
-    from tinyknn.config import reset_config
-    from tinyknn.gpu.device import current_device
-    from tinyknn.jit import render_screen
-
-    if request.param == "wgmma" and render_screen.hopper_arch(current_device().arch) is None:
-        pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
-    monkeypatch.setenv("TINYKNN_SCREEN", request.param)
-    reset_config()
-    yield request.param
-    monkeypatch.undo()
-    reset_config()
 
 
 def check_screen_used(index, screen):

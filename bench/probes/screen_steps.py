@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common  # noqa: E402
 import datasets  # noqa: E402
 import tinyknn  # noqa: E402
-from tinyknn.gpu import screen as screen_module  # noqa: E402
+from tinyknn.gpu import screen as screen_module, screen_launch  # noqa: E402
 from tinyknn.jit import render_screen  # noqa: E402
 
 
@@ -83,6 +83,10 @@ def main() -> None:
                         help="render_screen.HOPPER_OVERLAP_HALVES values (1: the 8-bit Hopper screen of one k-block "
                              "with one half's products in flight during the other's epilogue, screen_hopper.cuh's XO; "
                              "default: the library's), a fresh index each")
+    parser.add_argument("--graphs", type=numbers, default=[None],
+                        help="screen_launch.SCREEN_GRAPHS values (1: a batch shape seen twice replays its steps as one "
+                             "CUDA graph; the whole search's time only: the steps' breakdown runs without it; default: "
+                             "the library's), a fresh index each")
     parser.add_argument("--threshold-on-hopper", default="with-screen", choices=("with-screen", "always"),
                         help="screen.THRESHOLD_ON_HOPPER: 'always' runs step 2 on the Hopper threshold mode "
                              "whatever step 3 runs (compute capability 9.0)")
@@ -117,9 +121,13 @@ def main() -> None:
                     for text in args.hopper_tiles.split(",")]
     default_int_keys, default_bias = render_screen.HOPPER_INT_KEYS, render_screen.HOPPER_PRODUCER_BIAS
     default_consumers, default_overlap = render_screen.HOPPER_CONSUMERS, render_screen.HOPPER_OVERLAP_HALVES
-    for group, stages, tile, rule, hopper_tile, hopper_stages, int_keys, bias, consumers, overlap in itertools.product(
+    default_graphs = screen_launch.SCREEN_GRAPHS
+    for (group, stages, tile, rule, hopper_tile, hopper_stages, int_keys, bias, consumers, overlap,
+         graphs) in itertools.product(
             args.epi_groups, args.threshold_stages, tiles, args.keep_rules.split(","), hopper_tiles,
-            args.hopper_stages, args.int_keys, args.producer_bias, args.hopper_consumers, args.hopper_overlap):
+            args.hopper_stages, args.int_keys, args.producer_bias, args.hopper_consumers, args.hopper_overlap,
+            args.graphs):
+        screen_launch.SCREEN_GRAPHS = default_graphs if graphs is None else bool(graphs)
         render_screen.HOPPER_CONSUMERS = consumers or default_consumers
         render_screen.HOPPER_OVERLAP_HALVES = default_overlap if overlap is None else bool(overlap)
         render_screen.HOPPER_INT_KEYS = default_int_keys if int_keys is None else bool(int_keys)
@@ -138,6 +146,7 @@ def main() -> None:
     render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
     render_screen.HOPPER_INT_KEYS, render_screen.HOPPER_PRODUCER_BIAS = default_int_keys, default_bias
     render_screen.HOPPER_CONSUMERS, render_screen.HOPPER_OVERLAP_HALVES = default_consumers, default_overlap
+    screen_launch.SCREEN_GRAPHS = default_graphs
     for name, value in zip(tile_names, default_tile):
         setattr(render_screen, name, value)
     if args.out:
@@ -187,6 +196,10 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                         for _ in range(2):
                             index.search(q, k)
                         samples = _common.time_calls(lambda: index.search(q, k), repeats=20, warmup=2)
+                        again = index.search(q, k)      # a warm search's answers too (--graphs 1: a replay's)
+                        if not (np.array_equal(again[1], found[1]) and
+                                np.array_equal(again[0].view(np.int32), found[0].view(np.int32))):
+                            differ.append(list(shape) + ["warm"])
                         screen.timings = {}
                         for _ in range(7):
                             index.search(q, k)
@@ -199,6 +212,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                                "producer_bias": render_screen.HOPPER_PRODUCER_BIAS,
                                "hopper_consumers": render_screen.HOPPER_CONSUMERS,
                                "hopper_overlap": render_screen.HOPPER_OVERLAP_HALVES,
+                               "graphs": screen_launch.SCREEN_GRAPHS,
                                "threshold_stages": render_screen.THRESHOLD_STAGES,
                                "tile": "x".join(str(v) for v in (render_screen.SCREEN_BQ, render_screen.SCREEN_BN,
                                                                   render_screen.SCREEN_WARPS_Q,

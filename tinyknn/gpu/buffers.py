@@ -8,7 +8,6 @@ import numpy as np
 
 from ..config import get_config
 from ..errors import CudaError
-from . import plan as plans
 from .memory import DeviceBuffer, PinnedBuffer
 
 SCRATCH_ALIGN = 256             # bytes between a call's scratch slices (cuMemAlloc's own alignment)
@@ -156,7 +155,7 @@ class Buffers:
 
     def _forget_plans(self) -> None:
         for batch in self._plans.values():
-            if isinstance(batch, plans.HostBatch):
+            if hasattr(batch, "close"):       # a host batch or a screen's steps (their CUDA graphs)
                 batch.close()
         self._plans.clear()
 

@@ -207,7 +207,7 @@ class HostQueries:
         self._plans[key] = search_plan
         while len(self._plans) > PLAN_CACHE:
             _, dropped = self._plans.popitem(last=False)
-            if isinstance(dropped, plans.HostBatch):
+            if hasattr(dropped, "close"):       # a host batch or a screen's steps (their CUDA graphs)
                 dropped.close()
                 self._plan_generation += 1      # a prepared search may hold it (searcher.PreparedBatch)
         return search_plan

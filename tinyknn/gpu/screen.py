@@ -33,7 +33,7 @@ from ..config import get_config
 from ..inputs.validate import check_values
 from ..jit import render, render_screen as rs
 from .screen_hopper import HOPPER_SMALL_MAX_QUERIES, HopperSteps, use_hopper
-from .screen_launch import ScreenLaunches, StageMarks
+from .screen_launch import BatchShape, ScreenLaunches, StageMarks
 
 SCREEN_MIN_QUERIES = 64         # smaller batches: the scan and tiled kernels (the screen's tiles hold 128)
 SCREEN_MAX_K = 128              # survivors grow with k (about k x sample_step)
@@ -177,7 +177,14 @@ class Screen(HopperSteps, ScreenLaunches):
         s = self.searcher
         nq, stream = len(queries), s._stream
         marks = self._marks()
-        if not self._steps(nq, k, lambda: self._upload(queries), marks):
+        if self._replays():
+            shape = self._prepare(nq, k)
+            if shape is None:
+                return None
+            stage = self._stage_queries(queries)
+            self._replay(shape, lambda: (self._copy_queries(stage, nq), self._issue(shape, marks)))
+            self.hopper_thresholds += shape.on_hopper
+        elif not self._steps(nq, k, lambda: self._upload(queries), marks):
             return None
         results = s._pinned("screen_results", nq * k * 12 + nq * 4)
         s._buffers["screen_out"].copy_to_host(results, nq * k * 12 + nq * 4, stream)
@@ -223,11 +230,22 @@ class Screen(HopperSteps, ScreenLaunches):
         """Steps 1-4 of a batch of nq queries, enqueued: `bring_queries()` puts them into screen_q32 (float32,
         padded rows), the results land in screen_out (distances, ids, then each query's unproven flag).
         False when the screen cannot run (a row beyond float16)."""
+        shape = self._prepare(nq, k)
+        if shape is None:
+            return False
+        bring_queries()
+        self._issue(shape, marks)
+        self.hopper_thresholds += shape.on_hopper
+        return True
+
+    def _prepare(self, nq: int, k: int) -> "BatchShape | None":
+        """What steps 1-4 of a batch of nq queries launch, decided, and their buffers grown (the row terms of new
+        rows computed first); None when the screen cannot run (a row beyond float16)."""
         s = self.searcher
         self._rows()
         if not self.usable:
-            return False
-        view, stream = s._view, s._stream
+            return None
+        view = s._view
         n = view.n                          # every row, or a run of them from view.start
         self._first_row = view.start if view.prefix == "run" else 0
         step = sample_step(n, k)
@@ -245,31 +263,37 @@ class Screen(HopperSteps, ScreenLaunches):
         capacity = verifies[0].spec.param("cap")
         self._allocate(nq, capacity, screen_upper=nq * sample_tiles * kept * 4, screen_out=nq * k * 12 + nq * 4,
                        **sample)
-        ptr = s._pointer
-        bring_queries()
+        return BatchShape(nq, k, n, step, n_sample, hopper, hopper_threshold, on_hopper, sample_tiles, kept,
+                          tuple(verifies))
+
+    def _issue(self, shape: "BatchShape", marks: "StageMarks") -> None:
+        """Steps 1-4 of a prepared batch whose float32 queries are in screen_q32, enqueued (marks: after each)."""
+        s = self.searcher
+        stream, ptr = s._stream, s._pointer
+        nq, k, n, hopper, on_hopper = shape.nq, shape.k, shape.n, shape.hopper, shape.on_hopper
+        step, sample_tiles, kept, view = shape.step, shape.sample_tiles, shape.kept, s._view
         marks.record(stream)
         self._round_queries(nq, hopper is not None or on_hopper)
         marks.record(stream)
         rows = self._screened_rows()
         # 2. threshold mode over the sample (KT bounds per tile), then each query's k-th upper bound of them
         if on_hopper:
-            self._threshold_hopper(rows, nq, sample_tiles, step, kept, hopper_threshold)
+            self._threshold_hopper(rows, nq, sample_tiles, step, kept, shape.hopper_threshold)
         else:
-            self._screen(True, k, rows, n_sample, step, self._term("screen_sq_hi"), nq, 0, 0, ptr("screen_upper"),
-                         sample_tiles)
+            self._screen(True, k, rows, shape.n_sample, step, self._term("screen_sq_hi"), nq, 0, 0,
+                         ptr("screen_upper"), sample_tiles)
         self._packed(rs.step_spec("threshold", s.metric, s.dtype, k, s._arch), ptr("screen_upper"),
                      sample_tiles * kept, ptr("screen_t"))[1].launch(nq, 256, 0, stream)
         marks.record(stream)
-        self._screen_every_row(nq, hopper, capacity, n)
+        self._screen_every_row(nq, hopper, shape.capacity, n)
         marks.record(stream)
         # 4. the survivors (rows of the view) in float64: the queries with few, then those with more
         out = ptr("screen_out")
-        for verify in verifies:
+        for verify in shape.verifies:
             self._packed(verify.spec, ptr("screen_survivors"), ptr("screen_counts"), view.pointer(s, "ids"),
                          view.pointer(s, "data"), ptr("screen_q32"), s._stride, s.dim, out, out + nq * k * 4,
                          out + nq * k * 12)[1].launch(nq, verify.threads, verify.shared_bytes, stream)
         marks.record(stream)
-        return True
 
     def screen_within(self, queries: np.ndarray, thresholds: np.ndarray, capacity: int) -> bool:
         """Steps 1 and 3 of a batch with the caller's thresholds (float32, key units, one per query) in place

@@ -86,7 +86,6 @@ class HopperSteps:
         """Step 2 on sm_90a: the sample's terms in tile order, then the Hopper screen's threshold mode (with the
         tile of `screen_spec`, the batch's Hopper screen)."""
         s = self.searcher
-        self.hopper_thresholds += 1
         small = screen_spec != self.hopper_specs[False]
         ptr, bn = s._pointer, screen_spec.param("bn")
         self._packed(rs.sample_spec(bn, s._arch), ptr("screen_sq_hi"), ptr("screen_rx"), step, tiles,

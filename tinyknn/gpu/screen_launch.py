@@ -5,18 +5,98 @@ screen in its threshold mode (step 2) and over every row (step 3), and the CUDA 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..jit import render_screen as rs
+from .host_search import PLAN_CACHE
+from .launcher import CapturedGraph
 from .memory import Event
 
 WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
 STAGES = ("queries", "threshold", "screen", "verify")   # what `timings` records, in order
 
 
+SCREEN_GRAPHS = False           # a knob (probes, tests): a host batch's shape seen twice replays its steps (the
+                                # queries' copy in and every launch of steps 1-4) as one CUDA graph
+GRAPH_AFTER_USES = 2            # ... from this use on
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What steps 1-4 of one batch launch (Screen._prepare): its size, the sample, which screens run steps 2 and 3
+    (the Hopper screen's specs, or None for mma.sync's), and the verify kernels."""
+
+    nq: int
+    k: int
+    n: int                      # rows of the view
+    step: int                   # the sample takes every step-th row
+    n_sample: int
+    hopper: object              # the Hopper screen spec of step 3, or None
+    hopper_threshold: object    # ... of step 2
+    on_hopper: bool             # step 2 on the Hopper threshold mode
+    sample_tiles: int
+    kept: int                   # bounds kept a tile in step 2
+    verifies: tuple             # step 4's loaded kernels
+
+    @property
+    def capacity(self) -> int:
+        """Survivors' room a query: the verify kernel's."""
+        return self.verifies[0].spec.param("cap")
+
+    def key(self) -> tuple:
+        return (self.nq, self.k, self.n, self.step, self.hopper, self.hopper_threshold, self.on_hopper,
+                self.sample_tiles, self.kept, tuple(verify.spec for verify in self.verifies))
+
+
+class CapturedSteps:
+    """A host batch shape's steps in the searcher's plan cache (dropped with its plans, whose buffers they read):
+    run as they are until GRAPH_AFTER_USES, then captured once as a CUDA graph and replayed."""
+
+    def __init__(self):
+        self.uses, self.graph = 0, None
+
+    def run(self, stream, issue) -> None:
+        self.uses += 1
+        if self.graph is None and self.uses >= GRAPH_AFTER_USES:
+            self.graph = CapturedGraph(stream, issue)
+        if self.graph is not None:
+            self.graph.launch(stream)
+        else:
+            issue()
+
+    def close(self) -> None:
+        if self.graph is not None:
+            self.graph.close()
+            self.graph = None
+
+
 class ScreenLaunches:
     """Mixin of Screen: the step launches both screens share, and mma.sync's."""
+
+    def _replays(self) -> bool:
+        """Whether this batch's steps go through a graph (SCREEN_GRAPHS; not while timing the steps, nor for a
+        host-tier worker, which keeps its queries on the device between chunks)."""
+        return SCREEN_GRAPHS and self.timings is None and not getattr(self.searcher, "keeps_queries", False)
+
+    def _replay(self, shape: BatchShape, issue) -> None:
+        """`issue()` (the queries' copy in and steps 1-4) through the CapturedSteps of this shape and view. Its
+        buffers' addresses are in no key: a buffer that grows, like every change of the rows' storage, drops the
+        plan cache (Buffers._forget_plans), and with it these."""
+        s = self.searcher
+        key = ("screen", shape.key(), s._view, self._first_row)
+        entry = s._plans.get(key)
+        if entry is None:
+            entry = s._plans[key] = CapturedSteps()
+            while len(s._plans) > PLAN_CACHE:
+                _, dropped = s._plans.popitem(last=False)
+                if hasattr(dropped, "close"):
+                    dropped.close()
+                    s._plan_generation += 1     # a prepared search may hold a dropped host batch
+        else:
+            s._plans.move_to_end(key)
+        entry.run(s._stream, issue)
 
     def _screened_rows(self) -> int:
         """The address of the first row the screen reads: of the float16 shadow or the stored rows, from the
@@ -63,18 +143,28 @@ class ScreenLaunches:
         workers: the same queries for every chunk, whose copy would otherwise queue behind the other worker's
         chunk on the bus) uploads them once until forget_queries()."""
         s = self.searcher
-        nq, target = len(queries), s._buffers["screen_q32"]
+        target = s._buffers["screen_q32"]
         keeps = getattr(s, "keeps_queries", False)    # its kept_queries: (array, buffer address) or None
         if keeps and s.kept_queries is not None and s.kept_queries[0] is queries and s.kept_queries[1] == target.ptr:
             return
-        stage = s._pinned("screen_stage", nq * s._stride * 4)
-        staged = stage.array(np.float32, (nq, s._stride))
+        self._copy_queries(self._stage_queries(queries), len(queries))
+        if keeps:
+            s.kept_queries = (queries, target.ptr)
+
+    def _stage_queries(self, queries: np.ndarray):
+        """The float32 queries, padded, in the pinned screen_stage (the host's copy; nothing enqueued)."""
+        s = self.searcher
+        stage = s._pinned("screen_stage", len(queries) * s._stride * 4)
+        staged = stage.array(np.float32, (len(queries), s._stride))
         staged[:, :s.dim] = queries
         if s._stride > s.dim:
             staged[:, s.dim:] = 0.0
-        target.copy_from_host(stage, nq * s._stride * 4, s._stream)
-        if keeps:
-            s.kept_queries = (queries, target.ptr)
+        return stage
+
+    def _copy_queries(self, stage, nq: int) -> None:
+        """The staged queries' copy into screen_q32, enqueued."""
+        s = self.searcher
+        s._buffers["screen_q32"].copy_from_host(stage, nq * s._stride * 4, s._stream)
 
     def _marks(self) -> "StageMarks":
         return StageMarks(self.timings is not None)
@@ -120,4 +210,4 @@ class StageMarks:
             timings.setdefault(name, []).append(start.elapsed_ms(end))
 
 
-__all__ = ["ScreenLaunches", "StageMarks", "STAGES", "WAVES"]
+__all__ = ["BatchShape", "CapturedSteps", "SCREEN_GRAPHS", "ScreenLaunches", "StageMarks", "STAGES", "WAVES"]
