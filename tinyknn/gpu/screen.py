@@ -181,6 +181,7 @@ class Screen(HopperSteps, ScreenLaunches):
             shape = self._prepare(nq, k)
             if shape is None:
                 return None
+            s._pinned("screen_results", nq * k * 12 + nq * 4)    # grown before the lookup: growth drops the plans
             stage = self._stage_queries(queries)
             self._replay(shape, lambda: (self._copy_queries(stage, nq), self._issue(shape, marks)))
             self.hopper_thresholds += shape.on_hopper

@@ -76,9 +76,11 @@ class ScreenLaunches:
     """Mixin of Screen: the step launches both screens share, and mma.sync's."""
 
     def _replays(self) -> bool:
-        """Whether this batch's steps go through a graph (SCREEN_GRAPHS; not while timing the steps, nor for a
-        host-tier worker, which keeps its queries on the device between chunks)."""
-        return SCREEN_GRAPHS and self.timings is None and not getattr(self.searcher, "keeps_queries", False)
+        """Whether this batch's steps go through a graph (SCREEN_GRAPHS and the searcher's use_graphs; not while
+        timing the steps, nor for a host-tier worker, which keeps its queries on the device between chunks)."""
+        s = self.searcher
+        return (SCREEN_GRAPHS and self.timings is None and getattr(s, "use_graphs", True)
+                and not getattr(s, "keeps_queries", False))
 
     def _replay(self, shape: BatchShape, issue) -> None:
         """`issue()` (the queries' copy in and steps 1-4) through the CapturedSteps of this shape and view. Its
