@@ -8,6 +8,7 @@ import numpy as np
 
 from ..config import get_config
 from ..errors import CudaError
+from . import plan as plans
 from .memory import DeviceBuffer, PinnedBuffer
 
 SCRATCH_ALIGN = 256             # bytes between a call's scratch slices (cuMemAlloc's own alignment)
@@ -152,6 +153,16 @@ class Buffers:
                 buffer.close()
             raise
         return new
+
+    def _evict_plans(self, keep: int) -> None:
+        """The plan cache cut to its `keep` most recent entries, each one dropped closed (a host batch's or a
+        screen's steps' CUDA graphs); a host batch's drop moves _plan_generation (a prepared search may hold it)."""
+        while len(self._plans) > keep:
+            _, dropped = self._plans.popitem(last=False)
+            if hasattr(dropped, "close"):
+                dropped.close()
+            if isinstance(dropped, plans.HostBatch):
+                self._plan_generation += 1
 
     def _forget_plans(self) -> None:
         for batch in self._plans.values():

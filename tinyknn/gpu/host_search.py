@@ -205,9 +205,5 @@ class HostQueries:
             row_stats_ptr=self._pointer("row_stats"), status_ptr=results + status_offset,
             threshold_ptr=self._pointer("thresholds"))
         self._plans[key] = search_plan
-        while len(self._plans) > PLAN_CACHE:
-            _, dropped = self._plans.popitem(last=False)
-            if hasattr(dropped, "close"):       # a host batch or a screen's steps (their CUDA graphs)
-                dropped.close()
-                self._plan_generation += 1      # a prepared search may hold it (searcher.PreparedBatch)
+        self._evict_plans(PLAN_CACHE)
         return search_plan

@@ -91,11 +91,7 @@ class ScreenLaunches:
         entry = s._plans.get(key)
         if entry is None:
             entry = s._plans[key] = CapturedSteps()
-            while len(s._plans) > PLAN_CACHE:
-                _, dropped = s._plans.popitem(last=False)
-                if hasattr(dropped, "close"):
-                    dropped.close()
-                    s._plan_generation += 1     # a prepared search may hold a dropped host batch
+            s._evict_plans(PLAN_CACHE)
         else:
             s._plans.move_to_end(key)
         entry.run(s._stream, issue)
