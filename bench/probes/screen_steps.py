@@ -31,6 +31,24 @@ from tinyknn.gpu import screen as screen_module, screen_launch  # noqa: E402
 from tinyknn.jit import render_screen  # noqa: E402
 
 
+# The on/off (and CW's 2/3) knobs a run compares, each a comma list of values, a fresh index each:
+# (flag, module, attribute, what a value means)
+SWITCHES = (
+    ("--int-keys", render_screen, "HOPPER_INT_KEYS",
+     "1: the 8-bit Hopper screen compares integer keys where render_screen.integer_keys allows"),
+    ("--producer-bias", render_screen, "HOPPER_PRODUCER_BIAS",
+     "1: with l2's integer keys the producer stores |x|^2 biased, screen_hopper.cuh's PB"),
+    ("--hopper-consumers", render_screen, "HOPPER_CONSUMERS",
+     "3: the 8-bit Hopper screen of one k-block with three consumer warpgroups, screen_hopper.cuh's CW"),
+    ("--hopper-overlap", render_screen, "HOPPER_OVERLAP_HALVES",
+     "1: the 8-bit Hopper screen of one k-block with one half's products in flight during the other's epilogue, "
+     "screen_hopper.cuh's XO"),
+    ("--graphs", screen_launch, "SCREEN_GRAPHS",
+     "1: a batch shape seen twice replays its steps as one CUDA graph; the whole search's time only: the steps' "
+     "breakdown runs without it"),
+)
+
+
 def numbers(text: str) -> list:
     return [None if part == "default" else int(part) for part in text.split(",")]
 
@@ -68,25 +86,10 @@ def main() -> None:
     parser.add_argument("--epi-groups", type=numbers, default=[0],
                         help="chunks of 8 rows the Hopper epilogue tests per branch (0: the kernel's choice); "
                              "a fresh index each")
-    parser.add_argument("--int-keys", type=numbers, default=[None],
-                        help="render_screen.HOPPER_INT_KEYS values (1: the 8-bit Hopper screen compares integer "
-                             "keys where render_screen.integer_keys allows; default: the library's), "
-                             "a fresh index each")
-    parser.add_argument("--producer-bias", type=numbers, default=[None],
-                        help="render_screen.HOPPER_PRODUCER_BIAS values (1: with l2's integer keys the producer "
-                             "stores |x|^2 biased, screen_hopper.cuh's PB; default: the library's), a fresh index each")
-    parser.add_argument("--hopper-consumers", type=numbers, default=[None],
-                        help="render_screen.HOPPER_CONSUMERS values (3: the 8-bit Hopper screen of one k-block with "
-                             "three consumer warpgroups, screen_hopper.cuh's CW; default: the library's), a fresh "
-                             "index each")
-    parser.add_argument("--hopper-overlap", type=numbers, default=[None],
-                        help="render_screen.HOPPER_OVERLAP_HALVES values (1: the 8-bit Hopper screen of one k-block "
-                             "with one half's products in flight during the other's epilogue, screen_hopper.cuh's XO; "
-                             "default: the library's), a fresh index each")
-    parser.add_argument("--graphs", type=numbers, default=[None],
-                        help="screen_launch.SCREEN_GRAPHS values (1: a batch shape seen twice replays its steps as one "
-                             "CUDA graph; the whole search's time only: the steps' breakdown runs without it; default: "
-                             "the library's), a fresh index each")
+    for flag, module, name, meaning in SWITCHES:
+        parser.add_argument(flag, type=numbers, default=[None],
+                            help=f"{module.__name__.rsplit('.', 1)[-1]}.{name} values ({meaning}; default: the "
+                                 "library's), a fresh index each")
     parser.add_argument("--threshold-on-hopper", default="with-screen", choices=("with-screen", "always"),
                         help="screen.THRESHOLD_ON_HOPPER: 'always' runs step 2 on the Hopper threshold mode "
                              "whatever step 3 runs (compute capability 9.0)")
@@ -119,19 +122,13 @@ def main() -> None:
     default_hopper_tile, default_hopper_stages = render_screen.hopper_tile, render_screen.HOPPER_STAGES
     hopper_tiles = [None if text == "default" else tuple(int(v) for v in text.split("x"))
                     for text in args.hopper_tiles.split(",")]
-    default_int_keys, default_bias = render_screen.HOPPER_INT_KEYS, render_screen.HOPPER_PRODUCER_BIAS
-    default_consumers, default_overlap = render_screen.HOPPER_CONSUMERS, render_screen.HOPPER_OVERLAP_HALVES
-    default_graphs = screen_launch.SCREEN_GRAPHS
-    for (group, stages, tile, rule, hopper_tile, hopper_stages, int_keys, bias, consumers, overlap,
-         graphs) in itertools.product(
+    switch_defaults = [getattr(module, name) for _, module, name, _ in SWITCHES]
+    switch_values = [getattr(args, flag[2:].replace("-", "_")) for flag, _, _, _ in SWITCHES]
+    for group, stages, tile, rule, hopper_tile, hopper_stages, *switched in itertools.product(
             args.epi_groups, args.threshold_stages, tiles, args.keep_rules.split(","), hopper_tiles,
-            args.hopper_stages, args.int_keys, args.producer_bias, args.hopper_consumers, args.hopper_overlap,
-            args.graphs):
-        screen_launch.SCREEN_GRAPHS = default_graphs if graphs is None else bool(graphs)
-        render_screen.HOPPER_CONSUMERS = consumers or default_consumers
-        render_screen.HOPPER_OVERLAP_HALVES = default_overlap if overlap is None else bool(overlap)
-        render_screen.HOPPER_INT_KEYS = default_int_keys if int_keys is None else bool(int_keys)
-        render_screen.HOPPER_PRODUCER_BIAS = default_bias if bias is None else bool(bias)
+            args.hopper_stages, *switch_values):
+        for (_, module, name, _), default, value in zip(SWITCHES, switch_defaults, switched):
+            setattr(module, name, default if value is None else type(default)(value))
         render_screen.hopper_tile = (default_hopper_tile if hopper_tile is None
                                      else (lambda e, small=False, t=hopper_tile: t))
         render_screen.HOPPER_STAGES = hopper_stages or default_hopper_stages
@@ -144,9 +141,8 @@ def main() -> None:
     render_screen.threshold_keep = _LIBRARY_KEEP
     render_screen.hopper_tile, render_screen.HOPPER_STAGES = default_hopper_tile, default_hopper_stages
     render_screen.HOPPER_EPI_GROUP, render_screen.THRESHOLD_STAGES = 0, default_stages
-    render_screen.HOPPER_INT_KEYS, render_screen.HOPPER_PRODUCER_BIAS = default_int_keys, default_bias
-    render_screen.HOPPER_CONSUMERS, render_screen.HOPPER_OVERLAP_HALVES = default_consumers, default_overlap
-    screen_launch.SCREEN_GRAPHS = default_graphs
+    for (_, module, name, _), default in zip(SWITCHES, switch_defaults):
+        setattr(module, name, default)
     for name, value in zip(tile_names, default_tile):
         setattr(render_screen, name, value)
     if args.out:
