@@ -9,6 +9,7 @@ import numpy as np
 from ..config import get_config
 from ..errors import CudaError
 from . import plan as plans
+from .launcher import ReplayedIssue
 from .memory import DeviceBuffer, PinnedBuffer
 
 SCRATCH_ALIGN = 256             # bytes between a call's scratch slices (cuMemAlloc's own alignment)
@@ -159,14 +160,14 @@ class Buffers:
         screen's steps' CUDA graphs); a host batch's drop moves _plan_generation (a prepared search may hold it)."""
         while len(self._plans) > keep:
             _, dropped = self._plans.popitem(last=False)
-            if hasattr(dropped, "close"):
+            if isinstance(dropped, ReplayedIssue):
                 dropped.close()
             if isinstance(dropped, plans.HostBatch):
                 self._plan_generation += 1
 
     def _forget_plans(self) -> None:
         for batch in self._plans.values():
-            if hasattr(batch, "close"):       # a host batch or a screen's steps (their CUDA graphs)
+            if isinstance(batch, ReplayedIssue):   # a host batch or a screen's steps (their CUDA graphs)
                 batch.close()
         self._plans.clear()
 

@@ -281,3 +281,27 @@ class CapturedGraph(_Owned):
         err, = _cuGraphLaunch(self.handle, stream.handle)
         if err:
             raise_error(err, "cuGraphLaunch")
+
+
+class ReplayedIssue:
+    """Work issued the same way call after call (a host batch, a screened batch's steps): issued as it is until
+    its GRAPH_AFTER_USES-th use, then captured once as a CapturedGraph and replayed from then on."""
+
+    GRAPH_AFTER_USES = 2
+    uses = 0
+    graph: CapturedGraph | None = None
+
+    def replay(self, stream, issue, use_graphs: bool = True) -> None:
+        """issue(stream), or the graph captured from it (use_graphs: False issues it as it is)."""
+        self.uses += 1
+        if use_graphs and self.graph is None and self.uses >= self.GRAPH_AFTER_USES:
+            self.graph = CapturedGraph(stream, lambda: issue(stream))
+        if use_graphs and self.graph is not None:
+            self.graph.launch(stream)
+        else:
+            issue(stream)
+
+    def close(self) -> None:
+        if self.graph is not None:
+            self.graph.close()
+            self.graph = None

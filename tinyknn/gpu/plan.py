@@ -24,7 +24,7 @@ from ..jit.cache import get_cubin
 from ..spec import KernelSpec
 import numpy as np
 
-from .launcher import CapturedGraph, Kernel, PreparedLaunch, load_module
+from .launcher import Kernel, PreparedLaunch, ReplayedIssue, load_module
 
 # Tuning, from the measurements in bench/NOTES_GPU.md.
 SCAN_MAX_QUERIES = 8        # up to this many queries per batch: scan; tiled beyond (crossover in NOTES_GPU.md)
@@ -238,13 +238,11 @@ def result_layout(n_queries: int, k: int) -> tuple[int, int, int]:
     return ids_offset, status_offset, status_offset + n_queries * 4
 
 
-class HostBatch:
+class HostBatch(ReplayedIssue):
     """A plan plus the copies around it for host queries: pinned stage -> device, the two launches,
     device results -> pinned (one query: written there by the kernel). The NumPy views of the staging are
     made once. On its second use the whole sequence is captured as a CUDA graph and replayed with one driver
     call."""
-
-    GRAPH_AFTER_USES = 2
 
     def __init__(self, plan: SearchPlan, queries, stage, query_bytes: int, results, results_stage,
                  row_stride: int):
@@ -265,8 +263,6 @@ class HostBatch:
         if self.direct:
             base = results_stage.device_ptr
             plan.set_outputs(base, base + ids_offset, base + status_offset, plan.threshold_ptr)
-        self.uses = 0
-        self.graph: CapturedGraph | None = None
 
     def issue(self, stream) -> None:
         self.queries.copy_from_host(self.stage_buffer, self.query_bytes, stream)
@@ -275,18 +271,7 @@ class HostBatch:
             self.results.copy_to_host(self.results_stage, self.result_bytes, stream)
 
     def run(self, stream, use_graphs: bool) -> None:
-        self.uses += 1
-        if use_graphs and self.graph is None and self.uses >= self.GRAPH_AFTER_USES:
-            self.graph = CapturedGraph(stream, lambda: self.issue(stream))
-        if use_graphs and self.graph is not None:
-            self.graph.launch(stream)
-        else:
-            self.issue(stream)
-
-    def close(self) -> None:
-        if self.graph is not None:
-            self.graph.close()
-            self.graph = None
+        self.replay(stream, self.issue, use_graphs)
 
 
 def list_k(main: KernelSpec) -> int:

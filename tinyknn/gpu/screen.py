@@ -177,17 +177,16 @@ class Screen(HopperSteps, ScreenLaunches):
         s = self.searcher
         nq, stream = len(queries), s._stream
         marks = self._marks()
+        results = s._pinned("screen_results", nq * k * 12 + nq * 4)   # before a graph's lookup: growth drops plans
         if self._replays():
             shape = self._prepare(nq, k)
             if shape is None:
                 return None
-            s._pinned("screen_results", nq * k * 12 + nq * 4)    # grown before the lookup: growth drops the plans
             stage = self._stage_queries(queries)
-            self._replay(shape, lambda: (self._copy_queries(stage, nq), self._issue(shape, marks)))
+            self._replay(shape, lambda stream: (self._copy_queries(stage, nq), self._issue(shape, marks)))
             self.hopper_thresholds += shape.on_hopper
         elif not self._steps(nq, k, lambda: self._upload(queries), marks):
             return None
-        results = s._pinned("screen_results", nq * k * 12 + nq * 4)
         s._buffers["screen_out"].copy_to_host(results, nq * k * 12 + nq * 4, stream)
         try:
             check_values(queries, "queries", "float32")

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..jit import render_screen as rs
 from .host_search import PLAN_CACHE
-from .launcher import CapturedGraph
+from .launcher import ReplayedIssue
 from .memory import Event
 
 WAVES = 8                       # screen grid: about this many waves of resident blocks (persistent tiles)
@@ -20,7 +20,6 @@ STAGES = ("queries", "threshold", "screen", "verify")   # what `timings` records
 
 SCREEN_GRAPHS = False           # a knob (probes, tests): a host batch's shape seen twice replays its steps (the
                                 # queries' copy in and every launch of steps 1-4) as one CUDA graph
-GRAPH_AFTER_USES = 2            # ... from this use on
 
 
 @dataclass(frozen=True)
@@ -50,26 +49,9 @@ class BatchShape:
                 self.sample_tiles, self.kept, tuple(verify.spec for verify in self.verifies))
 
 
-class CapturedSteps:
-    """A host batch shape's steps in the searcher's plan cache (dropped with its plans, whose buffers they read):
-    run as they are until GRAPH_AFTER_USES, then captured once as a CUDA graph and replayed."""
-
-    def __init__(self):
-        self.uses, self.graph = 0, None
-
-    def run(self, stream, issue) -> None:
-        self.uses += 1
-        if self.graph is None and self.uses >= GRAPH_AFTER_USES:
-            self.graph = CapturedGraph(stream, issue)
-        if self.graph is not None:
-            self.graph.launch(stream)
-        else:
-            issue()
-
-    def close(self) -> None:
-        if self.graph is not None:
-            self.graph.close()
-            self.graph = None
+class CapturedSteps(ReplayedIssue):
+    """A host batch shape's steps in the searcher's plan cache (dropped with its plans, whose buffers they read),
+    replayed as a CUDA graph from their second use."""
 
 
 class ScreenLaunches:
@@ -83,7 +65,7 @@ class ScreenLaunches:
                 and not getattr(s, "keeps_queries", False))
 
     def _replay(self, shape: BatchShape, issue) -> None:
-        """`issue()` (the queries' copy in and steps 1-4) through the CapturedSteps of this shape and view. Its
+        """`issue(stream)` (the queries' copy in and steps 1-4) through the CapturedSteps of this shape and view. Its
         buffers' addresses are in no key: a buffer that grows, like every change of the rows' storage, drops the
         plan cache (Buffers._forget_plans), and with it these."""
         s = self.searcher
@@ -94,7 +76,7 @@ class ScreenLaunches:
             s._evict_plans(PLAN_CACHE)
         else:
             s._plans.move_to_end(key)
-        entry.run(s._stream, issue)
+        entry.replay(s._stream, issue)
 
     def _screened_rows(self) -> int:
         """The address of the first row the screen reads: of the float16 shadow or the stored rows, from the
