@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..spec import KernelSpec, cpp_bool, parse_arch, trailing_arguments
+from .render import ITEMSIZE
 
 SCREEN_ELEMENTS = {"float16": "tinyknn::ScreenF16", "bfloat16": "tinyknn::ScreenBF16",
                    "int8": "tinyknn::ScreenS8", "uint8": "tinyknn::ScreenU8"}
@@ -129,7 +130,6 @@ HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds 
 _DOT_LIMIT = 1 << 24            # float32 holds every integer below this exactly
 _INT_KEY_LIMIT = 1 << 23        # |x|^2 below this: |x|^2 + 2^23 is exact, its float bits 0x4B000000 + |x|^2
 _LARGEST_PRODUCT = {"uint8": 255 * 255, "int8": 128 * 128}
-_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}
 
 
 def hopper_arch(arch: str) -> str | None:
@@ -206,7 +206,7 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
         raise ValueError(f"keep is 0 (the screen) or 1 to {HOPPER_MAX_KEEP} (its threshold mode's bounds per tile); "
                          f"got {keep}")
     keyed = HOPPER_INT_KEYS and not keep and integer_keys(element, stride)
-    halves = (bn, mw) == (256, 1) and not keep and not small and hopper_k_blocks(stride * _ELEMENT_BYTES[element]) == 1
+    halves = (bn, mw) == (256, 1) and not keep and not small and hopper_k_blocks(stride * ITEMSIZE[element]) == 1
     three = halves and HOPPER_CONSUMERS == 3
     overlap = halves and HOPPER_OVERLAP_HALVES and not three
     stages = HOPPER_CONSUMERS_STAGES if three else HOPPER_STAGES
