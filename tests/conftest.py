@@ -82,17 +82,22 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
-@pytest.fixture(params=("mma", "wgmma"))
-def screen(request, monkeypatch):
-    """The screen kernel the test's indexes use, mma.sync's then the Hopper one (wgmma: compute capability 9.0)."""
-    from tinyknn.config import reset_config
+def _use_screen(choice: str, monkeypatch) -> None:
+    """TINYKNN_SCREEN=choice for the test's indexes; a skip where wgmma is asked of a device before compute
+    capability 9.0 (the caller undoes monkeypatch and resets the config after the test)."""
     from tinyknn.gpu.device import current_device
     from tinyknn.jit import render_screen
 
-    if request.param == "wgmma" and render_screen.hopper_arch(current_device().arch) is None:
+    if choice == "wgmma" and render_screen.hopper_arch(current_device().arch) is None:
         pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
-    monkeypatch.setenv("TINYKNN_SCREEN", request.param)
+    monkeypatch.setenv("TINYKNN_SCREEN", choice)
     reset_config()
+
+
+@pytest.fixture(params=("mma", "wgmma"))
+def screen(request, monkeypatch):
+    """The screen kernel the test's indexes use, mma.sync's then the Hopper one (wgmma: compute capability 9.0)."""
+    _use_screen(request.param, monkeypatch)
     yield request.param
     monkeypatch.undo()
     reset_config()
@@ -101,13 +106,7 @@ def screen(request, monkeypatch):
 @pytest.fixture
 def wgmma(monkeypatch):
     """Every batch of the test's indexes on the Hopper screen (TINYKNN_SCREEN=wgmma; compute capability 9.0)."""
-    from tinyknn.gpu.device import current_device
-    from tinyknn.jit import render_screen
-
-    if render_screen.hopper_arch(current_device().arch) is None:
-        pytest.skip(f"the Hopper screen needs compute capability 9.0; this device is {current_device().arch}")
-    monkeypatch.setenv("TINYKNN_SCREEN", "wgmma")
-    reset_config()
+    _use_screen("wgmma", monkeypatch)
     yield
     monkeypatch.undo()
     reset_config()
