@@ -130,6 +130,20 @@ def exact_range(db, q, radius: float, metric: str, dtype: str = "float32", id_ma
     return np.array(lims, dtype=np.int64), np.concatenate(out_d), np.concatenate(out_i)
 
 
+def near_tied_queries(db, q, k: int, metric: str, dtype: str, width: float) -> int:
+    """How many queries have their k-th and (k + margin)-th float64 keys within `width` of each other (the CPU
+    screen's margin, library.build_param): rows a float32 screen cannot order, so the exhaustive pass may answer
+    them. Tests that expect no fallbacks on random data allow this many: such near ties come by chance."""
+    from tinyknn.cpu import library
+
+    dist = contract_distances(stored(db, dtype), searched(q), metric)
+    keys = np.sort(-dist if LARGER_IS_BETTER[metric] else dist, axis=1)
+    last = min(k + library.build_param(f"margin:{k}"), keys.shape[1]) - 1
+    if last < k:
+        return 0
+    return int(np.count_nonzero(keys[:, last] - keys[:, k - 1] <= width))
+
+
 def assert_exact(distances, ids, db, q, k: int, metric: str, dtype: str = "float32", id_map=None) -> None:
     """The exactness contract: ids equal the float64 oracle's, distances its float32 roundings, bit for bit."""
     want_d, want_i = exact_search(db, q, k, metric, dtype, id_map)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import tinyknn
 from tinyknn.cpu import library
-from reference import assert_exact
+from reference import assert_exact, near_tied_queries
 
 METRICS = ("l2", "ip", "cosine")
 DTYPES = ("float32", "float16")
@@ -126,15 +126,19 @@ def test_float16_pixels(rng, metric):
 @pytest.mark.parametrize("n_queries", [1, 100])
 @pytest.mark.parametrize("metric", ["ip", "cosine"])
 def test_unit_norm_embeddings(rng, metric, n_queries):
-    """Normalised clustered embeddings (the usual ip/cosine use): exact and proven."""
+    """Normalised clustered embeddings (the usual ip/cosine use): exact, and proven for every query but those
+    whose k-th neighbour ties with the rows past the margin within float32's error (a cluster can hold them)."""
     centres = rng.standard_normal((20, 96))
     db = centres[rng.integers(20, size=first_pass_rows())] + 0.3 * rng.standard_normal((first_pass_rows(), 96))
     db = (db / np.linalg.norm(db, axis=1, keepdims=True)).astype(np.float32)
     q = db[rng.integers(len(db), size=n_queries)] + 0.01 * rng.standard_normal((n_queries, 96)).astype(np.float32)
     q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
+    width = 8 * 2 * (96 + 2) * 2.0**-24     # 8x the float32 sum's relative bound, on keys of magnitude <= 1
     for dtype in DTYPES:
         _, _, fallbacks = searched(db, q, 10, metric, dtype)
-        assert fallbacks == 0
+        near_tied = near_tied_queries(db, q, 10, metric, dtype, width)
+        print(f"{metric} {dtype}: {fallbacks} exhaustive, {near_tied} of {n_queries} queries near-tied")
+        assert fallbacks <= near_tied
 
 
 @pytest.mark.parametrize("metric", METRICS)
