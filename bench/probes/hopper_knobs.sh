@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The screen's three off-by-default knobs measured on the H200 in one call (each setting a fresh index,
+# answers compared across settings by screen_steps): the screen graphs on the small batches they aim at, the halves' overlap (XO) and
+# three consumers (CW) on 10M x 128 uint8 x 2,048 at k = 10 and 100, then memcheck of XO. Logs and JSON in $OUT.
+# Run after .ci/gpu (which runs their tests), carrying .whl:  bash bench/probes/hopper_knobs.sh [graphs|halves]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tk-site \
+    .whl/*.whl || exit
+fi
+export PYTHONPATH="/tmp/tk-site:$PWD" PYTHONUNBUFFERED=1 TINYKNN_CACHE_DIR="${TINYKNN_CACHE_DIR:-/tmp/tk-cache}"
+out="${OUT:-/tmp}" tag="$(date -u +%Y-%m-%dT%H%M)_nvidia-h200_$(git rev-parse --short HEAD 2>/dev/null || echo tree)"
+steps="python3 bench/probes/screen_steps.py --keeps default --steps default"
+if [ "${1:-graphs}" = graphs ] || [ "${1:-}" = all ]; then
+  $steps --queries 1000 --graphs 0,1,0,1 --out "$out/screen_steps_graphs_100kx128_$tag.json" 2>&1 | tail -20
+  $steps --n 1000000 --dim 768 --queries 100 --ks 10,100 --graphs 0,1,0,1 \
+    --out "$out/screen_steps_graphs_1Mx768_$tag.json" 2>&1 | tail -20
+fi
+if [ "${1:-graphs}" = halves ] || [ "${1:-}" = all ]; then
+  u8="--n 10000000 --dtype uint8 --ks 10,100 --queries 2048"
+  $steps $u8 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_$tag.json" 2>&1 | tail -20
+  $steps $u8 --hopper-consumers 2,3,2,3 --out "$out/screen_steps_consumers_$tag.json" 2>&1 | tail -20
+  TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
+    overlap 2>&1 | tail -8 | tee "$out/sanitize_overlap_$tag.log"
+fi
