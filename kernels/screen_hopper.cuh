@@ -26,6 +26,10 @@
 // threads, tiles of 192 queries) for more warps to hide each one's waits. 512 threads leave 128 registers a
 // thread, fewer than an m64n256 s32 wgmma needs (ptxas asks 154), so each consumer takes its BN rows in two
 // halves of BN / 2 (64 accumulators), products then epilogue, and releases the stage after the second.
+// XO > 0 (a knob for probes: rows of XO <= STAGES / 2 k-blocks, the screen only): each consumer's work in two
+// halves of 64 accumulators (8-bit tiles: its rows' halves; 16-bit: its two m64 blocks of queries), one half's
+// products in flight while the other half's epilogue runs, and the next tile's first half's while this tile's
+// second half's epilogue runs; a tile's stages are held until both halves' products are done.
 //
 // ---- The bound and the epilogue (compare-only) --------------------------------------------------------
 // screen.cuh's model with n = 4 instructions per k-block (zero-filled ones included) in the host's gamma.
@@ -311,7 +315,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, 
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
-          bool IK = false, bool PB = false, int CW = 2, bool XO = false>
+          bool IK = false, bool PB = false, int CW = 2, int XO = 0>
 __global__ void __launch_bounds__(128 * (CW + 1), 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -325,7 +329,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   constexpr int Q_BYTES = TILE_Q * 128, X_BYTES = BN * 128, STAGE_BYTES = Q_BYTES + X_BYTES;
   constexpr int BK = Mma::BK;
   constexpr int SC_BYTES = BN * 4;
-  constexpr int HALVES = CW == 3 || XO ? 2 : 1;         // CW = 3, XO: a consumer's rows in two halves
+  constexpr bool XM = XO > 0 && MW == 2;              // XO's halves are the two m64 blocks (16-bit tiles)
+  constexpr int HALVES = CW == 3 || (XO > 0 && !XM) ? 2 : 1;   // CW = 3, 8-bit XO: a consumer's rows in two halves
   constexpr int NACC = BN / 2 / HALVES;
   constexpr int EPI_G = EG ? EG : hopper_epi_group<MW>();   // chunks of 8 rows per branch of the epilogue
   constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES, CW);
@@ -339,8 +344,10 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   static_assert(!PB || (IK && !IP), "screen_hopper_kernel: biased |x|^2 bounds for l2's integer keys only");
   static_assert(CW == 2 || (CW == 3 && MW == 1 && BN == 256 && KT == 0),
                 "screen_hopper_kernel: three consumer warpgroups for the screen of 64 x 256 warpgroup tiles only");
-  static_assert(!XO || (CW == 2 && MW == 1 && BN == 256 && KT == 0),
-                "screen_hopper_kernel: the halves' overlap for the screen of 64 x 256 warpgroup tiles only");
+  static_assert(XO == 0 || (2 * XO <= STAGES && CW == 2 && KT == 0 &&
+                            ((MW == 1 && BN == 256) || (MW == 2 && BN == 128))),
+                "screen_hopper_kernel: the halves' overlap for the screen of 64 x 256 or 128 x 128 warpgroup tiles, "
+                "and two tiles' k-blocks in the ring, only");
   constexpr int BIAS_THREADS = 96;                     // PB: the producer warpgroup's warps 1-3
 
   extern __shared__ __align__(1024) unsigned char hopper_space[];
@@ -420,7 +427,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
     // ---------------- consumers ----------------
     if constexpr (CW == 2) regs_inc<232>();            // CW = 3: the 128 a thread its launch leaves
     const int c = wg - 1;
-    if ((CW == 3 || XO) && k_blocks != 1) __trap();   // their halves reread one stage (the host never asks this)
+    if (CW == 3 && k_blocks != 1) __trap();   // its halves reread one stage (the host never asks this)
     const int g = lane >> 2, t4 = lane & 3;
     Acc acc[MW][NACC];
 #pragma unroll
@@ -466,55 +473,73 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       }
     };
 
-    if constexpr (XO) {
+    if constexpr (XO > 0) {
       // XO: the second half's products run while the first half's epilogue does, and the next tile's first half's
-      // while the second half's epilogue does (two sets of 64 accumulators, one group always in flight)
-      constexpr int BH = BN / 2;
-      Acc other[MW][NACC];
-      auto issue = [&](Acc (&into)[MW][NACC], int s, int half) {
-        const unsigned a_base = ring + s * STAGE_BYTES + c * WG_Q * 128;
-        const unsigned b_base = ring + s * STAGE_BYTES + Q_BYTES + half * BH * 128;
+      // while the second half's epilogue does (two sets of 64 accumulators, one group always in flight). A half
+      // is the rows' half (8-bit tiles, MW = 1) or one of the two m64 blocks of queries (16-bit tiles, MW = 2);
+      // a tile's XO stages (its k-blocks) stay held until its second half is done, so 2 XO <= STAGES.
+      constexpr int XN = XM ? BN : BN / 2;            // rows a half's products cover: its wgmma N (128)
+      constexpr int XG = EG ? EG : hopper_epi_group<1>();
+      Acc first[1][XN / 2], second[1][XN / 2];
+      // a half's products over the tile's k-blocks from ring position pos0, as one group (every stage waited for
+      // first: no wait between the products of one group)
+      auto issue = [&](Acc (&into)[1][XN / 2], int pos0, int half) {
+#pragma unroll
+        for (int kb = 0; kb < XO; ++kb) mbar_wait(full((pos0 + kb) % STAGES), ((pos0 + kb) / STAGES) & 1);
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-          Mma::template mma<BH>(into[0], sw128_desc(a_base + k * 32), sw128_desc(b_base + k * 32), k != 0);
+        for (int kb = 0; kb < XO; ++kb) {
+          const unsigned stage = ring + ((pos0 + kb) % STAGES) * STAGE_BYTES;
+          const unsigned a_base = stage + c * WG_Q * 128 + (XM ? half * 64 * 128 : 0);
+          const unsigned b_base = stage + Q_BYTES + (XM ? 0 : half * XN * 128);
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            Mma::template mma<XN>(into[0], sw128_desc(a_base + k * 32), sw128_desc(b_base + k * 32), (kb | k) != 0);
+        }
         wgmma_commit();
       };
-      auto settle = [&](Acc (&done)[MW][NACC]) {
+      auto settle = [&](Acc (&done)[1][XN / 2]) {
 #pragma unroll
-        for (int j = 0; j < NACC; ++j) Mma::keep(done[0][j]);   // no read of it moves above the wait
+        for (int j = 0; j < XN / 2; ++j) Mma::keep(done[0][j]);   // no read of it moves above the wait
       };
       if ((long long)blockIdx.x >= total) return;       // (the host launches at most a block a tile)
+      if (k_blocks != XO) __trap();                      // the kernel of other rows (the host never asks this)
       int i = 0;
-      mbar_wait(full(0), 0);
-      issue(acc, 0, 0);
+      issue(first, 0, 0);
       for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
-        const int qt = (int)(t % n_qt), rt = (int)(t / n_qt), s = i % STAGES;
-        const int q_first = qt * TILE_Q + c * WG_Q + 16 * warp + g;   // + 8 h
+        const int qt = (int)(t % n_qt), rt = (int)(t / n_qt), pos = i * XO;
+        const int q_first = qt * TILE_Q + c * WG_Q + 16 * warp + g;   // + 64 m + 8 h
         float thr[MW][2], esc[MW][2], eoff[MW][2];
         load_terms(q_first, thr, esc, eoff);
         const float rmax = __ldg(tile_rmax + rt);
-        issue(other, s, 1);
+        issue(second, pos, 1);
         wgmma_wait<1>();                                 // the first half is done, the second in flight
-        settle(acc);
+        settle(first);
         const int b = i % HOPPER_SCALAR_SLOTS;
         mbar_wait(sfull(b), (i / HOPPER_SCALAR_SLOTS) & 1);
         const float* norm_s = reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
         float tq[MW][2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) tq[0][h] = add_up(thr[0][h], fma_up(esc[0][h], rmax, eoff[0][h]));
-        hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB>(acc, tq, norm_s, q_first, rt * BN + 2 * t4, t4, n_queries,
-                                                        n_rows, counts, survivors, capacity);
-        // the next tile's first half into the free set; after the last tile, this tile's stage again (a product
+        for (int m = 0; m < MW; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) tq[m][h] = add_up(thr[m][h], fma_up(esc[m][h], rmax, eoff[m][h]));
+        // half `half`'s epilogue: its queries' thresholds, its rows' |x|^2 and first row
+        auto epilogue = [&](const Acc (&done)[1][XN / 2], int half) {
+          const float th[1][2] = {{tq[XM ? half : 0][0], tq[XM ? half : 0][1]}};
+          const int r_off = XM ? 0 : half * XN;
+          hopper_epilogue<Mma, IP, XN, 1, XG, IK, PB>(done, th, norm_s + r_off, q_first + (XM ? 64 * half : 0),
+                                                      rt * BN + r_off + 2 * t4, t4, n_queries, n_rows, counts,
+                                                      survivors, capacity);
+        };
+        epilogue(first, 0);
+        // the next tile's first half into the free set; after the last tile, this tile's stages again (products
         // nobody reads, waited for below: no branch around a wgmma, which ptxas would serialize)
-        const int next = i + 1, ns = t + gridDim.x < total ? next % STAGES : s;
-        if (ns != s) mbar_wait(full(ns), (next / STAGES) & 1);
-        issue(acc, ns, 0);
+        issue(first, t + gridDim.x < total ? pos + XO : pos, 0);
         wgmma_wait<1>();
-        release(s);                                      // both halves of this tile's products are done
-        settle(other);
-        hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB>(other, tq, norm_s + BH, q_first, rt * BN + BH + 2 * t4, t4,
-                                                        n_queries, n_rows, counts, survivors, capacity);
+#pragma unroll
+        for (int kb = 0; kb < XO; ++kb) release((pos + kb) % STAGES);   // both halves' products are done
+        settle(second);
+        epilogue(second, 1);
         if constexpr (!PB) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         mbar_arrive(sempty(b));
       }

@@ -154,7 +154,7 @@ def main(only: str | None = None) -> int:
     """Every case; `only` a selection kernel's name ("single", "scan", "tiled"): its cases alone, no screen;
     "biased": the 8-bit l2 screen's cases with render_screen.HOPPER_PRODUCER_BIAS on (the default), alone;
     "consumers": the 8-bit screen's cases with three consumer warpgroups (render_screen.HOPPER_CONSUMERS = 3);
-    "overlap": with the halves' overlap (render_screen.HOPPER_OVERLAP_HALVES)."""
+    "overlap": with the halves' overlap (render_screen.HOPPER_OVERLAP_HALVES), and its 16-bit tiles."""
     if only in ("biased", "consumers", "overlap"):
         from tinyknn.jit import render_screen
 
@@ -167,14 +167,18 @@ def main(only: str | None = None) -> int:
                        [("l2", "uint8", 128, 17000, 10, 64)])
         # 340,000 rows: ~10 tiles a block (~15 with three consumers' 192-query tiles), so each scalar slot and
         # ring stage is reused (its "empty" wait and parity wrap); 250 queries: a tile and a part of one
-        for metric, nq in (("l2", 250), ("ip", 250)) if only != "biased" else (("l2", 100),):
-            db, q = stored(rng, "uint8", (340_000, 128)), stored(rng, "uint8", (nq, 128))
-            with tinyknn.Index(128, metric, "uint8", device="cuda") as index:
+        # the overlap's 16-bit tiles too (halves of the queries, two k-blocks a half: XO = 2), 300 queries
+        cases = (("l2", "uint8", 250), ("ip", "uint8", 250)) if only != "biased" else (("l2", "uint8", 100),)
+        cases += (("l2", "float16", 300),) if only == "overlap" else ()
+        for metric, dtype, nq in cases:
+            db, q = stored(rng, dtype, (340_000, 128)), stored(rng, dtype, (nq, 128))
+            with tinyknn.Index(128, metric, dtype, device="cuda") as index:
                 index.add(db)
-                assert_exact(*index.search(q, 10), db, q, 10, metric, "uint8")
+                assert_exact(*index.search(q, 10), db, q, 10, metric, dtype)
                 spec = index._searcher._screen.hopper_spec
-                assert spec.param(param, 0) == value, f"{spec} is not the kernel asked for"
-            print(f"ok {only} uint8 {metric} n=340000 nq={nq}", flush=True)
+                expected = 2 if dtype == "float16" else value
+                assert spec.param(param, 0) == expected, f"{spec} is not the kernel asked for"
+            print(f"ok {only} {dtype} {metric} n=340000 nq={nq}", flush=True)
         return 0
     rng = np.random.default_rng(7)
     for metric, dtype, dim, n, k, n_queries, variant, offset in CASES:

@@ -1,10 +1,12 @@
-"""The Hopper screen's knobs that take each consumer's 256 rows in two halves (8-bit rows of one 128-byte k-block;
-probes' knobs, off by default): three consumer warpgroups (render_screen.HOPPER_CONSUMERS = 3, screen_hopper.cuh's
-CW: 512 threads, 192-query tiles) and the halves' overlap (HOPPER_OVERLAP_HALVES, XO: one half's products in
-flight while the other's epilogue runs, across tiles). The survivors come from the same products and keys, so
-every query's survivor count, the queries handed back and the answers (bit for bit, and the float64 oracle's) must
-equal the default kernel's: integer and float keys, l2 and ip, a batch that is not a whole number of tiles, and
-enough rows that each block takes many tiles (its scalar slots and ring stages reused)."""
+"""The Hopper screen's knobs that take each consumer's work in two halves (probes' knobs, off by default): three
+consumer warpgroups (render_screen.HOPPER_CONSUMERS = 3, screen_hopper.cuh's CW: 8-bit rows of one 128-byte
+k-block, 512 threads, 192-query tiles, each consumer's 256 rows in halves) and the halves' overlap
+(HOPPER_OVERLAP_HALVES, XO: rows of one or two k-blocks; one half's products in flight while the other's epilogue
+runs, across tiles; a half is the rows' half on 8-bit tiles and one of the two m64 query blocks on 16-bit ones).
+The survivors come from the same products and keys, so every query's survivor count, the queries handed back and
+the answers (bit for bit, and the float64 oracle's) must equal the default kernel's: integer and float keys, l2, ip
+and cosine, a batch that is not a whole number of tiles, and enough rows that each block takes many tiles (its
+scalar slots and ring stages reused)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ pytestmark = pytest.mark.gpu
 KNOBS = {"consumers": ({"HOPPER_CONSUMERS": 3}, ("cw", 3)), "overlap": ({"HOPPER_OVERLAP_HALVES": True}, ("xo", 1))}
 
 
-def _pair(db, queries, metric, dtype, k, knob, monkeypatch, int_keys=True):
-    """The default kernel's batch and the knob's, compared: survivors, hand-backs, ids and distance bits."""
-    knobs, (param, value) = KNOBS[knob]
+def _pair(db, queries, metric, dtype, k, knob, monkeypatch, int_keys=True, value=None):
+    """The default kernel's batch and the knob's, compared: survivors, hand-backs, ids and distance bits. value: the
+    knob's parameter in the spec, where not KNOBS' (XO is the rows' k-blocks)."""
+    knobs, (param, usual) = KNOBS[knob]
+    value = usual if value is None else value
     plain = screened(db, queries, metric, dtype, k, monkeypatch, HOPPER_INT_KEYS=int_keys)
     halves = screened(db, queries, metric, dtype, k, monkeypatch, HOPPER_INT_KEYS=int_keys, **knobs)
     assert halves[4].param(param) == value and plain[4].param(param, 0) != value
@@ -68,3 +72,44 @@ def test_halves_with_one_tile_a_block(knob, rng, wgmma, monkeypatch):
     queries = np.clip(db[rng.choice(n, 250)].astype(np.float32) + rng.integers(-3, 4, (250, dim)), 0, 255)
     halves = _pair(db, queries, "l2", "uint8", 10, knob, monkeypatch)
     assert_exact(halves[0], halves[1], db, queries, 10, "l2", "uint8")
+
+
+def _float_rows(rng, n, dim, dtype):
+    """Clustered rows in `dtype` (16-bit storage, or float32 screened through its float16 shadow), a quarter of
+    them copies of another quarter (ties)."""
+    from tinyknn.spec import numpy_dtype
+
+    centres = rng.standard_normal((50, dim)).astype(np.float32)
+    db = centres[rng.integers(50, size=n)] + 0.2 * rng.standard_normal((n, dim)).astype(np.float32)
+    db[: n // 4] = db[n // 4: n // 2]
+    return db.astype(numpy_dtype(dtype))
+
+
+@pytest.mark.parametrize("metric,dtype,dim,k_blocks", [("l2", "float16", 128, 2), ("ip", "bfloat16", 64, 1),
+                                                       ("cosine", "float32", 100, 2), ("l2", "uint8", 200, 2)])
+@pytest.mark.parametrize("k", [1, 10, 100])
+def test_overlap_of_16_bit_tiles_and_of_two_k_blocks(metric, dtype, dim, k_blocks, k, rng, wgmma, monkeypatch):
+    """XO where a half is one of a consumer's two m64 query blocks (16-bit rows, the float32 shadow), and where each
+    half's products span two k-blocks (held in the ring with the next tile's): 300 queries (a 256-query tile and a
+    part of one), the same survivors, hand-backs and answers as the default kernel, and the oracle's."""
+    n = 40_000
+    if dtype == "uint8":
+        db = rng.integers(0, 256, (n, dim)).astype(np.uint8)
+        db[: n // 4] = db[n // 4: n // 2]
+        queries = np.clip(db[rng.choice(n, 300)].astype(np.float32) + rng.integers(-2, 3, (300, dim)), 0, 255)
+    else:
+        db = _float_rows(rng, n, dim, dtype)
+        queries = db[rng.choice(n, 300)].astype(np.float32) + 0.01 * rng.standard_normal((300, dim)).astype(np.float32)
+    halves = _pair(db, queries, metric, dtype, k, "overlap", monkeypatch, value=k_blocks)
+    assert_exact(halves[0], halves[1], db, queries, k, metric, dtype)
+
+
+@pytest.mark.parametrize("n,n_queries", [(340_000, 600), (16_384, 250)])
+def test_overlap_of_16_bit_tiles_through_many_tiles_and_one(n, n_queries, rng, wgmma, monkeypatch):
+    """float16 x 128 (two k-blocks): 340,000 rows and 600 queries give each block ~60 tiles (every ring stage and
+    scalar slot reused, a tile's first half carried across the loop); 16,384 rows and 250 queries give each block
+    one tile (the prologue and the after-the-last-tile reissue on the same tile)."""
+    db = _float_rows(rng, n, 128, "float16")
+    queries = db[rng.choice(n, n_queries)].astype(np.float32) + 0.01 * rng.standard_normal((n_queries, 128))
+    halves = _pair(db, queries.astype(np.float32), "l2", "float16", 10, "overlap", monkeypatch, value=2)
+    assert_exact(halves[0], halves[1], db, queries.astype(np.float32), 10, "l2", "float16")

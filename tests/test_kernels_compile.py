@@ -147,9 +147,10 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
     assert [s.param("cw", 2) for s in three] == [3, 2, 3, 2]
     monkeypatch.setattr(render_screen, "HOPPER_CONSUMERS", 2)         # and the halves' overlap
     monkeypatch.setattr(render_screen, "HOPPER_OVERLAP_HALVES", True)
-    three += [render_screen.hopper_spec(metric, dtype, 128, "sm_90a") for metric, dtype in
-              (("l2", "uint8"), ("ip", "int8"), ("l2", "int8"))]
-    assert [s.param("xo", 0) for s in three[4:]] == [1, 1, 1]
+    three += [render_screen.hopper_spec(metric, dtype, stride, "sm_90a") for metric, dtype, stride in
+              (("l2", "uint8", 128), ("ip", "int8", 128), ("l2", "int8", 128), ("l2", "uint8", 200),
+               ("l2", "float16", 128), ("ip", "bfloat16", 64))]
+    assert [s.param("xo", 0) for s in three[4:]] == [1, 1, 1, 2, 2, 1]   # XO: the rows' k-blocks
     specs += grouped + keyed + three
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]

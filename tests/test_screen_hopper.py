@@ -113,23 +113,33 @@ def test_three_consumer_warpgroups_only_as_a_probes_knob_for_one_k_block(monkeyp
         assert other.param("cw", 2) == 2 and rs.hopper_threads(other) == 384, other
 
 
-def test_the_halves_overlap_only_as_a_probes_knob_for_one_k_block(monkeypatch):
-    """HOPPER_OVERLAP_HALVES (off; a probe's, screen_hopper.cuh's XO): the 8-bit screen of one k-block keeps its
-    tile, threads and shared memory and gets XO = true as its last template argument; not with three consumers,
-    nor for the threshold mode, the small tile, 16-bit rows or longer rows."""
+def test_the_halves_overlap_only_as_a_probes_knob_for_rows_of_two_k_blocks(monkeypatch):
+    """HOPPER_OVERLAP_HALVES (off; a probe's, screen_hopper.cuh's XO): the screen of rows of one or two 128-byte
+    k-blocks (two tiles' k-blocks fit the 4-stage ring) keeps its tile, threads and shared memory and gets its rows'
+    k-blocks as XO, its last template argument: 8-bit rows (halves of the rows) and 16-bit ones (halves of the
+    queries); not with three consumers, nor for the threshold mode, the small tile or longer rows."""
     plain = rs.hopper_spec("l2", "uint8", 128, "sm_90")
     assert plain.param("xo", 0) == 0
     monkeypatch.setattr(rs, "HOPPER_OVERLAP_HALVES", True)
     overlap = rs.hopper_spec("l2", "uint8", 128, "sm_90")
     assert overlap.param("xo") == 1 and dict(overlap.params) == {**dict(plain.params), "xo": 1}
     assert rs.hopper_threads(overlap) == 384 and rs.hopper_tile_queries(overlap) == 128
-    assert cuda_source.name_expression(overlap) == cuda_source.name_expression(plain)[:-1] + ", 2, true>"
+    assert cuda_source.name_expression(overlap) == cuda_source.name_expression(plain)[:-1] + ", 2, 1>"
+    for (metric, dtype, stride), (k_blocks, bn, mw) in {
+            ("l2", "uint8", 200): (2, 256, 1), ("ip", "int8", 256): (2, 256, 1), ("l2", "float16", 64): (1, 128, 2),
+            ("l2", "float16", 128): (2, 128, 2), ("ip", "bfloat16", 100): (2, 128, 2),
+            ("cosine", "float32", 128): (2, 128, 2)}.items():
+        spec = rs.hopper_spec(metric, dtype, stride, "sm_90")
+        assert (spec.param("xo"), spec.param("bn"), spec.param("mw")) == (k_blocks, bn, mw), spec
+        assert spec.param("stages") == 4 and rs.hopper_threads(spec) == 384
     for other in (rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=1),
                   rs.hopper_spec("l2", "uint8", 128, "sm_90", small=True),
-                  rs.hopper_spec("l2", "float16", 64, "sm_90"), rs.hopper_spec("l2", "uint8", 256, "sm_90")):
+                  rs.hopper_spec("l2", "float16", 128, "sm_90", small=True),
+                  rs.hopper_spec("l2", "float16", 129, "sm_90"), rs.hopper_spec("l2", "uint8", 257, "sm_90")):
         assert other.param("xo", 0) == 0, other
     monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 3)
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("xo", 0) == 0
+    assert rs.hopper_spec("l2", "float16", 128, "sm_90").param("xo") == 2        # CW = 3 is 8-bit only
 
 
 def test_the_spec_carries_the_conversion_of_its_stride():

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The screen's three off-by-default knobs measured on the H200 in one call (each setting a fresh index,
-# answers compared across settings by screen_steps): the screen graphs on the small batches they aim at, the halves' overlap (XO) and
-# three consumers (CW) on 10M x 128 uint8 x 2,048 at k = 10 and 100, then memcheck of XO. Logs and JSON in $OUT.
-# Run after .ci/gpu (which runs their tests), carrying .whl:  bash bench/probes/hopper_knobs.sh [graphs|halves]
+# The screen's three off-by-default knobs measured on the H200 in one call (each setting a fresh index, answers
+# compared across settings by screen_steps): the screen graphs on the small batches they aim at; the halves'
+# overlap (XO) and three consumers (CW) on 10M x 128 uint8 x 2,048 at k = 10 and 100, XO on float16 too; then
+# memcheck of XO. Logs and JSON in $OUT.
+# Run after .ci/gpu (which runs their tests), carrying .whl:  bash bench/probes/hopper_knobs.sh PART...
+# (PART: graphs, overlap, overlap16, consumers, memcheck; each 10M-row part a few minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -12,15 +14,20 @@ fi
 export PYTHONPATH="/tmp/tk-site:$PWD" PYTHONUNBUFFERED=1 TINYKNN_CACHE_DIR="${TINYKNN_CACHE_DIR:-/tmp/tk-cache}"
 out="${OUT:-/tmp}" tag="$(date -u +%Y-%m-%dT%H%M)_nvidia-h200_$(git rev-parse --short HEAD 2>/dev/null || echo tree)"
 steps="python3 bench/probes/screen_steps.py --keeps default --steps default"
-if [ "${1:-graphs}" = graphs ] || [ "${1:-}" = all ]; then
-  $steps --queries 1000 --graphs 0,1,0,1 --out "$out/screen_steps_graphs_100kx128_$tag.json" 2>&1 | tail -20
-  $steps --n 1000000 --dim 768 --queries 100 --ks 10,100 --graphs 0,1,0,1 \
-    --out "$out/screen_steps_graphs_1Mx768_$tag.json" 2>&1 | tail -20
-fi
-if [ "${1:-graphs}" = halves ] || [ "${1:-}" = all ]; then
-  u8="--n 10000000 --dtype uint8 --ks 10,100 --queries 2048"
-  $steps $u8 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_$tag.json" 2>&1 | tail -20
-  $steps $u8 --hopper-consumers 2,3,2,3 --out "$out/screen_steps_consumers_$tag.json" 2>&1 | tail -20
-  TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
-    overlap 2>&1 | tail -8 | tee "$out/sanitize_overlap_$tag.log"
-fi
+u8="--n 10000000 --dtype uint8 --ks 10,100 --queries 2048"
+f16="--n 10000000 --dtype float16 --ks 10,100 --queries 2048"
+for part in "${@:-graphs}"; do
+  case "$part" in
+    graphs)
+      $steps --queries 1000 --graphs 0,1,0,1 --out "$out/screen_steps_graphs_100kx128_$tag.json" 2>&1 | tail -20
+      $steps --n 1000000 --dim 768 --queries 100 --ks 10,100 --graphs 0,1,0,1 \
+        --out "$out/screen_steps_graphs_1Mx768_$tag.json" 2>&1 | tail -20 ;;
+    overlap) $steps $u8 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_$tag.json" 2>&1 | tail -20 ;;
+    overlap16) $steps $f16 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_f16_$tag.json" 2>&1 | tail -20 ;;
+    consumers) $steps $u8 --hopper-consumers 2,3,2,3 --out "$out/screen_steps_consumers_$tag.json" 2>&1 | tail -20 ;;
+    memcheck)
+      TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
+        overlap 2>&1 | tail -8 | tee "$out/sanitize_overlap_$tag.log" ;;
+    *) echo "unknown part $part: graphs, overlap, overlap16, consumers, memcheck" >&2; exit 2 ;;
+  esac
+done

@@ -122,8 +122,9 @@ HOPPER_PRODUCER_BIAS = True     # with l2's integer keys the producer's idle war
 HOPPER_CONSUMERS = 2            # probes only: 3 gives the 8-bit screen of one k-block three consumer warpgroups
                                 # (screen_hopper.cuh, CW; 192-query tiles, each consumer's rows in two halves)
 HOPPER_CONSUMERS_STAGES = 3     # ... and the stages that then fit (4 do not: 238,784 bytes; HOPPER_STAGES not used)
-HOPPER_OVERLAP_HALVES = False   # probes only: the same screen with each consumer's rows in two halves, one half's
-                                # products in flight while the other's epilogue runs (screen_hopper.cuh, XO)
+HOPPER_OVERLAP_HALVES = False   # probes only: the same screen with each consumer's work in two halves (8-bit: its
+                                # rows; 16-bit: its two m64 blocks), one half's products in flight while the other's
+                                # epilogue runs (screen_hopper.cuh, XO; rows of at most 2 k-blocks)
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
 HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds per (query, tile); more: mma.sync's
@@ -206,15 +207,15 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
         raise ValueError(f"keep is 0 (the screen) or 1 to {HOPPER_MAX_KEEP} (its threshold mode's bounds per tile); "
                          f"got {keep}")
     keyed = HOPPER_INT_KEYS and not keep and integer_keys(element, stride)
-    halves = (bn, mw) == (256, 1) and not keep and not small and hopper_k_blocks(stride * ITEMSIZE[element]) == 1
-    three = halves and HOPPER_CONSUMERS == 3
-    overlap = halves and HOPPER_OVERLAP_HALVES and not three
+    k_blocks = hopper_k_blocks(stride * ITEMSIZE[element])
+    three = (bn, mw) == (256, 1) and not keep and not small and k_blocks == 1 and HOPPER_CONSUMERS == 3
     stages = HOPPER_CONSUMERS_STAGES if three else HOPPER_STAGES
+    overlap = HOPPER_OVERLAP_HALVES and not (three or keep or small) and 2 * k_blocks <= stages
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": stages,
               "smem": hopper_smem(bn, mw, stages, 3 if three else 2), **({"eg": epi_group} if epi_group else {}),
               **({"kt": keep} if keep else {}), **({"ik": 1} if keyed else {}),
               **({"pb": 1} if keyed and HOPPER_PRODUCER_BIAS and metric == "l2" else {}),
-              **({"cw": 3} if three else {}), **({"xo": 1} if overlap else {})}
+              **({"cw": 3} if three else {}), **({"xo": k_blocks} if overlap else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
@@ -258,9 +259,9 @@ def name_expression(spec: KernelSpec) -> str:
         args = [element, cpp_bool(spec.metric != "l2"), cpp_bool(p("exact")), p("bn"), p("mw"), p("stages"),
                 p("smem")]
         # EG: the probes' epilogues; KT: the threshold mode; IK: integer keys; PB: |x|^2 biased by the producer;
-        # CW: consumer warpgroups; XO: the halves' products overlapping their epilogues
+        # CW: consumer warpgroups; XO: the halves' products overlapping their epilogues (its rows' k-blocks)
         args += trailing_arguments((p("eg", 0), 0), (p("kt", 0), 0), (cpp_bool(p("ik", 0)), "false"),
-                                   (cpp_bool(p("pb", 0)), "false"), (p("cw", 2), 2), (cpp_bool(p("xo", 0)), "false"))
+                                   (cpp_bool(p("pb", 0)), "false"), (p("cw", 2), 2), (p("xo", 0), 0))
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         args = [element, cpp_bool(spec.metric != "l2"), cpp_bool(p("threshold")), p("kl"), p("bq"), p("bn"),
