@@ -20,6 +20,8 @@ for part in "${@:-graphs}"; do
   case "$part" in
     graphs)
       $steps --queries 1000 --graphs 0,1,0,1 --out "$out/screen_steps_graphs_100kx128_$tag.json" 2>&1 | tail -20
+      $steps --queries 1000 --graphs 0,1 --force-hopper --out "$out/screen_steps_graphs_100kx128_hopper_$tag.json" \
+        2>&1 | tail -10
       $steps --n 1000000 --dim 768 --queries 100 --ks 10,100 --graphs 0,1,0,1 \
         --out "$out/screen_steps_graphs_1Mx768_$tag.json" 2>&1 | tail -20 ;;
     overlap) $steps $u8 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_$tag.json" 2>&1 | tail -20 ;;
