@@ -4,7 +4,7 @@
 # overlap (XO) and three consumers (CW) on 10M x 128 uint8 x 2,048 at k = 10 and 100, XO on float16 too; then
 # memcheck of XO. Logs and JSON in $OUT.
 # Run after .ci/gpu (which runs their tests), carrying .whl:  bash bench/probes/hopper_knobs.sh PART...
-# (PART: graphs, overlap, overlap16, consumers, memcheck; each 10M-row part a few minutes)
+# (PART: graphs, overlap, overlap16, consumers, sample, memcheck; each 10M-row part a few minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -27,9 +27,12 @@ for part in "${@:-graphs}"; do
     overlap) $steps $u8 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_$tag.json" 2>&1 | tail -20 ;;
     overlap16) $steps $f16 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_f16_$tag.json" 2>&1 | tail -20 ;;
     consumers) $steps $u8 --hopper-consumers 2,3,2,3 --out "$out/screen_steps_consumers_$tag.json" 2>&1 | tail -20 ;;
+    sample)   # the threshold step's sample of every 16th row against every 32nd at k = 10 (0.83 ms of 9.4)
+      python3 bench/probes/screen_steps.py --keeps default --steps 16,32,16,32 $u8 --ks 10 \
+        --out "$out/screen_steps_sample_$tag.json" 2>&1 | tail -20 ;;
     memcheck)
       TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
         overlap 2>&1 | tail -8 | tee "$out/sanitize_overlap_$tag.log" ;;
-    *) echo "unknown part $part: graphs, overlap, overlap16, consumers, memcheck" >&2; exit 2 ;;
+    *) echo "unknown part $part: graphs, overlap, overlap16, consumers, sample, memcheck" >&2; exit 2 ;;
   esac
 done
