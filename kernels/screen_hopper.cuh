@@ -345,9 +345,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   static_assert(CW == 2 || (CW == 3 && MW == 1 && BN == 256 && KT == 0),
                 "screen_hopper_kernel: three consumer warpgroups for the screen of 64 x 256 warpgroup tiles only");
   static_assert(XO == 0 || (2 * XO <= STAGES && CW == 2 && KT == 0 &&
-                            ((MW == 1 && BN == 256) || (MW == 2 && BN == 128))),
-                "screen_hopper_kernel: the halves' overlap for the screen of 64 x 256 or 128 x 128 warpgroup tiles, "
-                "and two tiles' k-blocks in the ring, only");
+                            ((MW == 1 && BN == 256 && Acc(1) / Acc(2) == Acc(0)) || (MW == 2 && BN == 128))),
+                "screen_hopper_kernel: the halves' overlap for the screen of 8-bit 64 x 256 or 128 x 128 warpgroup "
+                "tiles, and two tiles' k-blocks in the ring, only");
   constexpr int BIAS_THREADS = 96;                     // PB: the producer warpgroup's warps 1-3
 
   extern __shared__ __align__(1024) unsigned char hopper_space[];
@@ -536,6 +536,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         // nobody reads, waited for below: no branch around a wgmma, which ptxas would serialize)
         issue(first, t + gridDim.x < total ? pos + XO : pos, 0);
         wgmma_wait<1>();
+        // released while, after the last tile, the reissue still reads them: safe only because the producer fills
+        // no stage after this block's last tile (and wgmma_wait<0> below keeps the block until it ends)
 #pragma unroll
         for (int kb = 0; kb < XO; ++kb) release((pos + kb) % STAGES);   // both halves' products are done
         settle(second);

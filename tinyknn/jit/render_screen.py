@@ -196,7 +196,8 @@ def _hopper_arch_of(arch: str) -> str:
 def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int | None = None,
                 keep: int = 0, small: bool = False) -> KernelSpec:
     """The Hopper screen of a `dtype` index whose screened rows hold `stride` elements, for a device of `arch`
-    (sm_90 or sm_90a; the spec's arch is sm_90a). The stride only decides the 8-bit conversion (exact or not).
+    (sm_90 or sm_90a; the spec's arch is sm_90a). The stride decides the 8-bit conversion (exact or not), integer
+    keys and, through the rows' k-blocks, the probes' CW and XO kernels.
     epi_group (default HOPPER_EPI_GROUP; 0: the kernel's choice): chunks of 8 rows the epilogue tests before one
     branch (screen_hopper.cuh, EG). keep 1 or 2: its threshold mode keeping that many bounds per (query, tile).
     small: the tile of batches of at most 128 queries (hopper_tile)."""
