@@ -429,11 +429,6 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
     const int c = wg - 1;
     if (CW == 3 && k_blocks != 1) __trap();   // its halves reread one stage (the host never asks this)
     const int g = lane >> 2, t4 = lane & 3;
-    Acc acc[MW][NACC];
-#pragma unroll
-    for (int m = 0; m < MW; ++m)
-#pragma unroll
-      for (int j = 0; j < NACC; ++j) acc[m][j] = 0;
     auto release = [&](int s) { if (lane == 0) mbar_arrive(empty(s)); };   // one arrival per warp
     // a tile's per-query terms, loaded before its k loop so that their latency hides behind it
     auto load_terms = [&](int q_first, float (&thr)[MW][2], float (&esc)[MW][2], float (&eoff)[MW][2]) {
@@ -447,6 +442,22 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
           esc[m][h] = ok ? __ldg(err_scale + q) : 0.0f;
           eoff[m][h] = ok ? __ldg(err_offset + q) : 0.0f;
         }
+    };
+    // a tile's per-query thresholds with the tile's bound folded in (the threshold mode: the bound alone)
+    auto fold_bounds = [&](const float (&thr)[MW][2], const float (&esc)[MW][2], const float (&eoff)[MW][2],
+                           float rmax, float (&tq)[MW][2]) {
+#pragma unroll
+      for (int m = 0; m < MW; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float bound = fma_up(esc[m][h], rmax, eoff[m][h]);
+          tq[m][h] = KT > 0 ? bound : add_up(thr[m][h], bound);
+        }
+    };
+    // the |x|^2 bounds of the tile a block takes i-th, in scalar slot b = i % HOPPER_SCALAR_SLOTS, once there
+    auto slot_norms = [&](int i, int b) {
+      mbar_wait(sfull(b), (i / HOPPER_SCALAR_SLOTS) & 1);
+      return reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
     };
     // a tile's products (of its rows' half `half`: CW = 3) into `into`, a k-block at a time from ring position
     // `pos` on (advanced past them); each stage is released once its group is done, but the last group is left
@@ -516,13 +527,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         wgmma_wait<1>();                                 // the first half is done, the second in flight
         settle(first);
         const int b = i % HOPPER_SCALAR_SLOTS;
-        mbar_wait(sfull(b), (i / HOPPER_SCALAR_SLOTS) & 1);
-        const float* norm_s = reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
+        const float* norm_s = slot_norms(i, b);
         float tq[MW][2];
-#pragma unroll
-        for (int m = 0; m < MW; ++m)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) tq[m][h] = add_up(thr[m][h], fma_up(esc[m][h], rmax, eoff[m][h]));
+        fold_bounds(thr, esc, eoff, rmax, tq);
         // half `half`'s epilogue: its queries' thresholds, its rows' |x|^2 and first row
         auto epilogue = [&](const Acc (&done)[1][XN / 2], int half) {
           const float th[1][2] = {{tq[XM ? half : 0][0], tq[XM ? half : 0][1]}};
@@ -548,6 +555,11 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       wgmma_wait<0>();
       return;
     }
+    Acc acc[MW][NACC];                                   // (XO: its own two sets above)
+#pragma unroll
+    for (int m = 0; m < MW; ++m)
+#pragma unroll
+      for (int j = 0; j < NACC; ++j) acc[m][j] = 0;
     int i = 0;
     for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
       const int qt = (int)(t % n_qt), rt = (int)(t / n_qt);
@@ -573,15 +585,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
 
         // ---- epilogue ----
         if (half == 0) {
-          mbar_wait(sfull(b), (i / HOPPER_SCALAR_SLOTS) & 1);
-          norm_s = reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
-#pragma unroll
-          for (int m = 0; m < MW; ++m)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float bound = fma_up(esc[m][h], rmax, eoff[m][h]);
-              tq[m][h] = KT > 0 ? bound : add_up(thr[m][h], bound);
-            }
+          norm_s = slot_norms(i, b);
+          fold_bounds(thr, esc, eoff, rmax, tq);
         }
         constexpr int BH = BN / HALVES;
         if constexpr (KT > 0)
