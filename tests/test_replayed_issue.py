@@ -64,6 +64,15 @@ def test_a_captured_graph_is_not_launched_while_graphs_are_off(graphs):
     assert issued == ["stream"] * 3 and graphs[0].launches == 1
 
 
+def test_a_capture_replays_from_the_next_use(graphs):
+    """A rebuilt batch given its graph back (gpu/row_ops.py) replays it at once, without issuing again."""
+    issued = []
+    entry = launcher.ReplayedIssue()
+    entry.capture("stream", issued.append)
+    entry.replay("stream", issued.append)
+    assert issued == ["stream"] and graphs[0].launches == 1
+
+
 class PlanCache(buffers_module.Buffers):
     """Buffers' plan cache alone: no buffers, no device."""
 

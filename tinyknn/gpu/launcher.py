@@ -295,11 +295,15 @@ class ReplayedIssue:
         """issue(stream), or the graph captured from it (use_graphs: False issues it as it is)."""
         self.uses += 1
         if use_graphs and self.graph is None and self.uses >= self.GRAPH_AFTER_USES:
-            self.graph = CapturedGraph(stream, lambda: issue(stream))
+            self.capture(stream, issue)
         if use_graphs and self.graph is not None:
             self.graph.launch(stream)
         else:
             issue(stream)
+
+    def capture(self, stream, issue) -> None:
+        """issue(stream) captured as the graph replayed from now on (a rebuilt batch that had one gets it back)."""
+        self.graph = CapturedGraph(stream, lambda: issue(stream))
 
     def close(self) -> None:
         if self.graph is not None:

@@ -16,7 +16,6 @@ import numpy as np
 from ..jit import render
 from ..spec import numpy_dtype
 from . import plan as plans
-from .launcher import CapturedGraph
 
 
 class RowOperations:
@@ -110,7 +109,7 @@ class RowOperations:
                 batch = self._host_batch(n_queries, k, exact)
                 batch.uses = uses
                 if graphed and self.use_graphs and batch.graph is None:
-                    batch.graph = CapturedGraph(self._stream, lambda b=batch: b.issue(self._stream))
+                    batch.capture(self._stream, batch.issue)
         finally:
             self._view = view
 

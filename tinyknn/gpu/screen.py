@@ -178,14 +178,10 @@ class Screen(HopperSteps, ScreenLaunches):
         nq, stream = len(queries), s._stream
         marks = self._marks()
         results = s._pinned("screen_results", nq * k * 12 + nq * 4)   # before a graph's lookup: growth drops plans
-        if self._replays():
-            shape = self._prepare(nq, k)
-            if shape is None:
-                return None
-            stage = self._stage_queries(queries)
-            self._replay(shape, lambda stream: (self._copy_queries(stage, nq), self._issue(shape, marks)))
-            self.hopper_thresholds += shape.on_hopper
-        elif not self._steps(nq, k, lambda: self._upload(queries), marks):
+        replayed = self._replays()
+        stage = self._stage_queries(queries) if replayed else None    # by the host: a graph holds only the copy
+        if not self._steps(nq, k, lambda: self._copy_queries(stage, nq) if replayed else self._upload(queries),
+                           marks, replayed):
             return None
         s._buffers["screen_out"].copy_to_host(results, nq * k * 12 + nq * 4, stream)
         try:
@@ -226,15 +222,19 @@ class Screen(HopperSteps, ScreenLaunches):
         self.fallbacks += len(unproven)
         return unproven
 
-    def _steps(self, nq: int, k: int, bring_queries, marks: "StageMarks") -> bool:
+    def _steps(self, nq: int, k: int, bring_queries, marks: "StageMarks", replayed: bool = False) -> bool:
         """Steps 1-4 of a batch of nq queries, enqueued: `bring_queries()` puts them into screen_q32 (float32,
         padded rows), the results land in screen_out (distances, ids, then each query's unproven flag).
-        False when the screen cannot run (a row beyond float16)."""
+        replayed: both through the CapturedSteps of the batch's shape (_replay). False when the screen cannot run
+        (a row beyond float16)."""
         shape = self._prepare(nq, k)
         if shape is None:
             return False
-        bring_queries()
-        self._issue(shape, marks)
+        if replayed:
+            self._replay(shape, lambda stream: (bring_queries(), self._issue(shape, marks)))
+        else:
+            bring_queries()
+            self._issue(shape, marks)
         self.hopper_thresholds += shape.on_hopper
         return True
 
