@@ -15,6 +15,7 @@ import pytest
 
 from hopper_batches import screened
 from reference import assert_exact
+from test_gpu_screen import data, near_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -75,14 +76,11 @@ def test_halves_with_one_tile_a_block(knob, rng, wgmma, monkeypatch):
 
 
 def _float_rows(rng, n, dim, dtype):
-    """Clustered rows in `dtype` (16-bit storage, or float32 screened through its float16 shadow), a quarter of
-    them copies of another quarter (ties)."""
-    from tinyknn.spec import numpy_dtype
-
-    centres = rng.standard_normal((50, dim)).astype(np.float32)
-    db = centres[rng.integers(50, size=n)] + 0.2 * rng.standard_normal((n, dim)).astype(np.float32)
+    """test_gpu_screen's clustered rows in `dtype` (16-bit storage, or float32 screened through its float16
+    shadow), a quarter of them copies of another quarter (ties)."""
+    db = data(rng, "clustered", n, dim, dtype)
     db[: n // 4] = db[n // 4: n // 2]
-    return db.astype(numpy_dtype(dtype))
+    return db
 
 
 @pytest.mark.parametrize("metric,dtype,dim,k_blocks", [("l2", "float16", 128, 2), ("ip", "bfloat16", 64, 1),
@@ -99,7 +97,7 @@ def test_overlap_of_16_bit_tiles_and_of_two_k_blocks(metric, dtype, dim, k_block
         queries = np.clip(db[rng.choice(n, 300)].astype(np.float32) + rng.integers(-2, 3, (300, dim)), 0, 255)
     else:
         db = _float_rows(rng, n, dim, dtype)
-        queries = db[rng.choice(n, 300)].astype(np.float32) + 0.01 * rng.standard_normal((300, dim)).astype(np.float32)
+        queries = near_rows(rng, db, 300, dtype)
     halves = _pair(db, queries, metric, dtype, k, "overlap", monkeypatch, value=k_blocks)
     assert_exact(halves[0], halves[1], db, queries, k, metric, dtype)
 
@@ -110,6 +108,6 @@ def test_overlap_of_16_bit_tiles_through_many_tiles_and_one(n, n_queries, rng, w
     scalar slot reused, a tile's first half carried across the loop); 16,384 rows and 250 queries give each block
     one tile (the prologue and the after-the-last-tile reissue on the same tile)."""
     db = _float_rows(rng, n, 128, "float16")
-    queries = db[rng.choice(n, n_queries)].astype(np.float32) + 0.01 * rng.standard_normal((n_queries, 128))
-    halves = _pair(db, queries.astype(np.float32), "l2", "float16", 10, "overlap", monkeypatch, value=2)
-    assert_exact(halves[0], halves[1], db, queries.astype(np.float32), 10, "l2", "float16")
+    queries = near_rows(rng, db, n_queries, "float16")
+    halves = _pair(db, queries, "l2", "float16", 10, "overlap", monkeypatch, value=2)
+    assert_exact(halves[0], halves[1], db, queries, 10, "l2", "float16")
