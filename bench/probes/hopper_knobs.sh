@@ -7,11 +7,7 @@
 # (PART: graphs, overlap, overlap16, consumers, sample, memcheck; each 10M-row part a few minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tk-site \
-    .whl/*.whl || exit
-fi
-export PYTHONPATH="/tmp/tk-site:$PWD" PYTHONUNBUFFERED=1 TINYKNN_CACHE_DIR="${TINYKNN_CACHE_DIR:-/tmp/tk-cache}"
+source .ci/device_env || exit
 out="${OUT:-/tmp}" tag="$(date -u +%Y-%m-%dT%H%M)_nvidia-h200_$(git rev-parse --short HEAD 2>/dev/null || echo tree)"
 steps="python3 bench/probes/screen_steps.py --keeps default --steps default"
 u8="--n 10000000 --dtype uint8 --ks 10,100 --queries 2048"
