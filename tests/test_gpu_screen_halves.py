@@ -1,12 +1,12 @@
-"""The Hopper screen's knobs that take each consumer's work in two halves (probes' knobs, off by default): three
-consumer warpgroups (render_screen.HOPPER_CONSUMERS = 3, screen_hopper.cuh's CW: 8-bit rows of one 128-byte
-k-block, 512 threads, 192-query tiles, each consumer's 256 rows in halves) and the halves' overlap
-(HOPPER_OVERLAP_HALVES, XO: rows of one or two k-blocks; one half's products in flight while the other's epilogue
-runs, across tiles; a half is the rows' half on 8-bit tiles and one of the two m64 query blocks on 16-bit ones).
-The survivors come from the same products and keys, so every query's survivor count, the queries handed back and
-the answers (bit for bit, and the float64 oracle's) must equal the default kernel's: integer and float keys, l2, ip
-and cosine, a batch that is not a whole number of tiles, and enough rows that each block takes many tiles (its
-scalar slots and ring stages reused)."""
+"""The Hopper screen's ways of taking each consumer's work in two halves, each against the kernel of two consumers
+without overlap: three consumer warpgroups (render_screen.HOPPER_CONSUMERS = 3, the default; screen_hopper.cuh's CW:
+8-bit rows of one 128-byte k-block, 512 threads, 192-query tiles, each consumer's 256 rows in halves) and the
+halves' overlap (a probes' knob, off by default; HOPPER_OVERLAP_HALVES, XO: rows of one or two k-blocks; one half's
+products in flight while the other's epilogue runs, across tiles; a half is the rows' half on 8-bit tiles and one of
+the two m64 query blocks on 16-bit ones). The survivors come from the same products and keys, so every query's
+survivor count, the queries handed back and the answers (bit for bit, and the float64 oracle's) must equal those of
+two consumers: integer and float keys, l2, ip and cosine, a batch that is not a whole number of tiles, and enough
+rows that each block takes many tiles (its scalar slots and ring stages reused)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from test_gpu_screen import data, near_rows
 
 pytestmark = pytest.mark.gpu
 
-KNOBS = {"consumers": ({"HOPPER_CONSUMERS": 3}, ("cw", 3)), "overlap": ({"HOPPER_OVERLAP_HALVES": True}, ("xo", 1))}
+KNOBS = {"consumers": ({"HOPPER_CONSUMERS": 3}, ("cw", 3)),
+         "overlap": ({"HOPPER_OVERLAP_HALVES": True, "HOPPER_CONSUMERS": 2}, ("xo", 1))}
 
 
 def _pair(db, queries, metric, dtype, k, knob, monkeypatch, int_keys=True, value=None):
@@ -27,7 +28,8 @@ def _pair(db, queries, metric, dtype, k, knob, monkeypatch, int_keys=True, value
     knob's parameter in the spec, where not KNOBS' (XO is the rows' k-blocks)."""
     knobs, (param, usual) = KNOBS[knob]
     value = usual if value is None else value
-    plain = screened(db, queries, metric, dtype, k, monkeypatch, HOPPER_INT_KEYS=int_keys)
+    plain = screened(db, queries, metric, dtype, k, monkeypatch, HOPPER_INT_KEYS=int_keys, HOPPER_CONSUMERS=2,
+                     HOPPER_OVERLAP_HALVES=False)
     halves = screened(db, queries, metric, dtype, k, monkeypatch, HOPPER_INT_KEYS=int_keys, **knobs)
     assert halves[4].param(param) == value and plain[4].param(param, 0) != value
     assert np.array_equal(halves[2], plain[2]), "the survivors per query differ"

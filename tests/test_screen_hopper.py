@@ -34,7 +34,9 @@ def test_hopper_specs_refuse_other_arches(arch):
 def test_tile_follows_the_element_type(metric, dtype, tile, ip):
     spec = rs.hopper_spec(metric, dtype, 128, "sm_90")
     assert (spec.param("bn"), spec.param("mw")) == tile
-    assert spec.param("smem") == rs.hopper_smem(*tile) <= 227 * 1024
+    consumers = 3 if tile == (256, 1) else 2           # 8-bit rows of one k-block: three consumer warpgroups
+    assert (spec.param("cw", 2), spec.param("stages")) == (consumers, 3 if consumers == 3 else 4)
+    assert spec.param("smem") == rs.hopper_smem(*tile, spec.param("stages"), consumers) <= 227 * 1024
     name = cuda_source.name_expression(spec)
     element = rs.SCREEN_ELEMENTS[rs.element_of(metric, dtype)]
     assert name.startswith(f"tinyknn::screen_hopper_kernel<{element}, {'true' if ip else 'false'}, ")
@@ -63,8 +65,9 @@ def test_integer_keys_only_where_every_squared_norm_is_below_two_to_the_23(eleme
 def test_integer_keys_are_the_default_where_they_apply(monkeypatch):
     """HOPPER_INT_KEYS (on by default): the 8-bit screen where integer_keys allows gets IK = true, its threshold
     mode and the other element types keep their kernels; off, the float keys' kernel (the producer's bias off
-    here: it is a further template argument, tested below)."""
+    here: it is a further template argument, tested below; two consumers, whose name ends with these)."""
     monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", False)
+    monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 2)
     keyed = rs.hopper_spec("l2", "uint8", 128, "sm_90")
     assert keyed.param("ik") == 1
     monkeypatch.setattr(rs, "HOPPER_INT_KEYS", False)
@@ -79,7 +82,9 @@ def test_integer_keys_are_the_default_where_they_apply(monkeypatch):
 
 def test_the_producer_biases_l2s_bounds_beside_integer_keys(monkeypatch):
     """HOPPER_PRODUCER_BIAS (on by default; screen_hopper.cuh's PB): the keyed l2 screen gets PB = true as its last
-    template argument; off, the keyed kernel without it; ip, the float keys and the threshold mode never have it."""
+    template argument; off, the keyed kernel without it; ip, the float keys and the threshold mode never have it
+    (two consumers, whose name ends with it)."""
+    monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 2)
     biased = rs.hopper_spec("l2", "uint8", 128, "sm_90")
     assert biased.param("pb") == 1 and biased.param("ik") == 1
     monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", False)
@@ -93,13 +98,10 @@ def test_the_producer_biases_l2s_bounds_beside_integer_keys(monkeypatch):
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("pb", 0) == 0
 
 
-def test_three_consumer_warpgroups_only_as_a_probes_knob_for_one_k_block(monkeypatch):
-    """HOPPER_CONSUMERS (2; a probe's 3, screen_hopper.cuh's CW): 3 gives the 8-bit screen of one 128-byte k-block
-    512 threads, 192-query tiles and 3 stages as its last template argument; the threshold mode, the small tile,
-    16-bit rows and longer rows keep their kernels."""
-    plain = rs.hopper_spec("l2", "uint8", 128, "sm_90")
-    assert plain.param("cw", 2) == 2 and rs.hopper_threads(plain) == 384 and rs.hopper_tile_queries(plain) == 128
-    monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 3)
+def test_three_consumer_warpgroups_for_8_bit_rows_of_one_k_block(monkeypatch):
+    """HOPPER_CONSUMERS (3; 2 a probe's): the 8-bit screen of one 128-byte k-block gets three consumer warpgroups
+    (screen_hopper.cuh's CW): 512 threads, 192-query tiles and 3 stages as its last template argument; the threshold
+    mode, the small tile, 16-bit rows and longer rows keep their kernels of two."""
     three = rs.hopper_spec("l2", "uint8", 128, "sm_90")
     assert three.param("cw") == 3 and three.param("stages") == rs.HOPPER_CONSUMERS_STAGES == 3
     assert rs.hopper_threads(three) == 512 and rs.hopper_tile_queries(three) == 192
@@ -111,6 +113,10 @@ def test_three_consumer_warpgroups_only_as_a_probes_knob_for_one_k_block(monkeyp
               rs.hopper_spec("l2", "float16", 64, "sm_90"), rs.hopper_spec("l2", "uint8", 256, "sm_90")]
     for other in others:
         assert other.param("cw", 2) == 2 and rs.hopper_threads(other) == 384, other
+    monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 2)
+    plain = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert plain.param("cw", 2) == 2 and rs.hopper_threads(plain) == 384 and rs.hopper_tile_queries(plain) == 128
+    assert plain.param("stages") == rs.HOPPER_STAGES == 4
 
 
 def test_the_halves_overlap_only_as_a_probes_knob_for_rows_of_two_k_blocks(monkeypatch):
@@ -118,6 +124,7 @@ def test_the_halves_overlap_only_as_a_probes_knob_for_rows_of_two_k_blocks(monke
     k-blocks (two tiles' k-blocks fit the 4-stage ring) keeps its tile, threads and shared memory and gets its rows'
     k-blocks as XO, its last template argument: 8-bit rows (halves of the rows) and 16-bit ones (halves of the
     queries); not with three consumers, nor for the threshold mode, the small tile or longer rows."""
+    monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 2)
     plain = rs.hopper_spec("l2", "uint8", 128, "sm_90")
     assert plain.param("xo", 0) == 0
     monkeypatch.setattr(rs, "HOPPER_OVERLAP_HALVES", True)
@@ -146,7 +153,7 @@ def test_the_spec_carries_the_conversion_of_its_stride():
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("exact") == 1
     assert rs.hopper_spec("l2", "uint8", 768, "sm_90").param("exact") == 0
     assert rs.hopper_spec("l2", "float16", 128, "sm_90").param("exact") == 0
-    assert "true, 256, 1, 4" in cuda_source.name_expression(rs.hopper_spec("l2", "uint8", 128, "sm_90"))
+    assert "true, 256, 1, 3" in cuda_source.name_expression(rs.hopper_spec("l2", "uint8", 128, "sm_90"))
 
 
 def test_bound_counts_four_instructions_per_128_byte_block():
@@ -243,9 +250,10 @@ def test_auto_runs_the_hopper_screen_only_on_batches_where_it_measured_faster():
     assert not hopper_pays(1000, 100_000)         # 100k x 128 x 1,000: 0.67 against 0.59
 
 
-def test_small_batches_take_the_small_hopper_tile():
+def test_small_batches_take_the_small_hopper_tile(monkeypatch):
     """At most 128 queries: one tile of 128 queries x 256 rows (a 256-query tile would be mostly padding), where
-    queries x rows reach HOPPER_SMALL_MIN_PRODUCTS; 8-bit indexes' tile is that one already."""
+    queries x rows reach HOPPER_SMALL_MIN_PRODUCTS; 8-bit indexes' tile of two consumers is that one already (their
+    three consumers' tile takes 192 queries)."""
     from tinyknn.gpu.screen_hopper import small_tile_pays
 
     assert small_tile_pays(100, 1_000_000)        # 1M x 768 float32 x 100: 0.60 ms against 1.11 through mma.sync
@@ -255,6 +263,9 @@ def test_small_batches_take_the_small_hopper_tile():
     small = rs.hopper_spec("l2", "float16", 768, "sm_90", small=True)
     assert (large.param("bn"), large.param("mw"), small.param("bn"), small.param("mw")) == (128, 2, 256, 1)
     assert small.param("smem") == rs.hopper_smem(256, 1)
+    assert rs.hopper_tile_queries(rs.hopper_spec("ip", "uint8", 128, "sm_90")) == 192
+    assert rs.hopper_tile_queries(rs.hopper_spec("ip", "uint8", 128, "sm_90", small=True)) == 128
+    monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 2)
     assert rs.hopper_spec("ip", "uint8", 128, "sm_90", small=True) == rs.hopper_spec("ip", "uint8", 128, "sm_90")
     specs = search_kernels.hopper_specs("l2", "float16", 768, "sm_90a")
     assert small in specs and rs.tiles_spec(256, "sm_90a") in specs and rs.sample_spec(256, "sm_90a") in specs

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The screen's three off-by-default knobs measured on the H200 in one call (each setting a fresh index, answers
-# compared across settings by screen_steps): the screen graphs on the small batches they aim at; the halves'
-# overlap (XO) and three consumers (CW) on 10M x 128 uint8 x 2,048 at k = 10 and 100, XO on float16 too; then
-# memcheck of XO. Logs and JSON in $OUT.
+# The screen's knobs measured on the H200 in one call (each setting a fresh index, answers compared across
+# settings by screen_steps): the screen graphs on the small batches they aim at; three consumers (CW, the default)
+# against two and the halves' overlap (XO, with two) on 10M x 128 uint8 x 2,048 at k = 10 and 100, XO on float16
+# too; then memcheck of XO. Logs and JSON in $OUT.
 # Run after .ci/gpu (which runs their tests), carrying .whl:  bash bench/probes/hopper_knobs.sh PART...
 # (PART: graphs, overlap, overlap16, consumers, sample, memcheck; each 10M-row part a few minutes)
 set -uo pipefail
@@ -20,7 +20,8 @@ for part in "${@:-graphs}"; do
         2>&1 | tail -10
       $steps --n 1000000 --dim 768 --queries 100 --ks 10,100 --graphs 0,1,0,1 \
         --out "$out/screen_steps_graphs_1Mx768_$tag.json" 2>&1 | tail -20 ;;
-    overlap) $steps $u8 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_$tag.json" 2>&1 | tail -20 ;;
+    overlap) $steps $u8 --hopper-consumers 2 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_$tag.json" \
+        2>&1 | tail -20 ;;
     overlap16) $steps $f16 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_f16_$tag.json" 2>&1 | tail -20 ;;
     consumers) $steps $u8 --hopper-consumers 2,3,2,3 --out "$out/screen_steps_consumers_$tag.json" 2>&1 | tail -20 ;;
     sample)   # the threshold step's sample of every 16th row against every 32nd at k = 10 (0.83 ms of 9.4)

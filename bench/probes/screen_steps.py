@@ -39,10 +39,11 @@ SWITCHES = (
     ("--producer-bias", render_screen, "HOPPER_PRODUCER_BIAS",
      "1: with l2's integer keys the producer stores |x|^2 biased, screen_hopper.cuh's PB"),
     ("--hopper-consumers", render_screen, "HOPPER_CONSUMERS",
-     "3: the 8-bit Hopper screen of one k-block with three consumer warpgroups, screen_hopper.cuh's CW"),
+     "3 (the default): the 8-bit Hopper screen of one k-block with three consumer warpgroups, screen_hopper.cuh's CW; "
+     "2: with two"),
     ("--hopper-overlap", render_screen, "HOPPER_OVERLAP_HALVES",
-     "1: the 8-bit Hopper screen of one k-block with one half's products in flight during the other's epilogue, "
-     "screen_hopper.cuh's XO"),
+     "1: the Hopper screen of rows of one or two k-blocks with one half's products in flight during the other's "
+     "epilogue, screen_hopper.cuh's XO (not with three consumers)"),
     ("--graphs", screen_launch, "SCREEN_GRAPHS",
      "1: a batch shape seen twice replays its steps as one CUDA graph; the whole search's time only: the steps' "
      "breakdown runs without it"),

@@ -119,8 +119,10 @@ HOPPER_INT_KEYS = True          # the screen's keys as integers where integer_ke
 HOPPER_PRODUCER_BIAS = True     # with l2's integer keys the producer's idle warps store |x|^2 biased
                                 # (screen_hopper.cuh, PB; H200, 10M x 128 uint8 x 2,048: screen step
                                 # 8.15 -> 8.00 ms at k = 10, 9.67 -> 9.59 at k = 100)
-HOPPER_CONSUMERS = 2            # probes only: 3 gives the 8-bit screen of one k-block three consumer warpgroups
-                                # (screen_hopper.cuh, CW; 192-query tiles, each consumer's rows in two halves)
+HOPPER_CONSUMERS = 3            # the 8-bit screen of one k-block with three consumer warpgroups (screen_hopper.cuh,
+                                # CW; 192-query tiles, each consumer's rows in two halves; 2: the others' two).
+                                # H200, 10M x 128 uint8 x 2,048: screen step 8.07 -> 7.28 ms at k = 10, 9.66 -> 8.54
+                                # at k = 100, the same answers (screen_steps_consumers_2026-12-03T2229_*)
 HOPPER_CONSUMERS_STAGES = 3     # ... and the stages that then fit (4 do not: 238,784 bytes; HOPPER_STAGES not used)
 HOPPER_OVERLAP_HALVES = False   # probes only: the same screen with each consumer's work in two halves (8-bit: its
                                 # rows; 16-bit: its two m64 blocks), one half's products in flight while the other's
@@ -297,9 +299,10 @@ def specs_for_screen(metric: str, dtype: str, k: int, arch: str, stride: int | N
     hopper = []
     if hopper_arch(arch) and stride is not None:
         hopper = hopper_kernels(metric, dtype, stride, arch, keeps=(min(k, HOPPER_MAX_KEEP),))
-    return hopper + [screen_spec(metric, dtype, k, arch, threshold=True), screen_spec(metric, dtype, k, arch, threshold=False),
-            step_spec("screen_queries", metric, dtype, k, arch), step_spec("screen_rows", metric, dtype, k, arch),
-            step_spec("threshold", metric, dtype, k, arch), *survivor_specs(metric, dtype, k, arch)]
+    return hopper + [
+        screen_spec(metric, dtype, k, arch, threshold=True), screen_spec(metric, dtype, k, arch, threshold=False),
+        step_spec("screen_queries", metric, dtype, k, arch), step_spec("screen_rows", metric, dtype, k, arch),
+        step_spec("threshold", metric, dtype, k, arch), *survivor_specs(metric, dtype, k, arch)]
 
 
 def specs_for_range_screen(metric: str, dtype: str, arch: str, stride: int | None = None) -> list[KernelSpec]:
