@@ -7,7 +7,7 @@
 // end and past the last row / query (the tensor maps' extents), so no padding to the tile is asked.
 //
 // ---- Work ---------------------------------------------------------------------------------------
-// A tile is TILE_Q = 64 MW CW queries (CW consumer warpgroups: 2, a probe's 3 below) x BN rows, numbered
+// A tile is TILE_Q = 64 MW CW queries (CW consumer warpgroups: 2, or 3 below) x BN rows, numbered
 // t = row_tile * n_query_tiles + query_tile (the query tile fastest: the CTAs running at one time read the same
 // few row tiles, which then come from L2).
 // Persistent grid (one CTA per SM): CTA b takes tiles b, b + grid, ...  CTA = 3 warpgroups (384 threads):
@@ -22,7 +22,7 @@
 //        of every tile as MW wgmma m64nBN blocks, 4 instructions per k-block each (32 bytes of K apiece),
 //        both operands from shared-memory descriptors; one wgmma group stays in flight, and a stage is
 //        free once all 8 consumer warps have arrived on its "empty" mbarrier.
-// CW = 3 (a knob for probes: MW = 1, one k-block a row, the screen only): three consumer warpgroups (512
+// CW = 3 (8-bit's default where MW = 1 and a row is one k-block; the screen only): three consumer warpgroups (512
 // threads, tiles of 192 queries) for more warps to hide each one's waits. 512 threads leave 128 registers a
 // thread, fewer than an m64n256 s32 wgmma needs (ptxas asks 154), so each consumer takes its BN rows in two
 // halves of BN / 2 (64 accumulators), products then epilogue, and releases the stage after the second.

@@ -152,8 +152,9 @@ def test_range_survivors_spec_names_its_kernel():
     assert [s.variant for s in specs] == ["screen_hopper", "screen_tiles", "screen_hopper", "screen_tiles", "screen",
                                           "screen_queries", "screen_rows", "range_survivors"]
     assert [s.param("bn") for s in specs[:4]] == [128, 128, 256, 256]          # the large tile's, then the small's
-    assert [s.variant for s in render_screen.specs_for_range_screen("l2", "uint8", "sm_90", 128)][:3] == \
-        ["screen_hopper", "screen_tiles", "screen"]                            # 8-bit: one tile for both
+    eight_bit = render_screen.specs_for_range_screen("l2", "uint8", "sm_90", 128)
+    assert [s.variant for s in eight_bit][:4] == ["screen_hopper", "screen_tiles", "screen_hopper", "screen"]
+    assert [s.param("cw", 2) for s in eight_bit[:3:2]] == [3, 2]    # 8-bit: three consumers, then two; one tile bound
     assert "screen_hopper" not in [s.variant for s in render_screen.specs_for_range_screen("l2", "uint8", "sm_80", 128)]
 
 

@@ -2,7 +2,7 @@
 # The screen's knobs measured on the H200 in one call (each setting a fresh index, answers compared across
 # settings by screen_steps): the screen graphs on the small batches they aim at; three consumers (CW, the default)
 # against two and the halves' overlap (XO, with two) on 10M x 128 uint8 x 2,048 at k = 10 and 100, XO on float16
-# too; then memcheck of XO. Logs and JSON in $OUT.
+# too; then memcheck of CW and XO. Logs and JSON in $OUT.
 # Run after .ci/gpu (which runs their tests), carrying .whl:  bash bench/probes/hopper_knobs.sh PART...
 # (PART: graphs, overlap, overlap16, consumers, sample, memcheck; each 10M-row part a few minutes)
 set -uo pipefail
@@ -28,8 +28,10 @@ for part in "${@:-graphs}"; do
       python3 bench/probes/screen_steps.py --keeps default --steps 16,32,16,32 $u8 --ks 10 \
         --out "$out/screen_steps_sample_$tag.json" 2>&1 | tail -20 ;;
     memcheck)
-      TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
-        overlap 2>&1 | tail -8 | tee "$out/sanitize_overlap_$tag.log" ;;
+      for mode in consumers overlap; do
+        TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
+          $mode 2>&1 | tail -8 | tee "$out/sanitize_${mode}_$tag.log"
+      done ;;
     *) echo "unknown part $part: graphs, overlap, overlap16, consumers, sample, memcheck" >&2; exit 2 ;;
   esac
 done

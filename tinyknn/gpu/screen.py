@@ -322,7 +322,7 @@ class Screen(HopperSteps, ScreenLaunches):
         # batch's rows only, its end abutting the small buffers after it, the Hopper screen ran 2.6x slower (H200,
         # 1M x 768 float32, exactly 100 queries, k = 100: 1.05 against 0.40 ms; growing screen_q or
         # screen_counts, whose atomics every tile hits, alone removed it; the hardware's reason is not known)
-        tiles = (256, rs.hopper_tile_queries(self.hopper_spec)) if self.hopper else (256,)   # (a probe's 192)
+        tiles = (256, rs.hopper_tile_queries(self.hopper_spec)) if self.hopper else (256,)   # (8-bit: 192)
         tile_rows = max(-(-nq // tile) * tile for tile in tiles)
         sizes = {"screen_q32": nq * s._stride * 4, "screen_q": tile_rows * self.row_bytes, "screen_e": nq * 4,
                  "screen_f": nq * 4, "screen_t": nq * 4, "screen_counts": nq * 4,
