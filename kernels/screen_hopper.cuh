@@ -177,16 +177,22 @@ template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
 // PB (a knob with IK for l2): the producer warpgroup's idle warps store the tile's |x|^2 lower bounds already
 // biased (the float sq + 2^23, rounded as the epilogue's add rounds it), so the epilogue reads S' bits and drops
 // its 2 FADD a chunk, redone for every tile by every consumer thread.
+// GM (a knob for probes, with PB): those warps also store, for each group and t4, the least S' bits of the 2 G
+// rows the group gives a thread (`mins`, 4 ints a group). A group first asks whether any of its elements has
+// dot >= ceil((S'min - ti) / 2): one ISETP an element against two thresholds a group, in place of an IMAD and an
+// ISETP, and no |x|^2 load. That follows from the exact test (S' - 2 dot <= ti, S' >= S'min; integers), so only
+// a group that passes loads its S' and takes the exact test above, and the survivors are the same.
 template <int MW> __host__ __device__ constexpr int hopper_epi_group() { return MW == 1 ? 4 : 2; }
 TINYKNN_D int int_threshold(float tq, bool ip) {   // floor(tq) clamped to +-2^26 (NaN: every row), l2's bias added
   const float clamped = tq != tq ? 67108864.0f : fminf(fmaxf(tq, -67108864.0f), 67108864.0f);
   return __float2int_rd(clamped) + (ip ? 0 : 0x4B000000);
 }
-template <class Mma, bool IP, int BN, int MW, int G, bool IK, bool PB, class Acc>
+template <class Mma, bool IP, int BN, int MW, int G, bool IK, bool PB, class Acc, bool GM = false>
 TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[MW][2], const float* norm_s,
                                int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
-                               int* __restrict__ survivors, int capacity) {
+                               int* __restrict__ survivors, int capacity, const int* mins = nullptr) {
   static_assert((BN / 8) % G == 0, "hopper_epilogue: the chunks of a tile split into whole groups");
+  static_assert(!GM || (PB && MW == 1), "hopper_epilogue: group minima for 8-bit l2's biased bounds only");
   int ti[MW][2];                       // IK: the thresholds as integers
 #pragma unroll
   for (int m = 0; m < MW; ++m)
@@ -211,25 +217,39 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
   for (int j0 = 0; j0 < BN / 8; j0 += G) {
     float2 nv[G];
     int2 sq[G];
-#pragma unroll
-    for (int u = 0; u < G; ++u) {
-      nv[u] = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * (j0 + u) + 2 * t4);
-      if constexpr (PB)       // the producer stored them biased already (the kernel's PB)
-        sq[u] = *reinterpret_cast<const int2*>(norm_s + 8 * (j0 + u) + 2 * t4);
-      else
-        sq[u] = IK && !IP ? make_int2(__float_as_int(nv[u].x + 8388608.0f), __float_as_int(nv[u].y + 8388608.0f))
-                          : make_int2(0, 0);
-    }
     bool any[G];
+    // the group's |x|^2 bounds and which of its chunks have a survivor
+    auto test_chunks = [&]() {
 #pragma unroll
-    for (int u = 0; u < G; ++u) {
-      any[u] = false;
+      for (int u = 0; u < G; ++u) {
+        nv[u] = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * (j0 + u) + 2 * t4);
+        if constexpr (PB)       // the producer stored them biased already (the kernel's PB)
+          sq[u] = *reinterpret_cast<const int2*>(norm_s + 8 * (j0 + u) + 2 * t4);
+        else
+          sq[u] = IK && !IP ? make_int2(__float_as_int(nv[u].x + 8388608.0f), __float_as_int(nv[u].y + 8388608.0f))
+                            : make_int2(0, 0);
+      }
 #pragma unroll
-      for (int e = 0; e < MW * 4; ++e) any[u] |= kept(j0 + u, e, nv[u], sq[u]);
-    }
+      for (int u = 0; u < G; ++u) {
+        any[u] = false;
+#pragma unroll
+        for (int e = 0; e < MW * 4; ++e) any[u] |= kept(j0 + u, e, nv[u], sq[u]);
+      }
+    };
     bool group = false;
+    if constexpr (GM) {
+      const int least = mins[(j0 / G) * 4 + t4];   // within 2^23's and 2^24's bits, ti within 2^26 of 2^23's: no wrap
+      const int at_least[2] = {(least - ti[0][0] + 1) >> 1, (least - ti[0][1] + 1) >> 1};   // ceil((least - ti) / 2)
 #pragma unroll
-    for (int u = 0; u < G; ++u) group |= any[u];
+      for (int u = 0; u < G; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) group |= (int)dot_at(j0 + u, e) >= at_least[(e >> 1) & 1];
+      if (group) test_chunks();
+    } else {
+      test_chunks();
+#pragma unroll
+      for (int u = 0; u < G; ++u) group |= any[u];
+    }
     if (group) {   // rare: append the survivors of the chunks of this group that have any
 #pragma unroll
       for (int u = 0; u < G; ++u) {
@@ -305,8 +325,8 @@ TINYKNN_D void hopper_threshold_epilogue(const Acc (&acc)[MW][BN / 2], const flo
 constexpr int HOPPER_SCALAR_SLOTS = 8;   // per-tile |x|^2 buffers of BN floats each
 // Shared memory of a configuration (the host passes at least this): 1024 bytes of alignment slack, the
 // ring, the scalar ring, the mbarriers.
-__host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, int CW = 2) {
-  return 1024 + STAGES * (64 * CW * MW + BN) * 128 + HOPPER_SCALAR_SLOTS * BN * 4 +
+__host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, int CW = 2, int MIN_BYTES = 0) {
+  return 1024 + STAGES * (64 * CW * MW + BN) * 128 + HOPPER_SCALAR_SLOTS * (BN * 4 + MIN_BYTES) +
          8 * (2 * STAGES + 2 * HOPPER_SCALAR_SLOTS);
 }
 
@@ -315,7 +335,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, 
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
-          bool IK = false, bool PB = false, int CW = 2, int XO = 0>
+          bool IK = false, bool PB = false, int CW = 2, int XO = 0, bool GM = false>
 __global__ void __launch_bounds__(128 * (CW + 1), 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -328,12 +348,13 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   constexpr int WG_Q = 64 * MW, TILE_Q = CW * WG_Q;
   constexpr int Q_BYTES = TILE_Q * 128, X_BYTES = BN * 128, STAGE_BYTES = Q_BYTES + X_BYTES;
   constexpr int BK = Mma::BK;
-  constexpr int SC_BYTES = BN * 4;
   constexpr bool XM = XO > 0 && MW == 2;              // XO's halves are the two m64 blocks (16-bit tiles)
   constexpr int HALVES = CW == 3 || (XO > 0 && !XM) ? 2 : 1;   // CW = 3, 8-bit XO: a consumer's rows in two halves
   constexpr int NACC = BN / 2 / HALVES;
   constexpr int EPI_G = EG ? EG : hopper_epi_group<MW>();   // chunks of 8 rows per branch of the epilogue
-  constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES, CW);
+  constexpr int N_MINS = GM ? 4 * (BN / 8 / EPI_G) : 0;    // GM: a tile's group minima (4 a group: one a t4)
+  constexpr int SC_BYTES = BN * 4 + N_MINS * 4;             // a scalar slot: the tile's |x|^2 bounds, its minima
+  constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES, CW, N_MINS * 4);
   static_assert(BN == 128 || BN == 256, "screen_hopper_kernel: BN is a wgmma N of 128 or 256");
   static_assert(MW * NACC <= 128, "screen_hopper_kernel: at most 128 accumulators per thread");
   static_assert(TILE_Q <= 256 && STAGES >= 2, "screen_hopper_kernel: a TMA box holds at most 256 rows");
@@ -342,6 +363,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   static_assert(!IK || (EXACT && KT == 0 && Acc(1) / Acc(2) == Acc(0)),
                 "screen_hopper_kernel: integer keys for the screen of exact 8-bit dot products only");
   static_assert(!PB || (IK && !IP), "screen_hopper_kernel: biased |x|^2 bounds for l2's integer keys only");
+  static_assert(!GM || (PB && KT == 0 && MW == 1 && (XO == 0 || EG == 0)),
+                "screen_hopper_kernel: group minima for the screen of the biased bounds (8-bit l2) only");
   static_assert(CW == 2 || (CW == 3 && MW == 1 && BN == 256 && KT == 0),
                 "screen_hopper_kernel: three consumer warpgroups for the screen of 64 x 256 warpgroup tiles only");
   static_assert(XO == 0 || (2 * XO <= STAGES && CW == 2 && KT == 0 &&
@@ -391,8 +414,22 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
           const int rt = (int)(t / n_qt);
           const int b = i % HOPPER_SCALAR_SLOTS;
           mbar_wait(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
-          for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS)
-            slot0[b * BN + r] = __fadd_rn(__ldg(sq_norms + (long long)rt * BN + r), 8388608.0f);
+          float* const slot = slot0 + b * (SC_BYTES / 4);
+          const float* const sq = sq_norms + (long long)rt * BN;
+          for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS) slot[r] = __fadd_rn(__ldg(sq + r), 8388608.0f);
+          if constexpr (GM) {   // the least biased bits of the 2 G rows each (group, t4) gives a thread, clamped to
+            // [2^23, 2^24)'s bits: every row of the index has its S' there (IK: 0 <= |x|^2 bound < 2^23), so the
+            // clamp lowers no minimum of the index's rows (only the padding past n_rows, which nothing appends)
+            for (int n = threadIdx.x - 32; n < N_MINS; n += BIAS_THREADS) {
+              int least = 0x4B800000;
+              for (int u = 0; u < EPI_G; ++u)
+                for (int bb = 0; bb < 2; ++bb) {
+                  const float biased = __fadd_rn(__ldg(sq + 8 * ((n >> 2) * EPI_G + u) + 2 * (n & 3) + bb), 8388608.0f);
+                  least = min(least, __float_as_int(biased));
+                }
+              reinterpret_cast<int*>(slot + BN)[n] = max(least, 0x4B000000);
+            }
+          }
           mbar_arrive(sfull(b));                       // release: the stores before it are seen after the wait
         }
       }
@@ -534,9 +571,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         auto epilogue = [&](const Acc (&done)[1][XN / 2], int half) {
           const float th[1][2] = {{tq[XM ? half : 0][0], tq[XM ? half : 0][1]}};
           const int r_off = XM ? 0 : half * XN;
-          hopper_epilogue<Mma, IP, XN, 1, XG, IK, PB>(done, th, norm_s + r_off, q_first + (XM ? 64 * half : 0),
-                                                      rt * BN + r_off + 2 * t4, t4, n_queries, n_rows, counts,
-                                                      survivors, capacity);
+          hopper_epilogue<Mma, IP, XN, 1, XG, IK, PB, Acc, GM>(
+              done, th, norm_s + r_off, q_first + (XM ? 64 * half : 0), rt * BN + r_off + 2 * t4, t4, n_queries,
+              n_rows, counts, survivors, capacity, reinterpret_cast<const int*>(norm_s + BN) + r_off / (2 * XG));
         };
         epilogue(first, 0);
         // the next tile's first half into the free set; after the last tile, this tile's stages again (products
@@ -592,9 +629,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         if constexpr (KT > 0)
           hopper_threshold_epilogue<Mma, IP, BN, MW, KT>(acc, tq, norm_s, q_first, rt, n_rt, t4, n_queries, out_upper);
         else
-          hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB>(acc, tq, norm_s + half * BH, q_first,
-                                                          rt * BN + half * BH + 2 * t4, t4, n_queries, n_rows, counts,
-                                                          survivors, capacity);
+          hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB, Acc, GM>(
+              acc, tq, norm_s + half * BH, q_first, rt * BN + half * BH + 2 * t4, t4, n_queries, n_rows, counts,
+              survivors, capacity, reinterpret_cast<const int*>(norm_s + BN) + half * BH / (2 * EPI_G));
       }
       // the scalar slot is free for the producer's next bulk copy (async proxy; PB: its warps' plain stores, no
       // fence needed) once every consumer thread, each after its own reads of it and a proxy fence, has arrived

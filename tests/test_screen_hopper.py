@@ -149,6 +149,29 @@ def test_the_halves_overlap_only_as_a_probes_knob_for_rows_of_two_k_blocks(monke
     assert rs.hopper_spec("l2", "float16", 128, "sm_90").param("xo") == 2        # CW = 3 is 8-bit only
 
 
+def test_group_minima_only_as_a_probes_knob_for_the_biased_screen(monkeypatch):
+    """HOPPER_GROUP_MINIMA (off; a probe's, screen_hopper.cuh's GM): the screen of l2's biased bounds (8-bit rows
+    with integer keys) gets GM = true as its last template argument and 8 x 32 ints more shared memory (4 a group
+    of 4 chunks of 8 rows, in each scalar slot); ip, the float keys, 16-bit rows, the threshold mode and a probe's
+    epilogue group keep their kernels."""
+    assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("gm", 0) == 0
+    monkeypatch.setattr(rs, "HOPPER_GROUP_MINIMA", True)
+    for consumers, stages in ((3, 3), (2, 4)):
+        monkeypatch.setattr(rs, "HOPPER_CONSUMERS", consumers)
+        spec = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+        assert spec.param("gm") == 1 and spec.param("pb") == 1
+        assert spec.param("smem") == rs.hopper_smem(256, 1, stages, consumers) + 8 * 128 <= 227 * 1024
+        assert cuda_source.name_expression(spec).endswith(f", {consumers}, 0, true>")
+    assert rs.hopper_spec("l2", "int8", 100, "sm_90").param("gm") == 1
+    assert rs.hopper_spec("l2", "uint8", 128, "sm_90", small=True).param("gm") == 1
+    for other in (rs.hopper_spec("ip", "uint8", 128, "sm_90"), rs.hopper_spec("l2", "uint8", 200, "sm_90"),
+                  rs.hopper_spec("l2", "float16", 128, "sm_90"), rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=1),
+                  rs.hopper_spec("l2", "uint8", 128, "sm_90", epi_group=2)):
+        assert other.param("gm", 0) == 0, other
+    monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", False)
+    assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("gm", 0) == 0
+
+
 def test_the_spec_carries_the_conversion_of_its_stride():
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("exact") == 1
     assert rs.hopper_spec("l2", "uint8", 768, "sm_90").param("exact") == 0

@@ -8,7 +8,8 @@ mode, the threshold, the screen, the verify):
         --section LaunchStats python3 bench/probes/batch_kernels.py
     nsys profile --capture-range=cudaProfilerApi --stats=true -o $OUT/batch python3 bench/probes/batch_kernels.py
 
---filtered label / allow: the same for a filtered batch (a 1 % label, a 1 % random allow-list), whose kernels
+--sift-like: SIFT-like uint8 rows and queries (bench/datasets.py) in place of normal ones, as screen_steps takes
+for uint8. --filtered label / allow: the same for a filtered batch (a 1 % label, a 1 % random allow-list), whose kernels
 are not the screen's. --range-radius R: range searches of radius R in place of k-NN ones (index_ops's range
 row: 1M rows, R = 153.07, ~121 hits a query).
 """
@@ -19,11 +20,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import tinyknn
 from cuda.bindings import driver
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common  # noqa: E402
+import datasets  # noqa: E402
 
 
 def main() -> None:
@@ -39,6 +42,8 @@ def main() -> None:
     parser.add_argument("--filtered", choices=("none", "label", "allow"), default="none",
                         help="a filtered batch (bench/index_ops.py's rows): 'label' one label of 100 (1 %% of the "
                              "rows), 'allow' a random allow-list of 1 %% of the ids")
+    parser.add_argument("--sift-like", action="store_true",
+                        help="SIFT-like uint8 rows and queries (bench/datasets.py; the index of --dtype)")
     parser.add_argument("--range-radius", type=float, default=None,
                         help="profile range_search(q, R) in place of search(q, k)")
     args = parser.parse_args()
@@ -47,7 +52,14 @@ def main() -> None:
     labels = rng.integers(0, 100, args.n) if args.filtered == "label" else None
     allow = np.sort(rng.choice(args.n, max(1, args.n // 100), replace=False))
     more = {"none": {}, "label": {"labels": np.full(args.queries, 7)}, "allow": {"filter": allow}}[args.filtered]
-    with _common.normal_index(rng, args.n, args.dim, args.metric, args.dtype, labels=labels) as index:
+    if args.sift_like:
+        db, q = datasets.sift_like(args.n, args.queries, args.dim)
+        index = tinyknn.Index(args.dim, args.metric, args.dtype, device="cuda")
+        index.add(datasets.for_dtype(db, args.dtype), labels=labels)
+        q = datasets.for_dtype(q, args.dtype)
+    else:
+        index = _common.normal_index(rng, args.n, args.dim, args.metric, args.dtype, labels=labels)
+    with index:
         def call():
             if args.range_radius is None:
                 return index.search(q, args.k, **more)

@@ -1,0 +1,69 @@
+"""The 8-bit l2 screen's group minima (render_screen.HOPPER_GROUP_MINIMA, a probes' knob, off by default;
+screen_hopper.cuh's GM): the producer stores each group's least |x|^2 bound and the epilogue tests a group's
+dot products against it before it loads the rows' own bounds. The test is implied by the exact one, so every
+query's survivor count, the queries handed back and the answers (bit for bit, and the float64 oracle's) must equal
+those of the kernel without it: three consumer warpgroups (the default), two, and two with the halves' overlap;
+rows whose |x|^2 differ within a group, copies (ties), a batch that is not a whole number of tiles, an index that
+is not a whole number of row tiles, and enough rows that each block takes many tiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hopper_batches import screened
+from reference import assert_exact
+
+pytestmark = pytest.mark.gpu
+
+LAYOUTS = {"three consumers": {}, "two consumers": {"HOPPER_CONSUMERS": 2},
+           "two, overlapped": {"HOPPER_CONSUMERS": 2, "HOPPER_OVERLAP_HALVES": True}}
+
+
+def _pair(db, queries, dtype, k, layout, monkeypatch):
+    """The batch without group minima and with them, compared: survivors, hand-backs, ids and distance bits."""
+    knobs = LAYOUTS[layout]
+    plain = screened(db, queries, "l2", dtype, k, monkeypatch, HOPPER_GROUP_MINIMA=False, **knobs)
+    minima = screened(db, queries, "l2", dtype, k, monkeypatch, HOPPER_GROUP_MINIMA=True, **knobs)
+    assert minima[4].param("gm") == 1 and plain[4].param("gm", 0) == 0, (minima[4], plain[4])
+    layout_params = (minima[4].param("cw", 2), minima[4].param("xo", 0))
+    assert layout_params == (knobs.get("HOPPER_CONSUMERS", 3), int(knobs.get("HOPPER_OVERLAP_HALVES", False)))
+    assert np.array_equal(minima[2], plain[2]), "the survivors per query differ"
+    assert minima[3] == plain[3]
+    assert np.array_equal(minima[1], plain[1]) and np.array_equal(minima[0].view(np.int32), plain[0].view(np.int32))
+    assert_exact(minima[0], minima[1], db, queries, k, "l2", dtype)
+    return minima
+
+
+def _rows(rng, n, dim, dtype):
+    """8-bit rows whose |x|^2 differ widely within each group of 8 (every third row a quarter of its values,
+    every fifth a row of zeros), a quarter of them copies of another quarter."""
+    low, high = (0, 256) if dtype == "uint8" else (-128, 128)
+    db = rng.integers(low, high, (n, dim))
+    db[::3] //= 4
+    db[::5] = 0
+    db[: n // 4] = db[n // 4: n // 2]
+    return db.astype(dtype), (low, high)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("k", [1, 10, 100])
+def test_group_minima_keep_the_same_survivors(layout, dtype, k, rng, wgmma, monkeypatch):
+    n, dim = 40_000, 128                                               # 156.25 row tiles of 256
+    db, (low, high) = _rows(rng, n, dim, dtype)
+    queries = db[rng.choice(n, 250)].astype(np.float32)              # 250: a tile (or two) and a part of one
+    queries[:60] = np.clip(queries[:60] + rng.integers(-2, 3, (60, dim)), low, high - 1)
+    queries[-2:] += 0.5                                                # not 8-bit: every row survives
+    minima = _pair(db, queries, dtype, k, layout, monkeypatch)
+    assert minima[3] >= 2                                              # the two non-8-bit queries handed back
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_group_minima_through_many_tiles_a_block(layout, rng, wgmma, monkeypatch):
+    """340,000 rows and 400 queries: 15-20 tiles a block, so every scalar slot (with its minima) is filled again
+    after the consumers free it."""
+    n, dim = 340_000, 128
+    db, _ = _rows(rng, n, dim, "uint8")
+    queries = np.clip(db[rng.choice(n, 400)].astype(np.float32) + rng.integers(-3, 4, (400, dim)), 0, 255)
+    _pair(db, queries, "uint8", 10, layout, monkeypatch)
