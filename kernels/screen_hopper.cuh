@@ -418,7 +418,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
           const float* const sq = sq_norms + (long long)rt * BN;
           for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS) slot[r] = __fadd_rn(__ldg(sq + r), 8388608.0f);
           if constexpr (GM) {   // the least biased bits of the 2 G rows each (group, t4) gives a thread, clamped to
-            // [2^23, 2^24)'s bits: every row of the index has its S' there (IK: 0 <= |x|^2 bound < 2^23), so the
+            // [2^23's, 2^24's] bits: every row of the index has its S' there (IK: 0 <= |x|^2 bound < 2^23), so the
             // clamp lowers no minimum of the index's rows (only the padding past n_rows, which nothing appends)
             for (int n = threadIdx.x - 32; n < N_MINS; n += BIAS_THREADS) {
               int least = 0x4B800000;

@@ -67,3 +67,19 @@ def test_group_minima_through_many_tiles_a_block(layout, rng, wgmma, monkeypatch
     db, _ = _rows(rng, n, dim, "uint8")
     queries = np.clip(db[rng.choice(n, 400)].astype(np.float32) + rng.integers(-3, 4, (400, dim)), 0, 255)
     _pair(db, queries, "uint8", 10, layout, monkeypatch)
+
+
+@pytest.mark.parametrize("layout", ["two consumers", "two, overlapped"])
+def test_group_minima_of_rows_of_two_k_blocks(layout, rng, wgmma, monkeypatch):
+    """int8 rows of 200 elements (two 128-byte k-blocks, integer keys still): two consumers, and their overlap
+    with XO = 2 (three consumers take rows of one k-block only)."""
+    n, dim = 40_000, 200
+    db, _ = _rows(rng, n, dim, "int8")
+    queries = np.clip(db[rng.choice(n, 250)].astype(np.float32) + rng.integers(-2, 3, (250, dim)), -128, 127)
+    knobs = LAYOUTS[layout]
+    plain = screened(db, queries, "l2", "int8", 10, monkeypatch, HOPPER_GROUP_MINIMA=False, **knobs)
+    minima = screened(db, queries, "l2", "int8", 10, monkeypatch, HOPPER_GROUP_MINIMA=True, **knobs)
+    assert minima[4].param("gm") == 1 and minima[4].param("xo", 0) == (2 if "HOPPER_OVERLAP_HALVES" in knobs else 0)
+    assert np.array_equal(minima[2], plain[2]) and minima[3] == plain[3]
+    assert np.array_equal(minima[1], plain[1]) and np.array_equal(minima[0].view(np.int32), plain[0].view(np.int32))
+    assert_exact(minima[0], minima[1], db, queries, 10, "l2", "int8")
