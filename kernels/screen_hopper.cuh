@@ -177,11 +177,15 @@ template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
 // PB (a knob with IK for l2): the producer warpgroup's idle warps store the tile's |x|^2 lower bounds already
 // biased (the float sq + 2^23, rounded as the epilogue's add rounds it), so the epilogue reads S' bits and drops
 // its 2 FADD a chunk, redone for every tile by every consumer thread.
-// GM (a knob for probes, with PB): those warps also store, for each group and t4, the least S' bits of the 2 G
-// rows the group gives a thread (`mins`, 4 ints a group). A group first asks whether any of its elements has
-// dot >= ceil((S'min - ti) / 2): one ISETP an element against two thresholds a group, in place of an IMAD and an
-// ISETP, and no |x|^2 load. That follows from the exact test (S' - 2 dot <= ti, S' >= S'min; integers), so only
-// a group that passes loads its S' and takes the exact test above, and the survivors are the same.
+// GM (a knob for probes, l2's screen; with PB where the keys are integers): the producer's warps 1-3 also store,
+// for each group and t4, the least bound of the 2 G rows the group gives a thread (`mins`, 4 a group). A group
+// first asks whether any of its elements can pass: one compare an element against one threshold a query a group,
+// in place of the key's IMAD or FFMA and its compare, and no |x|^2 load. Only a group that passes loads its bounds
+// and takes the exact test above, so the survivors are the same. Integer keys: the least S' bits, and
+// dot >= ceil((S'min - ti) / 2) follows from S' - 2 dot <= ti. Float keys: the least sq (NaN if any is), and
+// RD(sq - 2 hi) <= tq means sq - 2 hi < succ(tq) (the next float up), so hi > (sqmin - succ(tq)) / 2, which is at
+// least RD(sqmin / 2 - half_up) for any half_up >= succ(tq) / 2; the test is !(hi < that), which a NaN passes, as
+// the exact test keeps a NaN key.
 template <int MW> __host__ __device__ constexpr int hopper_epi_group() { return MW == 1 ? 4 : 2; }
 TINYKNN_D int int_threshold(float tq, bool ip) {   // floor(tq) clamped to +-2^26 (NaN: every row), l2's bias added
   const float clamped = tq != tq ? 67108864.0f : fminf(fmaxf(tq, -67108864.0f), 67108864.0f);
@@ -192,12 +196,23 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
                                int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
                                int* __restrict__ survivors, int capacity, const int* mins = nullptr) {
   static_assert((BN / 8) % G == 0, "hopper_epilogue: the chunks of a tile split into whole groups");
-  static_assert(!GM || (PB && MW == 1), "hopper_epilogue: group minima for 8-bit l2's biased bounds only");
+  static_assert(!GM || (!IP && (PB || !IK)), "hopper_epilogue: group minima for l2, with PB where keys are integers");
   int ti[MW][2];                       // IK: the thresholds as integers
 #pragma unroll
   for (int m = 0; m < MW; ++m)
 #pragma unroll
     for (int h = 0; h < 2; ++h) ti[m][h] = IK ? int_threshold(tq[m][h], IP) : 0;
+  // GM, float keys: an upper bound of succ(tq) / 2, branch-free: succ(tq) <= tq + |tq| 2^-23 + FLT_MIN (an ulp is
+  // at most |tq| 2^-23 for a normal tq, and FLT_MIN covers the rest), every step rounded up (NaN where tq is NaN
+  // or -inf: every group then takes the exact test)
+  float half_up[MW][2];
+#pragma unroll
+  for (int m = 0; m < MW; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float succ_up = add_up(fma_up(fabsf(tq[m][h]), 1.1920929e-7f, tq[m][h]), 1.17549435e-38f);
+      half_up[m][h] = GM && !IK ? __fmul_ru(succ_up, 0.5f) : 0.0f;
+    }
   // element e = (m, h, bb) of chunk j: query q_first + 64 m + 8 h, row r_first + 8 j + bb
   auto dot_at = [&](int j, int e) { return acc[e >> 2][4 * j + 2 * ((e >> 1) & 1) + (e & 1)]; };
   auto key = [&](int j, int e, const float2& nv) {
@@ -237,13 +252,29 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
       }
     };
     bool group = false;
-    if constexpr (GM) {
+    if constexpr (GM && IK) {
       const int least = mins[(j0 / G) * 4 + t4];   // within 2^23's and 2^24's bits, ti within 2^26 of 2^23's: no wrap
-      const int at_least[2] = {(least - ti[0][0] + 1) >> 1, (least - ti[0][1] + 1) >> 1};   // ceil((least - ti) / 2)
+      int at_least[MW][2];                          // ceil((least - ti) / 2)
+#pragma unroll
+      for (int m = 0; m < MW; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) at_least[m][h] = (least - ti[m][h] + 1) >> 1;
 #pragma unroll
       for (int u = 0; u < G; ++u)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) group |= (int)dot_at(j0 + u, e) >= at_least[(e >> 1) & 1];
+        for (int e = 0; e < MW * 4; ++e) group |= (int)dot_at(j0 + u, e) >= at_least[e >> 2][(e >> 1) & 1];
+      if (group) test_chunks();
+    } else if constexpr (GM) {
+      const float least = __int_as_float(mins[(j0 / G) * 4 + t4]);
+      float at_least[MW][2];                        // RD(least / 2 - RU(succ(tq) / 2))
+#pragma unroll
+      for (int m = 0; m < MW; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) at_least[m][h] = fma_down(0.5f, least, -half_up[m][h]);
+#pragma unroll
+      for (int u = 0; u < G; ++u)
+#pragma unroll
+        for (int e = 0; e < MW * 4; ++e) group |= !(Mma::high(dot_at(j0 + u, e)) < at_least[e >> 2][(e >> 1) & 1]);
       if (group) test_chunks();
     } else {
       test_chunks();
@@ -353,7 +384,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   constexpr int NACC = BN / 2 / HALVES;
   constexpr int EPI_G = EG ? EG : hopper_epi_group<MW>();   // chunks of 8 rows per branch of the epilogue
   constexpr int N_MINS = GM ? 4 * (BN / 8 / EPI_G) : 0;    // GM: a tile's group minima (4 a group: one a t4)
-  constexpr int SC_BYTES = BN * 4 + N_MINS * 4;             // a scalar slot: the tile's |x|^2 bounds, its minima
+  constexpr int SQ_BYTES = BN * 4, SC_BYTES = SQ_BYTES + N_MINS * 4;   // a scalar slot: |x|^2 bounds, GM's minima
   constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES, CW, N_MINS * 4);
   static_assert(BN == 128 || BN == 256, "screen_hopper_kernel: BN is a wgmma N of 128 or 256");
   static_assert(MW * NACC <= 128, "screen_hopper_kernel: at most 128 accumulators per thread");
@@ -363,8 +394,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   static_assert(!IK || (EXACT && KT == 0 && Acc(1) / Acc(2) == Acc(0)),
                 "screen_hopper_kernel: integer keys for the screen of exact 8-bit dot products only");
   static_assert(!PB || (IK && !IP), "screen_hopper_kernel: biased |x|^2 bounds for l2's integer keys only");
-  static_assert(!GM || (PB && KT == 0 && MW == 1 && (XO == 0 || EG == 0)),
-                "screen_hopper_kernel: group minima for the screen of the biased bounds (8-bit l2) only");
+  static_assert(!GM || (!IP && (PB || !IK) && KT == 0 && (XO == 0 || EG == 0)),
+                "screen_hopper_kernel: group minima for l2's screen (with PB where keys are integers) only");
   static_assert(CW == 2 || (CW == 3 && MW == 1 && BN == 256 && KT == 0),
                 "screen_hopper_kernel: three consumer warpgroups for the screen of 64 x 256 warpgroup tiles only");
   static_assert(XO == 0 || (2 * XO <= STAGES && CW == 2 && KT == 0 &&
@@ -391,7 +422,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       mbar_init(empty(s), 4 * CW);                   // one arrival per consumer warp
     }
     for (int b = 0; b < HOPPER_SCALAR_SLOTS; ++b) {
-      mbar_init(sfull(b), PB ? BIAS_THREADS : 1);
+      mbar_init(sfull(b), PB ? BIAS_THREADS : GM ? 1 + BIAS_THREADS : 1);   // GM: the bulk copy and the minima
       mbar_init(sempty(b), 128 * CW);                // every consumer thread: each read the slot
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -406,8 +437,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   if (wg == 0) {
     // ---------------- producer ----------------
     regs_dec<40>();
-    if constexpr (PB) {
-      if (threadIdx.x >= 32) {   // warps 1-3: each tile's |x|^2 lower bounds into its scalar slot, biased
+    if constexpr (PB || GM) {
+      if (threadIdx.x >= 32) {   // warps 1-3: each tile's |x|^2 lower bounds into its scalar slot, biased (PB), and
+                                 // GM's minima
         float* const slot0 = reinterpret_cast<float*>(hopper_space + (scalars - raw));
         int i = 0;
         for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
@@ -416,10 +448,22 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
           mbar_wait(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
           float* const slot = slot0 + b * (SC_BYTES / 4);
           const float* const sq = sq_norms + (long long)rt * BN;
-          for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS) slot[r] = __fadd_rn(__ldg(sq + r), 8388608.0f);
-          if constexpr (GM) {   // the least biased bits of the 2 G rows each (group, t4) gives a thread, clamped to
-            // [2^23's, 2^24's] bits: every row of the index has its S' there (IK: 0 <= |x|^2 bound < 2^23), so the
-            // clamp lowers no minimum of the index's rows (only the padding past n_rows, which nothing appends)
+          if constexpr (PB)
+            for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS) slot[r] = __fadd_rn(__ldg(sq + r), 8388608.0f);
+          if constexpr (GM && !PB) {   // the least sq of the 2 G rows each (group, t4) gives a thread, NaN if any is
+            for (int n = threadIdx.x - 32; n < N_MINS; n += BIAS_THREADS) {
+              float least = positive_infinity();
+              for (int u = 0; u < EPI_G; ++u)
+                for (int bb = 0; bb < 2; ++bb) {
+                  const float v = __ldg(sq + 8 * ((n >> 2) * EPI_G + u) + 2 * (n & 3) + bb);
+                  least = v < least || v != v ? v : least;
+                }
+              reinterpret_cast<float*>(slot + BN)[n] = least;
+            }
+          }
+          if constexpr (GM && PB) {   // the least biased bits of the 2 G rows each (group, t4) gives a thread,
+            // clamped to [2^23's, 2^24's] bits: every row of the index has its S' there (IK: 0 <= |x|^2 bound < 2^23),
+            // so no group's minimum rises above a row's S' (only the padding past n_rows, which nothing appends)
             for (int n = threadIdx.x - 32; n < N_MINS; n += BIAS_THREADS) {
               int least = 0x4B800000;
               for (int u = 0; u < EPI_G; ++u)
@@ -445,8 +489,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         if constexpr (IP) {
           mbar_arrive(sfull(b));                       // no per-row scalars: the slot is ready at once
         } else if constexpr (!PB) {
-          mbar_expect_tx(sfull(b), SC_BYTES);
-          bulk_load(scalars + b * SC_BYTES, sq_norms + (long long)rt * BN, SC_BYTES, sfull(b));
+          mbar_expect_tx(sfull(b), SQ_BYTES);
+          bulk_load(scalars + b * SC_BYTES, sq_norms + (long long)rt * BN, SQ_BYTES, sfull(b));
         }
         for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
           const int s = pos % STAGES;

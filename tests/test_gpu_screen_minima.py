@@ -1,10 +1,11 @@
-"""The 8-bit l2 screen's group minima (render_screen.HOPPER_GROUP_MINIMA, a probes' knob, off by default;
+"""l2's Hopper screen with group minima (render_screen.HOPPER_GROUP_MINIMA, a probes' knob, off by default;
 screen_hopper.cuh's GM): the producer stores each group's least |x|^2 bound and the epilogue tests a group's
-dot products against it before it loads the rows' own bounds. The test is implied by the exact one, so every
+products against it before it loads the rows' own bounds, with integer keys (8-bit rows) and float keys (16-bit
+rows, the float32 shadow, 8-bit rows too long for integer keys). The test is implied by the exact one, so every
 query's survivor count, the queries handed back and the answers (bit for bit, and the float64 oracle's) must equal
-those of the kernel without it: three consumer warpgroups (the default), two, and two with the halves' overlap;
-rows whose |x|^2 differ within a group, copies (ties), a batch that is not a whole number of tiles, an index that
-is not a whole number of row tiles, and enough rows that each block takes many tiles."""
+those of the kernel without it: three consumer warpgroups (the 8-bit default), two, and two with the halves'
+overlap; rows whose |x|^2 differ within a group, copies (ties), a batch that is not a whole number of tiles, an
+index that is not a whole number of row tiles, and enough rows that each block takes many tiles."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from hopper_batches import screened
 from reference import assert_exact
+from test_gpu_screen import data, near_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -83,3 +85,47 @@ def test_group_minima_of_rows_of_two_k_blocks(layout, rng, wgmma, monkeypatch):
     assert np.array_equal(minima[2], plain[2]) and minima[3] == plain[3]
     assert np.array_equal(minima[1], plain[1]) and np.array_equal(minima[0].view(np.int32), plain[0].view(np.int32))
     assert_exact(minima[0], minima[1], db, queries, 10, "l2", "int8")
+
+
+def _same(db, queries, dtype, k, knobs, monkeypatch):
+    """The batch of `knobs` without group minima and with them: the same survivors, hand-backs and answers."""
+    plain = screened(db, queries, "l2", dtype, k, monkeypatch, HOPPER_GROUP_MINIMA=False, **knobs)
+    minima = screened(db, queries, "l2", dtype, k, monkeypatch, HOPPER_GROUP_MINIMA=True, **knobs)
+    assert minima[4].param("gm") == 1 and plain[4].param("gm", 0) == 0, (minima[4], plain[4])
+    assert np.array_equal(minima[2], plain[2]), "the survivors per query differ"
+    assert minima[3] == plain[3]
+    assert np.array_equal(minima[1], plain[1]) and np.array_equal(minima[0].view(np.int32), plain[0].view(np.int32))
+    assert_exact(minima[0], minima[1], db, queries, k, "l2", dtype)
+    return minima
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("dtype,dim", [("float16", 128), ("bfloat16", 64), ("float32", 100)])
+@pytest.mark.parametrize("k", [1, 10, 100])
+def test_group_minima_of_float_keys(overlap, dtype, dim, k, rng, wgmma, monkeypatch):
+    """Float keys (the 16-bit tile, 256 queries x 128 rows, groups of 2 chunks): clustered rows, every third scaled
+    to a tenth and every fifth zero (|x|^2 differing within a group), a quarter copies of another; 300 queries near
+    rows; with the halves' overlap where a half is one of the two m64 query blocks."""
+    n = 40_000
+    db = data(rng, "clustered", n, dim, dtype).astype(np.float32)
+    db[::3] *= 0.1
+    db[::5] = 0
+    db[: n // 4] = db[n // 4: n // 2]
+    db = db.astype(np.float16 if dtype == "float16" else np.float32)
+    queries = near_rows(rng, db, 300, dtype)
+    minima = _same(db, queries, dtype, k, {"HOPPER_OVERLAP_HALVES": overlap}, monkeypatch)
+    assert (minima[4].param("bn"), minima[4].param("mw"), minima[4].param("xo", 0) > 0) == (128, 2, overlap)
+
+
+def test_group_minima_of_float_keys_on_small_batches_and_8_bit_rows(rng, wgmma, monkeypatch):
+    """The small tile (100 queries on 400,000 rows: 128 x 256, groups of 4 chunks) of float16 rows, and uint8 rows of
+    200 elements, whose |x|^2 may pass 2^23 (float keys on the 8-bit tile)."""
+    db = data(rng, "clustered", 400_000, 64, "float16")
+    db[::3] *= 0.1
+    queries = near_rows(rng, db, 100, "float16")
+    small = _same(db, queries, "float16", 10, {}, monkeypatch)
+    assert (small[4].param("bn"), small[4].param("mw")) == (256, 1)
+    db, _ = _rows(rng, 40_000, 200, "uint8")
+    queries = np.clip(db[rng.choice(len(db), 250)].astype(np.float32) + rng.integers(-2, 3, (250, 200)), 0, 255)
+    eight_bit = _same(db, queries, "uint8", 10, {"HOPPER_CONSUMERS": 2}, monkeypatch)
+    assert eight_bit[4].param("ik", 0) == 0 and eight_bit[4].param("bn") == 256

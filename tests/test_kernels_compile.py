@@ -157,8 +157,12 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
     minima += [render_screen.hopper_spec("l2", "uint8", 128, "sm_90a")]
     monkeypatch.setattr(render_screen, "HOPPER_CONSUMERS", 3)         # and three consumers
     minima += [render_screen.hopper_spec("l2", dtype, 128, "sm_90a") for dtype in ("uint8", "int8")]
+    minima += [render_screen.hopper_spec("l2", dtype, stride, "sm_90a", small=small) for dtype, stride, small in
+               (("float16", 128, False), ("bfloat16", 64, False), ("float32", 768, True), ("uint8", 200, False))]
+    monkeypatch.setattr(render_screen, "HOPPER_OVERLAP_HALVES", True)
+    minima += [render_screen.hopper_spec("l2", "float16", 128, "sm_90a")]
     assert [(s.param("gm"), s.param("xo", 0), s.param("cw", 2)) for s in minima] == \
-        [(1, 1, 2), (1, 1, 2), (1, 0, 2), (1, 0, 3), (1, 0, 3)]
+        [(1, 1, 2), (1, 1, 2), (1, 0, 2), (1, 0, 3), (1, 0, 3), (1, 0, 2), (1, 0, 2), (1, 0, 2), (1, 0, 2), (1, 2, 2)]
     three += minima
     specs += grouped + keyed + three
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))

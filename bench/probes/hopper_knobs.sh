@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The screen's knobs measured on the H200 in one call (each setting a fresh index, answers compared across
 # settings by screen_steps): the screen graphs on the small batches they aim at; three consumers (CW, the default)
-# against two, the halves' overlap (XO, with two) and the epilogue's group minima (GM, then its memcheck) on 10M x
-# 128 uint8 x 2,048 at k = 10 and 100, XO on float16 too; Nsight Compute of the 8-bit screen; memcheck of CW and
-# XO. Logs and JSON in $OUT.
+# against two, the halves' overlap (XO, with two) and the epilogue's group minima (GM, then its memcheck) on
+# 10M x 128 uint8 x 2,048 at k = 10 and 100, XO and GM on float16 too; Nsight Compute of the 8-bit screen;
+# memcheck of CW and XO. Logs and JSON in $OUT.
 # Run after .ci/gpu (which runs their tests), carrying .whl:  bash bench/probes/hopper_knobs.sh PART...
 # (PART: graphs, overlap, overlap16, consumers, minima, sample, profile, memcheck; each 10M-row part a few minutes)
 set -uo pipefail
@@ -26,6 +26,7 @@ for part in "${@:-graphs}"; do
     overlap16) $steps $f16 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_f16_$tag.json" 2>&1 | tail -20 ;;
     consumers) $steps $u8 --hopper-consumers 2,3,2,3 --out "$out/screen_steps_consumers_$tag.json" 2>&1 | tail -20 ;;
     minima) $steps $u8 --group-minima 0,1,0,1 --out "$out/screen_steps_minima_$tag.json" 2>&1 | tail -20
+      $steps $f16 --group-minima 0,1,0,1 --out "$out/screen_steps_minima_f16_$tag.json" 2>&1 | tail -20
       TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
         minima 2>&1 | tail -8 | tee "$out/sanitize_minima_$tag.log" ;;
     sample)   # the threshold step's sample of every 16th row against every 32nd at k = 10 (0.83 ms of 9.4)

@@ -127,8 +127,8 @@ HOPPER_CONSUMERS_STAGES = 3     # ... and the stages that then fit (4 do not: 23
 HOPPER_OVERLAP_HALVES = False   # probes only: the same screen with each consumer's work in two halves (8-bit: its
                                 # rows; 16-bit: its two m64 blocks), one half's products in flight while the other's
                                 # epilogue runs (screen_hopper.cuh, XO; rows of at most 2 k-blocks)
-HOPPER_GROUP_MINIMA = False     # probes only: with the producer's bias the producer also stores each group's least
-                                # bound, and the epilogue tests a group against it first (screen_hopper.cuh, GM)
+HOPPER_GROUP_MINIMA = False     # probes only: l2's producer also stores each group's least |x|^2 bound (with its
+                                # bias for integer keys), tested against first in the epilogue (screen_hopper.cuh, GM)
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
 HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds per (query, tile); more: mma.sync's
@@ -154,10 +154,10 @@ def hopper_tile(element: str, small: bool = False) -> tuple[int, int]:
 
 def hopper_smem(bn: int, mw: int, stages: int | None = None, consumers: int = 2, minima: bool = False) -> int:
     """hopper_smem_bytes of kernels/screen_hopper.cuh (stages not given: HOPPER_STAGES as it is now; minima: GM's
-    4 ints a group of the epilogue's 4 chunks of 8 rows in each scalar slot)."""
+    4 a group of the epilogue's chunks of 8 rows, hopper_epi_group of them, in each scalar slot)."""
     stages = stages or HOPPER_STAGES
     ring = stages * (64 * consumers * mw + bn) * HOPPER_KB
-    slot = bn * 4 + (16 * (bn // 8 // 4) if minima else 0)
+    slot = bn * 4 + (16 * (bn // 8 // (4 if mw == 1 else 2)) if minima else 0)
     return 1024 + ring + HOPPER_SCALAR_SLOTS * slot + 8 * (2 * stages + 2 * HOPPER_SCALAR_SLOTS)
 
 
@@ -219,7 +219,8 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
     stages = HOPPER_CONSUMERS_STAGES if three else HOPPER_STAGES
     overlap = HOPPER_OVERLAP_HALVES and not (three or keep or small) and 2 * k_blocks <= stages
     biased = keyed and HOPPER_PRODUCER_BIAS and metric == "l2"
-    minima = HOPPER_GROUP_MINIMA and biased and not epi_group      # (keyed: 8-bit, MW = 1, not the threshold mode)
+    minima = (HOPPER_GROUP_MINIMA and metric == "l2" and not (keep or epi_group)   # keyed: with the producer's bias
+              and (biased or not keyed))
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": stages,
               "smem": hopper_smem(bn, mw, stages, 3 if three else 2, minima),
               **({"eg": epi_group} if epi_group else {}),
