@@ -571,7 +571,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       // is the rows' half (8-bit tiles, MW = 1) or one of the two m64 blocks of queries (16-bit tiles, MW = 2);
       // a tile's XO stages (its k-blocks) stay held until its second half is done, so 2 XO <= STAGES.
       constexpr int XN = XM ? BN : BN / 2;            // rows a half's products cover: its wgmma N (128)
-      constexpr int XG = EG ? EG : hopper_epi_group<1>();
+      constexpr int XG = EG ? EG : GM ? EPI_G : hopper_epi_group<1>();   // GM: the groups the producer's minima take
       Acc first[1][XN / 2], second[1][XN / 2];
       // a half's products over the tile's k-blocks from ring position pos0, as one group (every stage waited for
       // first: no wait between the products of one group)

@@ -43,6 +43,7 @@ for part in "${@:-graphs}"; do
         TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
           $mode 2>&1 | tail -8 | tee "$out/sanitize_${mode}_$tag.log"
       done ;;
-    *) echo "unknown part $part: graphs, overlap, overlap16, consumers, minima, sample, profile, memcheck" >&2; exit 2 ;;
+    *) echo "unknown part $part: graphs, overlap, overlap16, consumers, minima, sample, profile, memcheck" >&2
+       exit 2 ;;
   esac
 done
