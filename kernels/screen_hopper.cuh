@@ -203,14 +203,16 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
 #pragma unroll
     for (int h = 0; h < 2; ++h) ti[m][h] = IK ? int_threshold(tq[m][h], IP) : 0;
   // GM, float keys: an upper bound of succ(tq) / 2, branch-free: succ(tq) <= tq + |tq| 2^-23 + FLT_MIN (an ulp is
-  // at most |tq| 2^-23 for a normal tq, and FLT_MIN covers the rest), every step rounded up (NaN where tq is NaN
-  // or -inf: every group then takes the exact test)
+  // at most |tq| 2^-23 for a normal tq, and FLT_MIN covers the rest), every step rounded up. A tq of -inf (a padded
+  // query) is taken as -FLT_MAX, a weaker exact test, so its groups need not all take the exact one; NaN stays NaN
+  // (every group then takes it).
   float half_up[MW][2];
 #pragma unroll
   for (int m = 0; m < MW; ++m)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float succ_up = add_up(fma_up(fabsf(tq[m][h]), 1.1920929e-7f, tq[m][h]), 1.17549435e-38f);
+      const float t = tq[m][h] < -3.40282347e38f ? -3.40282347e38f : tq[m][h];
+      const float succ_up = add_up(fma_up(fabsf(t), 1.1920929e-7f, t), 1.17549435e-38f);
       half_up[m][h] = GM && !IK ? __fmul_ru(succ_up, 0.5f) : 0.0f;
     }
   // element e = (m, h, bb) of chunk j: query q_first + 64 m + 8 h, row r_first + 8 j + bb

@@ -129,3 +129,27 @@ def test_group_minima_of_float_keys_on_small_batches_and_8_bit_rows(rng, wgmma, 
     queries = np.clip(db[rng.choice(len(db), 250)].astype(np.float32) + rng.integers(-2, 3, (250, 200)), 0, 255)
     eight_bit = _same(db, queries, "uint8", 10, {"HOPPER_CONSUMERS": 2}, monkeypatch)
     assert eight_bit[4].param("ik", 0) == 0 and eight_bit[4].param("bn") == 256
+
+
+@pytest.mark.parametrize("dtype,overlap", [("float16", False), ("float16", True), ("uint8", False),
+                                           ("uint8", True), ("float32", False)])
+def test_each_group_reads_its_own_minimum(dtype, overlap, rng, wgmma, monkeypatch):
+    """Rows in runs of 32, every third run large (|x|^2 ~50x the others), queries near the small rows: a group
+    tested against another group's minimum (a large one) would drop its survivors, so the survivors would differ.
+    Both tiles (8-bit 256 rows, 16-bit 128), three consumers' halves and the overlap's halves."""
+    n, dim = 40_000, 128
+    large = (np.arange(n) // 32) % 3 == 1
+    if dtype == "uint8":
+        db = rng.integers(0, 256, (n, dim))
+        db[~large] //= 8
+        db = db.astype(np.uint8)
+        queries = np.clip(db[rng.choice(np.flatnonzero(~large), 250)].astype(np.float32)
+                          + rng.integers(-1, 2, (250, dim)), 0, 255)
+    else:
+        db = data(rng, "clustered", n, dim, dtype).astype(np.float32)
+        db[large] *= 7
+        db = db.astype(np.float16 if dtype == "float16" else np.float32)
+        queries = near_rows(rng, db[~large], 300, dtype)
+    knobs = {"HOPPER_OVERLAP_HALVES": overlap, **({"HOPPER_CONSUMERS": 2} if overlap else {})}
+    minima = _same(db, queries, dtype, 10, knobs, monkeypatch)
+    assert (minima[4].param("xo", 0) > 0) == overlap
