@@ -207,14 +207,15 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
   // query) is taken as -FLT_MAX, a weaker exact test, so its groups need not all take the exact one; NaN stays NaN
   // (every group then takes it).
   float half_up[MW][2];
+  if constexpr (GM && !IK) {
 #pragma unroll
-  for (int m = 0; m < MW; ++m)
+    for (int m = 0; m < MW; ++m)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float t = tq[m][h] < -3.40282347e38f ? -3.40282347e38f : tq[m][h];
-      const float succ_up = add_up(fma_up(fabsf(t), 1.1920929e-7f, t), 1.17549435e-38f);
-      half_up[m][h] = GM && !IK ? __fmul_ru(succ_up, 0.5f) : 0.0f;
-    }
+      for (int h = 0; h < 2; ++h) {
+        const float t = tq[m][h] < -3.40282347e38f ? -3.40282347e38f : tq[m][h];
+        half_up[m][h] = __fmul_ru(add_up(fma_up(fabsf(t), 1.1920929e-7f, t), 1.17549435e-38f), 0.5f);
+      }
+  }
   // element e = (m, h, bb) of chunk j: query q_first + 64 m + 8 h, row r_first + 8 j + bb
   auto dot_at = [&](int j, int e) { return acc[e >> 2][4 * j + 2 * ((e >> 1) & 1) + (e & 1)]; };
   auto key = [&](int j, int e, const float2& nv) {
@@ -452,12 +453,16 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
           const float* const sq = sq_norms + (long long)rt * BN;
           if constexpr (PB)
             for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS) slot[r] = __fadd_rn(__ldg(sq + r), 8388608.0f);
+          // GM: the bound of row 2 t4 + bb of chunk u of group g, for minimum n = 4 g + t4
+          auto group_bound = [&](int n, int u, int bb) {
+            return __ldg(sq + 8 * ((n >> 2) * EPI_G + u) + 2 * (n & 3) + bb);
+          };
           if constexpr (GM && !PB) {   // the least sq of the 2 G rows each (group, t4) gives a thread, NaN if any is
             for (int n = threadIdx.x - 32; n < N_MINS; n += BIAS_THREADS) {
               float least = positive_infinity();
               for (int u = 0; u < EPI_G; ++u)
                 for (int bb = 0; bb < 2; ++bb) {
-                  const float v = __ldg(sq + 8 * ((n >> 2) * EPI_G + u) + 2 * (n & 3) + bb);
+                  const float v = group_bound(n, u, bb);
                   least = v < least || v != v ? v : least;
                 }
               reinterpret_cast<float*>(slot + BN)[n] = least;
@@ -470,8 +475,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
               int least = 0x4B800000;
               for (int u = 0; u < EPI_G; ++u)
                 for (int bb = 0; bb < 2; ++bb) {
-                  const float biased = __fadd_rn(__ldg(sq + 8 * ((n >> 2) * EPI_G + u) + 2 * (n & 3) + bb), 8388608.0f);
-                  least = min(least, __float_as_int(biased));
+                  least = min(least, __float_as_int(__fadd_rn(group_bound(n, u, bb), 8388608.0f)));
                 }
               reinterpret_cast<int*>(slot + BN)[n] = max(least, 0x4B000000);
             }

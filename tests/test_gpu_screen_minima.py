@@ -22,18 +22,24 @@ LAYOUTS = {"three consumers": {}, "two consumers": {"HOPPER_CONSUMERS": 2},
            "two, overlapped": {"HOPPER_CONSUMERS": 2, "HOPPER_OVERLAP_HALVES": True}}
 
 
-def _pair(db, queries, dtype, k, layout, monkeypatch):
-    """The batch without group minima and with them, compared: survivors, hand-backs, ids and distance bits."""
-    knobs = LAYOUTS[layout]
+def _same(db, queries, dtype, k, knobs, monkeypatch):
+    """The batch of `knobs` without group minima and with them: the same survivors, hand-backs and answers."""
     plain = screened(db, queries, "l2", dtype, k, monkeypatch, HOPPER_GROUP_MINIMA=False, **knobs)
     minima = screened(db, queries, "l2", dtype, k, monkeypatch, HOPPER_GROUP_MINIMA=True, **knobs)
     assert minima[4].param("gm") == 1 and plain[4].param("gm", 0) == 0, (minima[4], plain[4])
-    layout_params = (minima[4].param("cw", 2), minima[4].param("xo", 0))
-    assert layout_params == (knobs.get("HOPPER_CONSUMERS", 3), int(knobs.get("HOPPER_OVERLAP_HALVES", False)))
     assert np.array_equal(minima[2], plain[2]), "the survivors per query differ"
     assert minima[3] == plain[3]
     assert np.array_equal(minima[1], plain[1]) and np.array_equal(minima[0].view(np.int32), plain[0].view(np.int32))
     assert_exact(minima[0], minima[1], db, queries, k, "l2", dtype)
+    return minima
+
+
+def _pair(db, queries, dtype, k, layout, monkeypatch):
+    """_same for a layout of LAYOUTS, whose kernel it checks it got."""
+    knobs = LAYOUTS[layout]
+    minima = _same(db, queries, dtype, k, knobs, monkeypatch)
+    layout_params = (minima[4].param("cw", 2), minima[4].param("xo", 0))
+    assert layout_params == (knobs.get("HOPPER_CONSUMERS", 3), int(knobs.get("HOPPER_OVERLAP_HALVES", False)))
     return minima
 
 
@@ -79,24 +85,8 @@ def test_group_minima_of_rows_of_two_k_blocks(layout, rng, wgmma, monkeypatch):
     db, _ = _rows(rng, n, dim, "int8")
     queries = np.clip(db[rng.choice(n, 250)].astype(np.float32) + rng.integers(-2, 3, (250, dim)), -128, 127)
     knobs = LAYOUTS[layout]
-    plain = screened(db, queries, "l2", "int8", 10, monkeypatch, HOPPER_GROUP_MINIMA=False, **knobs)
-    minima = screened(db, queries, "l2", "int8", 10, monkeypatch, HOPPER_GROUP_MINIMA=True, **knobs)
-    assert minima[4].param("gm") == 1 and minima[4].param("xo", 0) == (2 if "HOPPER_OVERLAP_HALVES" in knobs else 0)
-    assert np.array_equal(minima[2], plain[2]) and minima[3] == plain[3]
-    assert np.array_equal(minima[1], plain[1]) and np.array_equal(minima[0].view(np.int32), plain[0].view(np.int32))
-    assert_exact(minima[0], minima[1], db, queries, 10, "l2", "int8")
-
-
-def _same(db, queries, dtype, k, knobs, monkeypatch):
-    """The batch of `knobs` without group minima and with them: the same survivors, hand-backs and answers."""
-    plain = screened(db, queries, "l2", dtype, k, monkeypatch, HOPPER_GROUP_MINIMA=False, **knobs)
-    minima = screened(db, queries, "l2", dtype, k, monkeypatch, HOPPER_GROUP_MINIMA=True, **knobs)
-    assert minima[4].param("gm") == 1 and plain[4].param("gm", 0) == 0, (minima[4], plain[4])
-    assert np.array_equal(minima[2], plain[2]), "the survivors per query differ"
-    assert minima[3] == plain[3]
-    assert np.array_equal(minima[1], plain[1]) and np.array_equal(minima[0].view(np.int32), plain[0].view(np.int32))
-    assert_exact(minima[0], minima[1], db, queries, k, "l2", dtype)
-    return minima
+    minima = _same(db, queries, "int8", 10, knobs, monkeypatch)
+    assert minima[4].param("xo", 0) == (2 if "HOPPER_OVERLAP_HALVES" in knobs else 0)   # XO: the rows' k-blocks
 
 
 @pytest.mark.parametrize("overlap", [False, True])
