@@ -9,8 +9,8 @@ mode, the threshold, the screen, the verify):
     nsys profile --capture-range=cudaProfilerApi --stats=true -o $OUT/batch python3 bench/probes/batch_kernels.py
 
 --sift-like: SIFT-like uint8 rows and queries (bench/datasets.py) in place of normal ones, as screen_steps takes
-for uint8. --filtered label / allow: the same for a filtered batch (a 1 % label, a 1 % random allow-list), whose kernels
-are not the screen's. --range-radius R: range searches of radius R in place of k-NN ones (index_ops's range
+for uint8. --filtered label / allow: the same for a filtered batch (a 1 % label, a 1 % random allow-list), whose
+kernels are not the screen's. --range-radius R: range searches of radius R in place of k-NN ones (index_ops's range
 row: 1M rows, R = 153.07, ~121 hits a query).
 """
 from __future__ import annotations
@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import tinyknn
 from cuda.bindings import driver
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common  # noqa: E402
 import datasets  # noqa: E402
+import tinyknn  # noqa: E402
 
 
 def main() -> None:
