@@ -177,45 +177,21 @@ template <bool EXACT> struct HopperMma<ScreenS8, EXACT> : HopperMma8<EXACT> {
 // PB (a knob with IK for l2): the producer warpgroup's idle warps store the tile's |x|^2 lower bounds already
 // biased (the float sq + 2^23, rounded as the epilogue's add rounds it), so the epilogue reads S' bits and drops
 // its 2 FADD a chunk, redone for every tile by every consumer thread.
-// GM (a knob for probes, l2's screen; with PB where the keys are integers): the producer's warps 1-3 also store,
-// for each group and t4, the least bound of the 2 G rows the group gives a thread (`mins`, 4 a group). A group
-// first asks whether any of its elements can pass: one compare an element against one threshold a query a group,
-// in place of the key's IMAD or FFMA and its compare, and no |x|^2 load. Only a group that passes loads its bounds
-// and takes the exact test above, so the survivors are the same. Integer keys: the least S' bits, and
-// dot >= ceil((S'min - ti) / 2) follows from S' - 2 dot <= ti. Float keys: the least sq (NaN if any is), and
-// RD(sq - 2 hi) <= tq means sq - 2 hi < succ(tq) (the next float up), so hi > (sqmin - succ(tq)) / 2, which is at
-// least RD(sqmin / 2 - half_up) for any half_up >= succ(tq) / 2; the test is !(hi < that), which a NaN passes, as
-// the exact test keeps a NaN key.
 template <int MW> __host__ __device__ constexpr int hopper_epi_group() { return MW == 1 ? 4 : 2; }
 TINYKNN_D int int_threshold(float tq, bool ip) {   // floor(tq) clamped to +-2^26 (NaN: every row), l2's bias added
   const float clamped = tq != tq ? 67108864.0f : fminf(fmaxf(tq, -67108864.0f), 67108864.0f);
   return __float2int_rd(clamped) + (ip ? 0 : 0x4B000000);
 }
-template <class Mma, bool IP, int BN, int MW, int G, bool IK, bool PB, class Acc, bool GM = false>
+template <class Mma, bool IP, int BN, int MW, int G, bool IK, bool PB, class Acc>
 TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[MW][2], const float* norm_s,
                                int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
-                               int* __restrict__ survivors, int capacity, const int* mins = nullptr) {
+                               int* __restrict__ survivors, int capacity) {
   static_assert((BN / 8) % G == 0, "hopper_epilogue: the chunks of a tile split into whole groups");
-  static_assert(!GM || (!IP && (PB || !IK)), "hopper_epilogue: group minima for l2, with PB where keys are integers");
   int ti[MW][2];                       // IK: the thresholds as integers
 #pragma unroll
   for (int m = 0; m < MW; ++m)
 #pragma unroll
     for (int h = 0; h < 2; ++h) ti[m][h] = IK ? int_threshold(tq[m][h], IP) : 0;
-  // GM, float keys: an upper bound of succ(tq) / 2, branch-free: succ(tq) <= tq + |tq| 2^-23 + FLT_MIN (an ulp is
-  // at most |tq| 2^-23 for a normal tq, and FLT_MIN covers the rest), every step rounded up. A tq of -inf (a padded
-  // query) is taken as -FLT_MAX, a weaker exact test, so its groups need not all take the exact one; NaN stays NaN
-  // (every group then takes it).
-  float half_up[MW][2];
-  if constexpr (GM && !IK) {
-#pragma unroll
-    for (int m = 0; m < MW; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float t = tq[m][h] < -3.40282347e38f ? -3.40282347e38f : tq[m][h];
-        half_up[m][h] = __fmul_ru(add_up(fma_up(fabsf(t), 1.1920929e-7f, t), 1.17549435e-38f), 0.5f);
-      }
-  }
   // element e = (m, h, bb) of chunk j: query q_first + 64 m + 8 h, row r_first + 8 j + bb
   auto dot_at = [&](int j, int e) { return acc[e >> 2][4 * j + 2 * ((e >> 1) & 1) + (e & 1)]; };
   auto key = [&](int j, int e, const float2& nv) {
@@ -235,55 +211,25 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
   for (int j0 = 0; j0 < BN / 8; j0 += G) {
     float2 nv[G];
     int2 sq[G];
-    bool any[G];
-    // the group's |x|^2 bounds and which of its chunks have a survivor
-    auto test_chunks = [&]() {
 #pragma unroll
-      for (int u = 0; u < G; ++u) {
-        nv[u] = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * (j0 + u) + 2 * t4);
-        if constexpr (PB)       // the producer stored them biased already (the kernel's PB)
-          sq[u] = *reinterpret_cast<const int2*>(norm_s + 8 * (j0 + u) + 2 * t4);
-        else
-          sq[u] = IK && !IP ? make_int2(__float_as_int(nv[u].x + 8388608.0f), __float_as_int(nv[u].y + 8388608.0f))
-                            : make_int2(0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < G; ++u) {
-        any[u] = false;
-#pragma unroll
-        for (int e = 0; e < MW * 4; ++e) any[u] |= kept(j0 + u, e, nv[u], sq[u]);
-      }
-    };
-    bool group = false;
-    if constexpr (GM && IK) {
-      const int least = mins[(j0 / G) * 4 + t4];   // within 2^23's and 2^24's bits, ti within 2^26 of 2^23's: no wrap
-      int at_least[MW][2];                          // ceil((least - ti) / 2)
-#pragma unroll
-      for (int m = 0; m < MW; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) at_least[m][h] = (least - ti[m][h] + 1) >> 1;
-#pragma unroll
-      for (int u = 0; u < G; ++u)
-#pragma unroll
-        for (int e = 0; e < MW * 4; ++e) group |= (int)dot_at(j0 + u, e) >= at_least[e >> 2][(e >> 1) & 1];
-      if (group) test_chunks();
-    } else if constexpr (GM) {
-      const float least = __int_as_float(mins[(j0 / G) * 4 + t4]);
-      float at_least[MW][2];                        // RD(least / 2 - RU(succ(tq) / 2))
-#pragma unroll
-      for (int m = 0; m < MW; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) at_least[m][h] = fma_down(0.5f, least, -half_up[m][h]);
-#pragma unroll
-      for (int u = 0; u < G; ++u)
-#pragma unroll
-        for (int e = 0; e < MW * 4; ++e) group |= !(Mma::high(dot_at(j0 + u, e)) < at_least[e >> 2][(e >> 1) & 1]);
-      if (group) test_chunks();
-    } else {
-      test_chunks();
-#pragma unroll
-      for (int u = 0; u < G; ++u) group |= any[u];
+    for (int u = 0; u < G; ++u) {
+      nv[u] = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * (j0 + u) + 2 * t4);
+      if constexpr (PB)       // the producer stored them biased already (the kernel's PB)
+        sq[u] = *reinterpret_cast<const int2*>(norm_s + 8 * (j0 + u) + 2 * t4);
+      else
+        sq[u] = IK && !IP ? make_int2(__float_as_int(nv[u].x + 8388608.0f), __float_as_int(nv[u].y + 8388608.0f))
+                          : make_int2(0, 0);
     }
+    bool any[G];
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+      any[u] = false;
+#pragma unroll
+      for (int e = 0; e < MW * 4; ++e) any[u] |= kept(j0 + u, e, nv[u], sq[u]);
+    }
+    bool group = false;
+#pragma unroll
+    for (int u = 0; u < G; ++u) group |= any[u];
     if (group) {   // rare: append the survivors of the chunks of this group that have any
 #pragma unroll
       for (int u = 0; u < G; ++u) {
@@ -359,8 +305,8 @@ TINYKNN_D void hopper_threshold_epilogue(const Acc (&acc)[MW][BN / 2], const flo
 constexpr int HOPPER_SCALAR_SLOTS = 8;   // per-tile |x|^2 buffers of BN floats each
 // Shared memory of a configuration (the host passes at least this): 1024 bytes of alignment slack, the
 // ring, the scalar ring, the mbarriers.
-__host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, int CW = 2, int MIN_BYTES = 0) {
-  return 1024 + STAGES * (64 * CW * MW + BN) * 128 + HOPPER_SCALAR_SLOTS * (BN * 4 + MIN_BYTES) +
+__host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, int CW = 2) {
+  return 1024 + STAGES * (64 * CW * MW + BN) * 128 + HOPPER_SCALAR_SLOTS * BN * 4 +
          8 * (2 * STAGES + 2 * HOPPER_SCALAR_SLOTS);
 }
 
@@ -369,7 +315,7 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, 
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
-          bool IK = false, bool PB = false, int CW = 2, int XO = 0, bool GM = false>
+          bool IK = false, bool PB = false, int CW = 2, int XO = 0>
 __global__ void __launch_bounds__(128 * (CW + 1), 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -382,13 +328,12 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   constexpr int WG_Q = 64 * MW, TILE_Q = CW * WG_Q;
   constexpr int Q_BYTES = TILE_Q * 128, X_BYTES = BN * 128, STAGE_BYTES = Q_BYTES + X_BYTES;
   constexpr int BK = Mma::BK;
+  constexpr int SC_BYTES = BN * 4;
   constexpr bool XM = XO > 0 && MW == 2;              // XO's halves are the two m64 blocks (16-bit tiles)
   constexpr int HALVES = CW == 3 || (XO > 0 && !XM) ? 2 : 1;   // CW = 3, 8-bit XO: a consumer's rows in two halves
   constexpr int NACC = BN / 2 / HALVES;
   constexpr int EPI_G = EG ? EG : hopper_epi_group<MW>();   // chunks of 8 rows per branch of the epilogue
-  constexpr int N_MINS = GM ? 4 * (BN / 8 / EPI_G) : 0;    // GM: a tile's group minima (4 a group: one a t4)
-  constexpr int SQ_BYTES = BN * 4, SC_BYTES = SQ_BYTES + N_MINS * 4;   // a scalar slot: |x|^2 bounds, GM's minima
-  constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES, CW, N_MINS * 4);
+  constexpr int NEED = hopper_smem_bytes(BN, MW, STAGES, CW);
   static_assert(BN == 128 || BN == 256, "screen_hopper_kernel: BN is a wgmma N of 128 or 256");
   static_assert(MW * NACC <= 128, "screen_hopper_kernel: at most 128 accumulators per thread");
   static_assert(TILE_Q <= 256 && STAGES >= 2, "screen_hopper_kernel: a TMA box holds at most 256 rows");
@@ -397,8 +342,6 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   static_assert(!IK || (EXACT && KT == 0 && Acc(1) / Acc(2) == Acc(0)),
                 "screen_hopper_kernel: integer keys for the screen of exact 8-bit dot products only");
   static_assert(!PB || (IK && !IP), "screen_hopper_kernel: biased |x|^2 bounds for l2's integer keys only");
-  static_assert(!GM || (!IP && (PB || !IK) && KT == 0 && (XO == 0 || EG == 0)),
-                "screen_hopper_kernel: group minima for l2's screen (with PB where keys are integers) only");
   static_assert(CW == 2 || (CW == 3 && MW == 1 && BN == 256 && KT == 0),
                 "screen_hopper_kernel: three consumer warpgroups for the screen of 64 x 256 warpgroup tiles only");
   static_assert(XO == 0 || (2 * XO <= STAGES && CW == 2 && KT == 0 &&
@@ -425,7 +368,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       mbar_init(empty(s), 4 * CW);                   // one arrival per consumer warp
     }
     for (int b = 0; b < HOPPER_SCALAR_SLOTS; ++b) {
-      mbar_init(sfull(b), PB ? BIAS_THREADS : GM ? 1 + BIAS_THREADS : 1);   // GM: the bulk copy and the minima
+      mbar_init(sfull(b), PB ? BIAS_THREADS : 1);
       mbar_init(sempty(b), 128 * CW);                // every consumer thread: each read the slot
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -440,46 +383,16 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   if (wg == 0) {
     // ---------------- producer ----------------
     regs_dec<40>();
-    if constexpr (PB || GM) {
-      if (threadIdx.x >= 32) {   // warps 1-3: each tile's |x|^2 lower bounds into its scalar slot, biased (PB), and
-                                 // GM's minima
+    if constexpr (PB) {
+      if (threadIdx.x >= 32) {   // warps 1-3: each tile's |x|^2 lower bounds into its scalar slot, biased
         float* const slot0 = reinterpret_cast<float*>(hopper_space + (scalars - raw));
         int i = 0;
         for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
           const int rt = (int)(t / n_qt);
           const int b = i % HOPPER_SCALAR_SLOTS;
           mbar_wait(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
-          float* const slot = slot0 + b * (SC_BYTES / 4);
-          const float* const sq = sq_norms + (long long)rt * BN;
-          if constexpr (PB)
-            for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS) slot[r] = __fadd_rn(__ldg(sq + r), 8388608.0f);
-          // GM: the bound of row 2 t4 + bb of chunk u of group g, for minimum n = 4 g + t4
-          auto group_bound = [&](int n, int u, int bb) {
-            return __ldg(sq + 8 * ((n >> 2) * EPI_G + u) + 2 * (n & 3) + bb);
-          };
-          if constexpr (GM && !PB) {   // the least sq of the 2 G rows each (group, t4) gives a thread, NaN if any is
-            for (int n = threadIdx.x - 32; n < N_MINS; n += BIAS_THREADS) {
-              float least = positive_infinity();
-              for (int u = 0; u < EPI_G; ++u)
-                for (int bb = 0; bb < 2; ++bb) {
-                  const float v = group_bound(n, u, bb);
-                  least = v < least || v != v ? v : least;
-                }
-              reinterpret_cast<float*>(slot + BN)[n] = least;
-            }
-          }
-          if constexpr (GM && PB) {   // the least biased bits of the 2 G rows each (group, t4) gives a thread,
-            // clamped to [2^23's, 2^24's] bits: every row of the index has its S' there (IK: 0 <= |x|^2 bound < 2^23),
-            // so no group's minimum rises above a row's S' (only the padding past n_rows, which nothing appends)
-            for (int n = threadIdx.x - 32; n < N_MINS; n += BIAS_THREADS) {
-              int least = 0x4B800000;
-              for (int u = 0; u < EPI_G; ++u)
-                for (int bb = 0; bb < 2; ++bb) {
-                  least = min(least, __float_as_int(__fadd_rn(group_bound(n, u, bb), 8388608.0f)));
-                }
-              reinterpret_cast<int*>(slot + BN)[n] = max(least, 0x4B000000);
-            }
-          }
+          for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS)
+            slot0[b * BN + r] = __fadd_rn(__ldg(sq_norms + (long long)rt * BN + r), 8388608.0f);
           mbar_arrive(sfull(b));                       // release: the stores before it are seen after the wait
         }
       }
@@ -495,8 +408,8 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         if constexpr (IP) {
           mbar_arrive(sfull(b));                       // no per-row scalars: the slot is ready at once
         } else if constexpr (!PB) {
-          mbar_expect_tx(sfull(b), SQ_BYTES);
-          bulk_load(scalars + b * SC_BYTES, sq_norms + (long long)rt * BN, SQ_BYTES, sfull(b));
+          mbar_expect_tx(sfull(b), SC_BYTES);
+          bulk_load(scalars + b * SC_BYTES, sq_norms + (long long)rt * BN, SC_BYTES, sfull(b));
         }
         for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
           const int s = pos % STAGES;
@@ -577,7 +490,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       // is the rows' half (8-bit tiles, MW = 1) or one of the two m64 blocks of queries (16-bit tiles, MW = 2);
       // a tile's XO stages (its k-blocks) stay held until its second half is done, so 2 XO <= STAGES.
       constexpr int XN = XM ? BN : BN / 2;            // rows a half's products cover: its wgmma N (128)
-      constexpr int XG = EG ? EG : GM ? EPI_G : hopper_epi_group<1>();   // GM: the groups the producer's minima take
+      constexpr int XG = EG ? EG : hopper_epi_group<1>();
       Acc first[1][XN / 2], second[1][XN / 2];
       // a half's products over the tile's k-blocks from ring position pos0, as one group (every stage waited for
       // first: no wait between the products of one group)
@@ -621,9 +534,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         auto epilogue = [&](const Acc (&done)[1][XN / 2], int half) {
           const float th[1][2] = {{tq[XM ? half : 0][0], tq[XM ? half : 0][1]}};
           const int r_off = XM ? 0 : half * XN;
-          hopper_epilogue<Mma, IP, XN, 1, XG, IK, PB, Acc, GM>(
-              done, th, norm_s + r_off, q_first + (XM ? 64 * half : 0), rt * BN + r_off + 2 * t4, t4, n_queries,
-              n_rows, counts, survivors, capacity, reinterpret_cast<const int*>(norm_s + BN) + r_off / (2 * XG));
+          hopper_epilogue<Mma, IP, XN, 1, XG, IK, PB>(done, th, norm_s + r_off, q_first + (XM ? 64 * half : 0),
+                                                      rt * BN + r_off + 2 * t4, t4, n_queries, n_rows, counts,
+                                                      survivors, capacity);
         };
         epilogue(first, 0);
         // the next tile's first half into the free set; after the last tile, this tile's stages again (products
@@ -679,9 +592,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         if constexpr (KT > 0)
           hopper_threshold_epilogue<Mma, IP, BN, MW, KT>(acc, tq, norm_s, q_first, rt, n_rt, t4, n_queries, out_upper);
         else
-          hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB, Acc, GM>(
-              acc, tq, norm_s + half * BH, q_first, rt * BN + half * BH + 2 * t4, t4, n_queries, n_rows, counts,
-              survivors, capacity, reinterpret_cast<const int*>(norm_s + BN) + half * BH / (2 * EPI_G));
+          hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB>(acc, tq, norm_s + half * BH, q_first,
+                                                          rt * BN + half * BH + 2 * t4, t4, n_queries, n_rows, counts,
+                                                          survivors, capacity);
       }
       // the scalar slot is free for the producer's next bulk copy (async proxy; PB: its warps' plain stores, no
       // fence needed) once every consumer thread, each after its own reads of it and a proxy fence, has arrived

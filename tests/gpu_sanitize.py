@@ -7,7 +7,6 @@
     TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py biased   # the 8-bit l2 screen with PB
     TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py consumers   # ... with three consumers (CW)
     TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py overlap     # ... with the halves' overlap (XO)
-    TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py minima      # ... with group minima (GM)
 
 Covers: ingest (host rows, float64/float16 CUDA rows and queries when CuPy is present), scan with
 register lists and with shared-memory lists (k = 2048), tiled with shared lists (bulk rebuilds), the
@@ -155,16 +154,14 @@ def main(only: str | None = None) -> int:
     """Every case; `only` a selection kernel's name ("single", "scan", "tiled"): its cases alone, no screen;
     "biased": the 8-bit l2 screen's cases with render_screen.HOPPER_PRODUCER_BIAS on (the default), alone;
     "consumers": the 8-bit screen's cases with three consumer warpgroups (render_screen.HOPPER_CONSUMERS = 3);
-    "overlap": with the halves' overlap (render_screen.HOPPER_OVERLAP_HALVES), and its 16-bit tiles;
-    "minima": with the epilogue's group minima (render_screen.HOPPER_GROUP_MINIMA), three consumers, float16 too."""
-    if only in ("biased", "consumers", "overlap", "minima"):
+    "overlap": with the halves' overlap (render_screen.HOPPER_OVERLAP_HALVES), and its 16-bit tiles."""
+    if only in ("biased", "consumers", "overlap"):
         from tinyknn.jit import render_screen
 
         render_screen.HOPPER_PRODUCER_BIAS = True
-        render_screen.HOPPER_CONSUMERS = 3 if only in ("consumers", "minima") else 2
+        render_screen.HOPPER_CONSUMERS = 3 if only == "consumers" else 2
         render_screen.HOPPER_OVERLAP_HALVES = only == "overlap"
-        render_screen.HOPPER_GROUP_MINIMA = only == "minima"
-        param, value = {"consumers": ("cw", 3), "overlap": ("xo", 1), "minima": ("gm", 1)}.get(only, ("pb", 1))
+        param, value = {"consumers": ("cw", 3), "overlap": ("xo", 1)}.get(only, ("pb", 1))
         rng = np.random.default_rng(7)
         screen_and_ops(rng, [c for c in SCREEN_AND_OPS if c[:2] == ("l2", "int8")] +
                        [("l2", "uint8", 128, 17000, 10, 64)])
@@ -172,7 +169,6 @@ def main(only: str | None = None) -> int:
         # ring stage is reused (its "empty" wait and parity wrap); 250 queries: a tile and a part of one
         # the overlap's 16-bit tiles too (halves of the queries, two k-blocks a half: XO = 2), 300 queries
         cases = (("l2", "uint8", 250), ("ip", "uint8", 250)) if only != "biased" else (("l2", "uint8", 100),)
-        cases = (("l2", "uint8", 250), ("l2", "int8", 250), ("l2", "float16", 300)) if only == "minima" else cases
         cases += (("l2", "float16", 300),) if only == "overlap" else ()
         for metric, dtype, nq in cases:
             db, q = stored(rng, dtype, (340_000, 128)), stored(rng, dtype, (nq, 128))
@@ -180,7 +176,7 @@ def main(only: str | None = None) -> int:
                 index.add(db)
                 assert_exact(*index.search(q, 10), db, q, 10, metric, dtype)
                 spec = index._searcher._screen.hopper_spec
-                expected = 2 if dtype == "float16" and only == "overlap" else value
+                expected = 2 if dtype == "float16" else value
                 assert spec.param(param, 0) == expected, f"{spec} is not the kernel asked for"
             print(f"ok {only} {dtype} {metric} n=340000 nq={nq}", flush=True)
         return 0

@@ -9,8 +9,9 @@ import tinyknn
 
 
 def screened(db, queries, metric: str, dtype: str, k: int, monkeypatch, **knobs):
-    """(distances, ids, survivor counts, handed back, the Hopper screen's spec) of one batch on a fresh index,
-    render_screen's attributes set to `knobs` (e.g. HOPPER_INT_KEYS=False) before the index is made."""
+    """(distances, ids, survivor counts, handed back, the Hopper screen spec the batch ran: its small tile's for at
+    most 128 queries) of one batch on a fresh index, render_screen's attributes set to `knobs` (e.g.
+    HOPPER_INT_KEYS=False) before the index is made."""
     from tinyknn.jit import render_screen
 
     for name, value in knobs.items():
@@ -21,4 +22,4 @@ def screened(db, queries, metric: str, dtype: str, k: int, monkeypatch, **knobs)
         distances, ids = searcher.search(queries, k)
         counts = np.zeros(len(queries), np.int32)
         searcher._buffers["screen_counts"].copy_to_host(counts, counts.nbytes)
-        return distances, ids, counts, searcher._screen.fallbacks, searcher._screen.hopper_spec
+        return distances, ids, counts, searcher._screen.fallbacks, searcher._screen._hopper_for(len(queries))

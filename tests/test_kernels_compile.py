@@ -151,19 +151,6 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
               (("l2", "uint8", 128), ("ip", "int8", 128), ("l2", "int8", 128), ("l2", "uint8", 200),
                ("l2", "float16", 128), ("ip", "bfloat16", 64))]
     assert [s.param("xo", 0) for s in three[4:]] == [1, 1, 1, 2, 2, 1]   # XO: the rows' k-blocks
-    monkeypatch.setattr(render_screen, "HOPPER_GROUP_MINIMA", True)   # the epilogue's group minima, with XO, two
-    minima = [render_screen.hopper_spec("l2", dtype, 128, "sm_90a") for dtype in ("uint8", "int8")]
-    monkeypatch.setattr(render_screen, "HOPPER_OVERLAP_HALVES", False)
-    minima += [render_screen.hopper_spec("l2", "uint8", 128, "sm_90a")]
-    monkeypatch.setattr(render_screen, "HOPPER_CONSUMERS", 3)         # and three consumers
-    minima += [render_screen.hopper_spec("l2", dtype, 128, "sm_90a") for dtype in ("uint8", "int8")]
-    minima += [render_screen.hopper_spec("l2", dtype, stride, "sm_90a", small=small) for dtype, stride, small in
-               (("float16", 128, False), ("bfloat16", 64, False), ("float32", 768, True), ("uint8", 200, False))]
-    monkeypatch.setattr(render_screen, "HOPPER_OVERLAP_HALVES", True)
-    minima += [render_screen.hopper_spec("l2", "float16", 128, "sm_90a")]
-    assert [(s.param("gm"), s.param("xo", 0), s.param("cw", 2)) for s in minima] == \
-        [(1, 1, 2), (1, 1, 2), (1, 0, 2), (1, 0, 3), (1, 0, 3), (1, 0, 2), (1, 0, 2), (1, 0, 2), (1, 0, 2), (1, 2, 2)]
-    three += minima
     specs += grouped + keyed + three
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]
@@ -175,8 +162,7 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
             consumers = spec.param("cw", 2)    # 512 threads: 128 registers, none raised
             assert report.registers <= (168 if consumers == 2 else 128)
             assert spec.param("smem") == render_screen.hopper_smem(spec.param("bn"), spec.param("mw"),
-                                                                   spec.param("stages"), consumers,
-                                                                   minima=bool(spec.param("gm", 0)))
+                                                                   spec.param("stages"), consumers)
 
 
 def test_a_compile_error_names_the_spec_and_log():

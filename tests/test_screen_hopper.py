@@ -149,35 +149,6 @@ def test_the_halves_overlap_only_as_a_probes_knob_for_rows_of_two_k_blocks(monke
     assert rs.hopper_spec("l2", "float16", 128, "sm_90").param("xo") == 2        # CW = 3 is 8-bit only
 
 
-def test_group_minima_only_as_a_probes_knob_for_l2s_screen(monkeypatch):
-    """HOPPER_GROUP_MINIMA (off; a probe's, screen_hopper.cuh's GM): l2's screen gets GM = true as its last template
-    argument and 4 more words a group of the epilogue's chunks in each scalar slot (8 x 32 for 8-bit tiles' groups of
-    4 chunks and 16-bit tiles' of 2), with integer keys only beside the producer's bias; ip, cosine, the threshold
-    mode and a probe's epilogue group keep their kernels."""
-    assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("gm", 0) == 0
-    monkeypatch.setattr(rs, "HOPPER_GROUP_MINIMA", True)
-    for consumers, stages in ((3, 3), (2, 4)):
-        monkeypatch.setattr(rs, "HOPPER_CONSUMERS", consumers)
-        spec = rs.hopper_spec("l2", "uint8", 128, "sm_90")
-        assert spec.param("gm") == 1 and spec.param("pb") == 1
-        assert spec.param("smem") == rs.hopper_smem(256, 1, stages, consumers) + 8 * 128 <= 227 * 1024
-        assert cuda_source.name_expression(spec).endswith(f", {consumers}, 0, true>")
-    for metric, dtype, stride, (bn, mw) in (("l2", "int8", 100, (256, 1)), ("l2", "uint8", 200, (256, 1)),
-                                            ("l2", "float16", 128, (128, 2)), ("l2", "bfloat16", 768, (128, 2)),
-                                            ("l2", "float32", 64, (128, 2))):
-        spec = rs.hopper_spec(metric, dtype, stride, "sm_90")
-        assert spec.param("gm") == 1 and (spec.param("bn"), spec.param("mw")) == (bn, mw), spec
-        assert spec.param("smem") == rs.hopper_smem(bn, mw, spec.param("stages"), spec.param("cw", 2)) + 8 * 128
-    assert rs.hopper_spec("l2", "float16", 128, "sm_90", small=True).param("gm") == 1
-    for other in (rs.hopper_spec("ip", "uint8", 128, "sm_90"), rs.hopper_spec("cosine", "float16", 128, "sm_90"),
-                  rs.hopper_spec("ip", "bfloat16", 128, "sm_90"), rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=1),
-                  rs.hopper_spec("l2", "float16", 128, "sm_90", keep=2),
-                  rs.hopper_spec("l2", "uint8", 128, "sm_90", epi_group=2)):
-        assert other.param("gm", 0) == 0, other
-    monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", False)     # integer keys without the bias: no GM
-    assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("gm", 0) == 0
-
-
 def test_the_spec_carries_the_conversion_of_its_stride():
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("exact") == 1
     assert rs.hopper_spec("l2", "uint8", 768, "sm_90").param("exact") == 0

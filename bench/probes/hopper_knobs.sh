@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The screen's knobs measured on the H200 in one call (each setting a fresh index, answers compared across
 # settings by screen_steps): the screen graphs on the small batches they aim at; three consumers (CW, the default)
-# against two, the halves' overlap (XO, with two) and the epilogue's group minima (GM, then its memcheck) on
-# 10M x 128 uint8 x 2,048 at k = 10 and 100, XO and GM on float16 too; Nsight Compute of the 8-bit screen;
-# memcheck of CW and XO. Logs and JSON in $OUT.
+# against two and the halves' overlap (XO, with two) on 10M x 128 uint8 x 2,048 at k = 10 and 100, XO on float16
+# too; Nsight Compute of the 8-bit screen, and of what limits the rows short of their goals (ceiling); memcheck of
+# CW and XO. Logs and JSON in $OUT.
 # Run after .ci/gpu (which runs their tests), carrying .whl:  bash bench/probes/hopper_knobs.sh PART...
-# (PART: graphs, overlap, overlap16, consumers, minima, sample, profile, memcheck; each 10M-row part a few minutes)
+# (PART: graphs, overlap, overlap16, consumers, sample, profile, ceiling, memcheck; each 10M-row part a few minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source .ci/device_env || exit
@@ -13,6 +13,9 @@ out="${OUT:-/tmp}" tag="$(date -u +%Y-%m-%dT%H%M)_nvidia-h200_${TREE}"
 steps="python3 bench/probes/screen_steps.py --keeps default --steps default"
 u8="--n 10000000 --dtype uint8 --ks 10,100 --queries 2048"
 f16="--n 10000000 --dtype float16 --ks 10,100 --queries 2048"
+ceiling="regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$"                 # stall reasons
+ceiling="$ceiling,regex:^sm__pipe_.*_cycles_active\.avg\.pct_of_peak_sustained_active$"        # pipes busy
+ceiling="$ceiling,regex:^sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active$"        # and issued to
 for part in "${@:-graphs}"; do
   case "$part" in
     graphs)
@@ -25,10 +28,6 @@ for part in "${@:-graphs}"; do
         2>&1 | tail -20 ;;
     overlap16) $steps $f16 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_f16_$tag.json" 2>&1 | tail -20 ;;
     consumers) $steps $u8 --hopper-consumers 2,3,2,3 --out "$out/screen_steps_consumers_$tag.json" 2>&1 | tail -20 ;;
-    minima) $steps $u8 --group-minima 0,1,0,1 --out "$out/screen_steps_minima_$tag.json" 2>&1 | tail -20
-      $steps $f16 --group-minima 0,1,0,1 --out "$out/screen_steps_minima_f16_$tag.json" 2>&1 | tail -20
-      TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
-        minima 2>&1 | tail -8 | tee "$out/sanitize_minima_$tag.log" ;;
     sample)   # the threshold step's sample of every 16th row against every 32nd at k = 10 (0.83 ms of 9.4)
       python3 bench/probes/screen_steps.py --keeps default --steps 16,32,16,32 $u8 --ks 10 \
         --out "$out/screen_steps_sample_$tag.json" 2>&1 | tail -20 ;;
@@ -38,12 +37,27 @@ for part in "${@:-graphs}"; do
         --section WarpStateStats --section ComputeWorkloadAnalysis \
         python3 bench/probes/batch_kernels.py --n 10000000 --dtype uint8 --sift-like --queries 2048 --k 10 \
         > "$out/ncu_screen_hopper_uint8_$tag.txt" 2>&1; tail -3 "$out/ncu_screen_hopper_uint8_$tag.txt" ;;
+    ceiling)  # the 8-bit and 16-bit screens' stall reasons and pipes (10M x 128 x 2,048, k = 10), and the kernels
+              # of one batch of 1,000 float32 queries on 100k x 128 (each kernel's time) and its steps
+      for dtype in uint8 float16; do
+        rows="--n 10000000 --dtype $dtype --queries 2048 --k 10"; [ $dtype = uint8 ] && rows="$rows --sift-like"
+        for metrics in "--metrics $ceiling" ""; do   # without the metrics where this ncu lacks one of them
+          ncu --profile-from-start off --clock-control none --kernel-name regex:screen_hopper_kernel \
+            --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis $metrics \
+            python3 bench/probes/batch_kernels.py $rows > "$out/ncu_ceiling_${dtype}_$tag.txt" 2>&1 && break
+        done
+        tail -3 "$out/ncu_ceiling_${dtype}_$tag.txt"
+      done
+      ncu --profile-from-start off --clock-control none --section SpeedOfLight --section LaunchStats \
+        python3 bench/probes/batch_kernels.py > "$out/ncu_100kx128_float32_$tag.txt" 2>&1
+      grep -E "^  [a-z_ ]+.*\(|Duration" "$out/ncu_100kx128_float32_$tag.txt" | cut -c1-110
+      $steps --queries 1000 --ks 10 --out "$out/screen_steps_100kx128_$tag.json" 2>&1 | tail -3 ;;
     memcheck)
       for mode in consumers overlap; do
         TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
           $mode 2>&1 | tail -8 | tee "$out/sanitize_${mode}_$tag.log"
       done ;;
-    *) echo "unknown part $part: graphs, overlap, overlap16, consumers, minima, sample, profile, memcheck" >&2
+    *) echo "unknown part $part: graphs, overlap, overlap16, consumers, sample, profile, ceiling, memcheck" >&2
        exit 2 ;;
   esac
 done

@@ -127,8 +127,6 @@ HOPPER_CONSUMERS_STAGES = 3     # ... and the stages that then fit (4 do not: 23
 HOPPER_OVERLAP_HALVES = False   # probes only: the same screen with each consumer's work in two halves (8-bit: its
                                 # rows; 16-bit: its two m64 blocks), one half's products in flight while the other's
                                 # epilogue runs (screen_hopper.cuh, XO; rows of at most 2 k-blocks)
-HOPPER_GROUP_MINIMA = False     # probes only: l2's producer also stores each group's least |x|^2 bound (with its
-                                # bias for integer keys), tested against first in the epilogue (screen_hopper.cuh, GM)
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
 HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds per (query, tile); more: mma.sync's
@@ -152,13 +150,11 @@ def hopper_tile(element: str, small: bool = False) -> tuple[int, int]:
     return (256, 1) if element in ("int8", "uint8") or small else (128, 2)
 
 
-def hopper_smem(bn: int, mw: int, stages: int | None = None, consumers: int = 2, minima: bool = False) -> int:
-    """hopper_smem_bytes of kernels/screen_hopper.cuh (stages not given: HOPPER_STAGES as it is now; minima: GM's
-    4 a group of the epilogue's chunks of 8 rows, hopper_epi_group of them, in each scalar slot)."""
+def hopper_smem(bn: int, mw: int, stages: int | None = None, consumers: int = 2) -> int:
+    """hopper_smem_bytes of kernels/screen_hopper.cuh (stages not given: HOPPER_STAGES as it is now)."""
     stages = stages or HOPPER_STAGES
     ring = stages * (64 * consumers * mw + bn) * HOPPER_KB
-    slot = bn * 4 + (16 * (bn // 8 // (4 if mw == 1 else 2)) if minima else 0)
-    return 1024 + ring + HOPPER_SCALAR_SLOTS * slot + 8 * (2 * stages + 2 * HOPPER_SCALAR_SLOTS)
+    return 1024 + ring + HOPPER_SCALAR_SLOTS * bn * 4 + 8 * (2 * stages + 2 * HOPPER_SCALAR_SLOTS)
 
 
 def hopper_threads(spec: KernelSpec) -> int:
@@ -218,14 +214,11 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
     three = (bn, mw) == (256, 1) and not keep and not small and k_blocks == 1 and HOPPER_CONSUMERS == 3
     stages = HOPPER_CONSUMERS_STAGES if three else HOPPER_STAGES
     overlap = HOPPER_OVERLAP_HALVES and not (three or keep or small) and 2 * k_blocks <= stages
-    biased = keyed and HOPPER_PRODUCER_BIAS and metric == "l2"
-    minima = (HOPPER_GROUP_MINIMA and metric == "l2" and not (keep or epi_group)   # keyed: with the producer's bias
-              and (biased or not keyed))
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": stages,
-              "smem": hopper_smem(bn, mw, stages, 3 if three else 2, minima),
-              **({"eg": epi_group} if epi_group else {}),
-              **({"kt": keep} if keep else {}), **({"ik": 1} if keyed else {}), **({"pb": 1} if biased else {}),
-              **({"cw": 3} if three else {}), **({"xo": k_blocks} if overlap else {}), **({"gm": 1} if minima else {})}
+              "smem": hopper_smem(bn, mw, stages, 3 if three else 2), **({"eg": epi_group} if epi_group else {}),
+              **({"kt": keep} if keep else {}), **({"ik": 1} if keyed else {}),
+              **({"pb": 1} if keyed and HOPPER_PRODUCER_BIAS and metric == "l2" else {}),
+              **({"cw": 3} if three else {}), **({"xo": k_blocks} if overlap else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
@@ -269,11 +262,9 @@ def name_expression(spec: KernelSpec) -> str:
         args = [element, cpp_bool(spec.metric != "l2"), cpp_bool(p("exact")), p("bn"), p("mw"), p("stages"),
                 p("smem")]
         # EG: the probes' epilogues; KT: the threshold mode; IK: integer keys; PB: |x|^2 biased by the producer;
-        # CW: consumer warpgroups; XO: the halves' products overlapping their epilogues (its rows' k-blocks); GM:
-        # the epilogue's group minima
+        # CW: consumer warpgroups; XO: the halves' products overlapping their epilogues (its rows' k-blocks)
         args += trailing_arguments((p("eg", 0), 0), (p("kt", 0), 0), (cpp_bool(p("ik", 0)), "false"),
-                                   (cpp_bool(p("pb", 0)), "false"), (p("cw", 2), 2), (p("xo", 0), 0),
-                                   (cpp_bool(p("gm", 0)), "false"))
+                                   (cpp_bool(p("pb", 0)), "false"), (p("cw", 2), 2), (p("xo", 0), 0))
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         args = [element, cpp_bool(spec.metric != "l2"), cpp_bool(p("threshold")), p("kl"), p("bq"), p("bn"),
