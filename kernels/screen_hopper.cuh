@@ -77,10 +77,20 @@ TINYKNN_D bool mbar_try_wait(unsigned bar, unsigned parity) {
                : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   return done != 0;
 }
-TINYKNN_D void mbar_wait(unsigned bar, unsigned parity) {
-  if (mbar_try_wait(bar, parity)) return;
+// try_wait with a suspend-time hint: a thread whose phase is not complete sleeps until it is (or the hint's
+// 10 ms pass) in place of the system's short limit, so a waiting warp issues a few instructions, not a loop's
+// every ~80 cycles (the screen's idle producer warps spun through a fifth of its instructions: ncu, 8-bit l2)
+TINYKNN_D bool mbar_try_wait_long(unsigned bar, unsigned parity) {
+  unsigned done;
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done) : "r"(bar), "r"(parity), "r"(10000000u) : "memory");
+  return done != 0;
+}
+template <bool LONG = false> TINYKNN_D void mbar_wait(unsigned bar, unsigned parity) {
+  auto try_wait = [&]() { return LONG ? mbar_try_wait_long(bar, parity) : mbar_try_wait(bar, parity); };
+  if (try_wait()) return;
   const long long start = clock64();
-  while (!mbar_try_wait(bar, parity)) {
+  while (!try_wait()) {
     if (clock64() - start > (1ll << 35)) __trap();
   }
 }
@@ -314,8 +324,13 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, 
 // bytes x (64 CW MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
+// LT (a knob for probes, lean tiles): the per-tile work around the products and the epilogue made smaller. Every
+// wait sleeps with a suspend-time hint (mbar_wait<true>); the consumer's warpgroup index is broadcast from lane 0,
+// so that ptxas may keep the ring's addresses and the wgmma descriptors in uniform registers, and each k step's
+// descriptors are the stage's plus a constant; a consumer loads its queries' terms again only where the query
+// tile changed (a persistent block's tiles step by the grid, which often is a multiple of the query tiles).
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
-          bool IK = false, bool PB = false, int CW = 2, int XO = 0>
+          bool IK = false, bool PB = false, int CW = 2, int XO = 0, bool LT = false>
 __global__ void __launch_bounds__(128 * (CW + 1), 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -390,7 +405,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
           const int rt = (int)(t / n_qt);
           const int b = i % HOPPER_SCALAR_SLOTS;
-          mbar_wait(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
+          mbar_wait<LT>(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
           for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS)
             slot0[b * BN + r] = __fadd_rn(__ldg(sq_norms + (long long)rt * BN + r), 8388608.0f);
           mbar_arrive(sfull(b));                       // release: the stores before it are seen after the wait
@@ -404,7 +419,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
         const int qt = (int)(t % n_qt), rt = (int)(t / n_qt);
         const int b = i % HOPPER_SCALAR_SLOTS;
-        mbar_wait(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
+        mbar_wait<LT>(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
         if constexpr (IP) {
           mbar_arrive(sfull(b));                       // no per-row scalars: the slot is ready at once
         } else if constexpr (!PB) {
@@ -413,7 +428,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         }
         for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
           const int s = pos % STAGES;
-          mbar_wait(empty(s), ((pos / STAGES) & 1) ^ 1);
+          mbar_wait<LT>(empty(s), ((pos / STAGES) & 1) ^ 1);
           mbar_expect_tx(full(s), STAGE_BYTES);
           tma_load_2d(ring + s * STAGE_BYTES, &tmap_q, kb * BK, qt * TILE_Q, full(s));
           if constexpr (KT > 0)
@@ -426,7 +441,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   } else {
     // ---------------- consumers ----------------
     if constexpr (CW == 2) regs_inc<232>();            // CW = 3: the 128 a thread its launch leaves
-    const int c = wg - 1;
+    const int c = LT ? __shfl_sync(FULL_WARP, wg - 1, 0) : wg - 1;   // LT: warp-uniform to ptxas
     if (CW == 3 && k_blocks != 1) __trap();   // its halves reread one stage (the host never asks this)
     const int g = lane >> 2, t4 = lane & 3;
     auto release = [&](int s) { if (lane == 0) mbar_arrive(empty(s)); };   // one arrival per warp
@@ -456,7 +471,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
     };
     // the |x|^2 bounds of the tile a block takes i-th, in scalar slot b = i % HOPPER_SCALAR_SLOTS, once there
     auto slot_norms = [&](int i, int b) {
-      mbar_wait(sfull(b), (i / HOPPER_SCALAR_SLOTS) & 1);
+      mbar_wait<LT>(sfull(b), (i / HOPPER_SCALAR_SLOTS) & 1);
       return reinterpret_cast<const float*>(hopper_space + (scalars - raw) + b * SC_BYTES);
     };
     // a tile's products (of its rows' half `half`: CW = 3) into `into`, a k-block at a time from ring position
@@ -465,16 +480,20 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
     auto products = [&](Acc (&into)[MW][NACC], int& pos, int half) {
       for (int kb = 0; kb < k_blocks; ++kb, ++pos) {
         const int s = pos % STAGES;
-        mbar_wait(full(s), (pos / STAGES) & 1);
+        mbar_wait<LT>(full(s), (pos / STAGES) & 1);
         const unsigned a_base = ring + s * STAGE_BYTES + c * WG_Q * 128;
         const unsigned b_base = ring + s * STAGE_BYTES + Q_BYTES + half * (BN / HALVES) * 128;
+        // LT: a k step's descriptors are the stage's plus its offset >> 4 (the address field holds addresses
+        // under 2^18 >> 4, and every offset stays within the stage)
+        const unsigned long long a_desc = sw128_desc(a_base), b_desc = sw128_desc(b_base);
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
 #pragma unroll
           for (int m = 0; m < MW; ++m)
-            Mma::template mma<BN / HALVES>(into[m], sw128_desc(a_base + m * 64 * 128 + k * 32),
-                                           sw128_desc(b_base + k * 32), (kb | k) != 0);
+            Mma::template mma<BN / HALVES>(
+                into[m], LT ? a_desc + (m * 64 * 128 + k * 32) / 16 : sw128_desc(a_base + m * 64 * 128 + k * 32),
+                LT ? b_desc + k * 32 / 16 : sw128_desc(b_base + k * 32), (kb | k) != 0);
         }
         wgmma_commit();
         if (kb > 0) {
@@ -496,7 +515,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
       // first: no wait between the products of one group)
       auto issue = [&](Acc (&into)[1][XN / 2], int pos0, int half) {
 #pragma unroll
-        for (int kb = 0; kb < XO; ++kb) mbar_wait(full((pos0 + kb) % STAGES), ((pos0 + kb) / STAGES) & 1);
+        for (int kb = 0; kb < XO; ++kb) mbar_wait<LT>(full((pos0 + kb) % STAGES), ((pos0 + kb) / STAGES) & 1);
         wgmma_fence();
 #pragma unroll
         for (int kb = 0; kb < XO; ++kb) {
@@ -560,12 +579,13 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
     for (int m = 0; m < MW; ++m)
 #pragma unroll
       for (int j = 0; j < NACC; ++j) acc[m][j] = 0;
-    int i = 0;
+    int i = 0, terms_qt = -1;                           // LT: the query tile whose terms thr, esc, eoff hold
+    float thr[MW][2], esc[MW][2], eoff[MW][2];
     for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
       const int qt = (int)(t % n_qt), rt = (int)(t / n_qt);
       const int q_first = qt * TILE_Q + c * WG_Q + 16 * warp + g;   // + 64 m + 8 h
-      float thr[MW][2], esc[MW][2], eoff[MW][2];
-      load_terms(q_first, thr, esc, eoff);
+      if (!LT || qt != terms_qt) load_terms(q_first, thr, esc, eoff);
+      terms_qt = qt;
       const float rmax = __ldg(tile_rmax + rt);
 
       const int b = i % HOPPER_SCALAR_SLOTS;

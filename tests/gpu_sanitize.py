@@ -7,6 +7,7 @@
     TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py biased   # the 8-bit l2 screen with PB
     TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py consumers   # ... with three consumers (CW)
     TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py overlap     # ... with the halves' overlap (XO)
+    TINYKNN_SCREEN=wgmma compute-sanitizer ... tests/gpu_sanitize.py lean        # ... with lean tiles (LT)
 
 Covers: ingest (host rows, float64/float16 CUDA rows and queries when CuPy is present), scan with
 register lists and with shared-memory lists (k = 2048), tiled with shared lists (bulk rebuilds), the
@@ -154,14 +155,17 @@ def main(only: str | None = None) -> int:
     """Every case; `only` a selection kernel's name ("single", "scan", "tiled"): its cases alone, no screen;
     "biased": the 8-bit l2 screen's cases with render_screen.HOPPER_PRODUCER_BIAS on (the default), alone;
     "consumers": the 8-bit screen's cases with three consumer warpgroups (render_screen.HOPPER_CONSUMERS = 3);
-    "overlap": with the halves' overlap (render_screen.HOPPER_OVERLAP_HALVES), and its 16-bit tiles."""
-    if only in ("biased", "consumers", "overlap"):
+    "overlap": with the halves' overlap (render_screen.HOPPER_OVERLAP_HALVES), and its 16-bit tiles;
+    "lean": with lean tiles (render_screen.HOPPER_LEAN_TILES), three consumers, 900 queries (5 query tiles) too,
+    and 16-bit tiles."""
+    if only in ("biased", "consumers", "overlap", "lean"):
         from tinyknn.jit import render_screen
 
         render_screen.HOPPER_PRODUCER_BIAS = True
-        render_screen.HOPPER_CONSUMERS = 3 if only == "consumers" else 2
+        render_screen.HOPPER_CONSUMERS = 3 if only in ("consumers", "lean") else 2
         render_screen.HOPPER_OVERLAP_HALVES = only == "overlap"
-        param, value = {"consumers": ("cw", 3), "overlap": ("xo", 1)}.get(only, ("pb", 1))
+        render_screen.HOPPER_LEAN_TILES = only == "lean"
+        param, value = {"consumers": ("cw", 3), "overlap": ("xo", 1), "lean": ("lt", 1)}.get(only, ("pb", 1))
         rng = np.random.default_rng(7)
         screen_and_ops(rng, [c for c in SCREEN_AND_OPS if c[:2] == ("l2", "int8")] +
                        [("l2", "uint8", 128, 17000, 10, 64)])
@@ -170,13 +174,14 @@ def main(only: str | None = None) -> int:
         # the overlap's 16-bit tiles too (halves of the queries, two k-blocks a half: XO = 2), 300 queries
         cases = (("l2", "uint8", 250), ("ip", "uint8", 250)) if only != "biased" else (("l2", "uint8", 100),)
         cases += (("l2", "float16", 300),) if only == "overlap" else ()
+        cases += (("l2", "uint8", 900), ("l2", "float16", 1100)) if only == "lean" else ()
         for metric, dtype, nq in cases:
             db, q = stored(rng, dtype, (340_000, 128)), stored(rng, dtype, (nq, 128))
             with tinyknn.Index(128, metric, dtype, device="cuda") as index:
                 index.add(db)
                 assert_exact(*index.search(q, 10), db, q, 10, metric, dtype)
                 spec = index._searcher._screen.hopper_spec
-                expected = 2 if dtype == "float16" else value
+                expected = 2 if dtype == "float16" and only == "overlap" else value
                 assert spec.param(param, 0) == expected, f"{spec} is not the kernel asked for"
             print(f"ok {only} {dtype} {metric} n=340000 nq={nq}", flush=True)
         return 0

@@ -151,6 +151,16 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
               (("l2", "uint8", 128), ("ip", "int8", 128), ("l2", "int8", 128), ("l2", "uint8", 200),
                ("l2", "float16", 128), ("ip", "bfloat16", 64))]
     assert [s.param("xo", 0) for s in three[4:]] == [1, 1, 1, 2, 2, 1]   # XO: the rows' k-blocks
+    monkeypatch.setattr(render_screen, "HOPPER_LEAN_TILES", True)     # lean tiles: with XO, two and three consumers
+    three += [render_screen.hopper_spec(metric, dtype, 128, "sm_90a") for metric, dtype in
+              (("l2", "uint8"), ("l2", "float16"))]
+    monkeypatch.setattr(render_screen, "HOPPER_OVERLAP_HALVES", False)
+    three += [render_screen.hopper_spec("l2", "float16", 128, "sm_90a", small=True)]
+    monkeypatch.setattr(render_screen, "HOPPER_CONSUMERS", 3)
+    three += [render_screen.hopper_spec(metric, dtype, 128, "sm_90a") for metric, dtype in
+              (("l2", "uint8"), ("ip", "int8"))]
+    assert [(s.param("lt"), s.param("xo", 0), s.param("cw", 2)) for s in three[10:]] == \
+        [(1, 1, 2), (1, 2, 2), (1, 0, 2), (1, 0, 3), (1, 0, 3)]
     specs += grouped + keyed + three
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]

@@ -149,6 +149,23 @@ def test_the_halves_overlap_only_as_a_probes_knob_for_rows_of_two_k_blocks(monke
     assert rs.hopper_spec("l2", "float16", 128, "sm_90").param("xo") == 2        # CW = 3 is 8-bit only
 
 
+def test_lean_tiles_only_as_a_probes_knob_for_the_screen(monkeypatch):
+    """HOPPER_LEAN_TILES (off; a probe's, screen_hopper.cuh's LT): every screen kernel, with its tile, threads and
+    shared memory, gets LT = true as its last template argument; the threshold mode keeps its kernel."""
+    def specs():
+        return [rs.hopper_spec(metric, dtype, stride, "sm_90", small=small) for metric, dtype, stride in
+                (("l2", "uint8", 128), ("ip", "int8", 200), ("l2", "float16", 128), ("cosine", "float32", 64))
+                for small in (False, True)]
+    plain = specs()
+    assert all(spec.param("lt", 0) == 0 for spec in plain)
+    monkeypatch.setattr(rs, "HOPPER_LEAN_TILES", True)
+    for spec, lean in zip(plain, specs()):
+        assert dict(lean.params) == {**dict(spec.params), "lt": 1}, (lean, spec)
+        assert cuda_source.name_expression(lean).endswith(", true>")
+        assert rs.hopper_threads(lean) == rs.hopper_threads(spec)
+    assert rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=1).param("lt", 0) == 0
+
+
 def test_the_spec_carries_the_conversion_of_its_stride():
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("exact") == 1
     assert rs.hopper_spec("l2", "uint8", 768, "sm_90").param("exact") == 0

@@ -5,8 +5,8 @@
 # too; Nsight Compute of the 8-bit screen, and of what limits the rows short of their goals (ceiling); memcheck of
 # CW and XO. Logs and JSON in $OUT.
 # Run after .ci/gpu (which runs their tests), carrying .whl:  bash bench/probes/hopper_knobs.sh PART...
-# (PART: graphs, overlap, overlap16, consumers, sample, profile, ceiling, sass, memcheck; each 10M-row part a few
-# minutes)
+# (PART: graphs, overlap, overlap16, consumers, lean, sample, profile, ceiling, sass, memcheck; each 10M-row part
+# a few minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source .ci/device_env || exit
@@ -29,6 +29,10 @@ for part in "${@:-graphs}"; do
         2>&1 | tail -20 ;;
     overlap16) $steps $f16 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_f16_$tag.json" 2>&1 | tail -20 ;;
     consumers) $steps $u8 --hopper-consumers 2,3,2,3 --out "$out/screen_steps_consumers_$tag.json" 2>&1 | tail -20 ;;
+    lean) $steps $u8 --lean-tiles 0,1,0,1 --out "$out/screen_steps_lean_$tag.json" 2>&1 | tail -20
+      $steps $f16 --lean-tiles 0,1,0,1 --out "$out/screen_steps_lean_f16_$tag.json" 2>&1 | tail -20
+      TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
+        lean 2>&1 | tail -8 | tee "$out/sanitize_lean_$tag.log" ;;
     sample)   # the threshold step's sample of every 16th row against every 32nd at k = 10 (0.83 ms of 9.4)
       python3 bench/probes/screen_steps.py --keeps default --steps 16,32,16,32 $u8 --ks 10 \
         --out "$out/screen_steps_sample_$tag.json" 2>&1 | tail -20 ;;
@@ -67,7 +71,8 @@ for part in "${@:-graphs}"; do
         TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
           $mode 2>&1 | tail -8 | tee "$out/sanitize_${mode}_$tag.log"
       done ;;
-    *) echo "unknown part $part: graphs, overlap, overlap16, consumers, sample, profile, ceiling, sass, memcheck" >&2
+    *) echo "unknown part $part: graphs, overlap, overlap16, consumers, lean, sample, profile, ceiling, sass," \
+         "memcheck" >&2
        exit 2 ;;
   esac
 done

@@ -44,6 +44,9 @@ SWITCHES = (
     ("--hopper-overlap", render_screen, "HOPPER_OVERLAP_HALVES",
      "1: the Hopper screen of rows of one or two k-blocks with one half's products in flight during the other's "
      "epilogue, screen_hopper.cuh's XO (not with three consumers)"),
+    ("--lean-tiles", render_screen, "HOPPER_LEAN_TILES",
+     "1: the Hopper screen's per-tile work trimmed, screen_hopper.cuh's LT (sleeping waits, uniform descriptors, "
+     "a query tile's terms loaded once)"),
     ("--graphs", screen_launch, "SCREEN_GRAPHS",
      "1: a batch shape seen twice replays its steps as one CUDA graph; the whole search's time only: the steps' "
      "breakdown runs without it"),
@@ -209,6 +212,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                                "producer_bias": render_screen.HOPPER_PRODUCER_BIAS,
                                "hopper_consumers": render_screen.HOPPER_CONSUMERS,
                                "hopper_overlap": render_screen.HOPPER_OVERLAP_HALVES,
+                               "lean_tiles": render_screen.HOPPER_LEAN_TILES,
                                "graphs": screen_launch.SCREEN_GRAPHS,
                                "threshold_stages": render_screen.THRESHOLD_STAGES,
                                "tile": "x".join(str(v) for v in (render_screen.SCREEN_BQ, render_screen.SCREEN_BN,

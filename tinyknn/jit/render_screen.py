@@ -127,6 +127,8 @@ HOPPER_CONSUMERS_STAGES = 3     # ... and the stages that then fit (4 do not: 23
 HOPPER_OVERLAP_HALVES = False   # probes only: the same screen with each consumer's work in two halves (8-bit: its
                                 # rows; 16-bit: its two m64 blocks), one half's products in flight while the other's
                                 # epilogue runs (screen_hopper.cuh, XO; rows of at most 2 k-blocks)
+HOPPER_LEAN_TILES = False       # probes only: the screen's per-tile work trimmed (screen_hopper.cuh, LT): waits that
+                                # sleep, descriptors in uniform registers, a query tile's terms loaded once
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
 HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds per (query, tile); more: mma.sync's
@@ -218,7 +220,8 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
               "smem": hopper_smem(bn, mw, stages, 3 if three else 2), **({"eg": epi_group} if epi_group else {}),
               **({"kt": keep} if keep else {}), **({"ik": 1} if keyed else {}),
               **({"pb": 1} if keyed and HOPPER_PRODUCER_BIAS and metric == "l2" else {}),
-              **({"cw": 3} if three else {}), **({"xo": k_blocks} if overlap else {})}
+              **({"cw": 3} if three else {}), **({"xo": k_blocks} if overlap else {}),
+              **({"lt": 1} if HOPPER_LEAN_TILES and not keep else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
 
 
@@ -262,9 +265,11 @@ def name_expression(spec: KernelSpec) -> str:
         args = [element, cpp_bool(spec.metric != "l2"), cpp_bool(p("exact")), p("bn"), p("mw"), p("stages"),
                 p("smem")]
         # EG: the probes' epilogues; KT: the threshold mode; IK: integer keys; PB: |x|^2 biased by the producer;
-        # CW: consumer warpgroups; XO: the halves' products overlapping their epilogues (its rows' k-blocks)
+        # CW: consumer warpgroups; XO: the halves' products overlapping their epilogues (its rows' k-blocks); LT:
+        # lean tiles
         args += trailing_arguments((p("eg", 0), 0), (p("kt", 0), 0), (cpp_bool(p("ik", 0)), "false"),
-                                   (cpp_bool(p("pb", 0)), "false"), (p("cw", 2), 2), (p("xo", 0), 0))
+                                   (cpp_bool(p("pb", 0)), "false"), (p("cw", 2), 2), (p("xo", 0), 0),
+                                   (cpp_bool(p("lt", 0)), "false"))
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         args = [element, cpp_bool(spec.metric != "l2"), cpp_bool(p("threshold")), p("kl"), p("bq"), p("bn"),
