@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common  # noqa: E402
 import datasets  # noqa: E402
 import tinyknn  # noqa: E402
+from tinyknn.jit import render_screen  # noqa: E402
 
 
 def main() -> None:
@@ -46,7 +47,14 @@ def main() -> None:
                         help="SIFT-like uint8 rows and queries (bench/datasets.py; the index of --dtype)")
     parser.add_argument("--range-radius", type=float, default=None,
                         help="profile range_search(q, R) in place of search(q, k)")
+    parser.add_argument("--knob", action="append", default=[], metavar="NAME=INT",
+                        help="a render_screen knob set before the index is made (e.g. HOPPER_LEAN_TILES=1)")
     args = parser.parse_args()
+    for knob in args.knob:
+        name, value = knob.split("=")
+        if not hasattr(render_screen, name):
+            parser.error(f"render_screen has no knob {name}")
+        setattr(render_screen, name, type(getattr(render_screen, name))(int(value)))
     rng = np.random.default_rng(0)
     q = rng.standard_normal((args.queries, args.dim), dtype=np.float32)
     labels = rng.integers(0, 100, args.n) if args.filtered == "label" else None

@@ -2,11 +2,11 @@
 # The screen's knobs measured on the H200 in one call (each setting a fresh index, answers compared across
 # settings by screen_steps): the screen graphs on the small batches they aim at; three consumers (CW, the default)
 # against two and the halves' overlap (XO, with two) on 10M x 128 uint8 x 2,048 at k = 10 and 100, XO on float16
-# too; Nsight Compute of the 8-bit screen, and of what limits the rows short of their goals (ceiling); memcheck of
-# CW and XO. Logs and JSON in $OUT.
+# too; lean tiles (LT); Nsight Compute of the 8-bit screen, of what limits the rows short of their goals
+# (ceiling) and of each SASS line (sass, sass-lean); memcheck of CW and XO. Logs and JSON in $OUT.
 # Run after .ci/gpu (which runs their tests), carrying .whl:  bash bench/probes/hopper_knobs.sh PART...
-# (PART: graphs, overlap, overlap16, consumers, lean, sample, profile, ceiling, sass, memcheck; each 10M-row part
-# a few minutes)
+# (PART: graphs, overlap, overlap16, consumers, lean, sample, profile, ceiling, sass, sass-lean, memcheck; each
+# 10M-row part a few minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source .ci/device_env || exit
@@ -57,22 +57,24 @@ for part in "${@:-graphs}"; do
         python3 bench/probes/batch_kernels.py > "$out/ncu_100kx128_float32_$tag.txt" 2>&1
       grep -E "^  [a-z_ ]+.*\(|Duration" "$out/ncu_100kx128_float32_$tag.txt" | cut -c1-110
       $steps --queries 1000 --ks 10 --out "$out/screen_steps_100kx128_$tag.json" 2>&1 | tail -3 ;;
-    sass)  # where the 8-bit screen's issued instructions go: its opcodes' counts and each SASS line's executions
-           # and stall samples (the screen launch only: the threshold mode's comes first)
+    sass|sass-lean)  # where the 8-bit screen's issued instructions go: its opcodes' counts and each SASS line's
+           # executions and stall samples (the screen launch only: the threshold mode's comes first); sass-lean: LT's
+      knob=HOPPER_LEAN_TILES=$([ "$part" = sass-lean ] && echo 1 || echo 0)
       ncu --profile-from-start off --clock-control none --kernel-name regex:screen_hopper_kernel --launch-skip 1 \
         --launch-count 1 --section InstructionStats --section SourceCounters --section WarpStateStats \
         --metrics sass__inst_executed_per_opcode --print-metric-instances values -f --export /tmp/screen_u8 \
         python3 bench/probes/batch_kernels.py --n 10000000 --dtype uint8 --sift-like --queries 2048 --k 10 \
-        > "$out/ncu_sass_uint8_$tag.txt" 2>&1; tail -4 "$out/ncu_sass_uint8_$tag.txt"
+        --knob $knob > "$out/ncu_${part}_uint8_$tag.txt" 2>&1; tail -4 "$out/ncu_${part}_uint8_$tag.txt"
       ncu --import /tmp/screen_u8.ncu-rep --page source --csv --print-source sass 2>&1 | xz -6 \
-        > "$out/ncu_sass_lines_uint8_$tag.csv.xz"; ls -l "$out/ncu_sass_lines_uint8_$tag.csv.xz" ;;
+        > "$out/ncu_${part}_lines_uint8_$tag.csv.xz"; python3 bench/probes/sass_lines.py \
+        "$out/ncu_${part}_lines_uint8_$tag.csv.xz" ;;
     memcheck)
       for mode in consumers overlap; do
         TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
           $mode 2>&1 | tail -8 | tee "$out/sanitize_${mode}_$tag.log"
       done ;;
     *) echo "unknown part $part: graphs, overlap, overlap16, consumers, lean, sample, profile, ceiling, sass," \
-         "memcheck" >&2
+         "sass-lean, memcheck" >&2
        exit 2 ;;
   esac
 done
