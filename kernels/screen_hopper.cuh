@@ -86,16 +86,6 @@ TINYKNN_D bool mbar_try_wait_long(unsigned bar, unsigned parity) {
                : "=r"(done) : "r"(bar), "r"(parity), "r"(10000000u) : "memory");
   return done != 0;
 }
-// A wait that may be late by a microsecond: a try_wait, then a microsecond's sleep between tries (the hint's sleep
-// above wakes at every arrival on any of the block's barriers: the producer's bias warps, 8 scalar slots ahead,
-// still woke every ~100 cycles)
-TINYKNN_D void mbar_wait_patient(unsigned bar, unsigned parity) {
-  const long long start = clock64();
-  while (!mbar_try_wait(bar, parity)) {
-    __nanosleep(1000);
-    if (clock64() - start > (1ll << 35)) __trap();
-  }
-}
 template <bool LONG = false> TINYKNN_D void mbar_wait(unsigned bar, unsigned parity) {
   auto try_wait = [&]() { return LONG ? mbar_try_wait_long(bar, parity) : mbar_try_wait(bar, parity); };
   if (try_wait()) return;
@@ -335,11 +325,10 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, 
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
 // LT (a knob for probes, lean tiles): the per-tile work around the products and the epilogue made smaller. Every
-// wait sleeps with a suspend-time hint (mbar_wait<true>), the bias warps' a microsecond between tries; the
-// consumer's warpgroup index is broadcast from lane 0, so that ptxas may keep the ring's addresses and the wgmma
-// descriptors in uniform registers, and each k step's descriptors are the stage's plus a constant; a consumer
-// loads its queries' terms again only where the query tile changed (a persistent block's tiles step by the grid,
-// which often is a multiple of the query tiles).
+// wait sleeps with a suspend-time hint (mbar_wait<true>); the consumer's warpgroup index is broadcast from lane 0,
+// so that ptxas may keep the ring's addresses and the wgmma descriptors in uniform registers, and each k step's
+// descriptors are the stage's plus a constant; a consumer loads its queries' terms again only where the query
+// tile changed (a persistent block's tiles step by the grid, which often is a multiple of the query tiles).
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
           bool IK = false, bool PB = false, int CW = 2, int XO = 0, bool LT = false>
 __global__ void __launch_bounds__(128 * (CW + 1), 1)
@@ -416,10 +405,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         for (long long t = blockIdx.x; t < total; t += gridDim.x, ++i) {
           const int rt = (int)(t / n_qt);
           const int b = i % HOPPER_SCALAR_SLOTS;
-          if constexpr (LT)                              // 8 slots ahead: a microsecond late costs nothing
-            mbar_wait_patient(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
-          else
-            mbar_wait(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
+          mbar_wait<LT>(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
           for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS)
             slot0[b * BN + r] = __fadd_rn(__ldg(sq_norms + (long long)rt * BN + r), 8388608.0f);
           mbar_arrive(sfull(b));                       // release: the stores before it are seen after the wait
