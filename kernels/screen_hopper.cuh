@@ -192,7 +192,10 @@ TINYKNN_D int int_threshold(float tq, bool ip) {   // floor(tq) clamped to +-2^2
   const float clamped = tq != tq ? 67108864.0f : fminf(fmaxf(tq, -67108864.0f), 67108864.0f);
   return __float2int_rd(clamped) + (ip ? 0 : 0x4B000000);
 }
-template <class Mma, bool IP, int BN, int MW, int G, bool IK, bool PB, class Acc>
+// AHEAD (the kernel's LT): each group's bounds are loaded before the group ahead of it takes its branch, so that
+// their shared-memory latency is not waited for at the group's first key (ncu: the first IMAD of a group and the
+// loads' wait were a tenth of a group's stall samples; the branch keeps the compiler from hoisting them itself).
+template <class Mma, bool IP, int BN, int MW, int G, bool IK, bool PB, class Acc, bool AHEAD = false>
 TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[MW][2], const float* norm_s,
                                int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
                                int* __restrict__ survivors, int capacity) {
@@ -217,10 +220,8 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
     if constexpr (IK) return !(int_key(j, e, sq) > ti[e >> 2][(e >> 1) & 1]);
     else return !(key(j, e, nv) > tq[e >> 2][(e >> 1) & 1]);
   };
-#pragma unroll
-  for (int j0 = 0; j0 < BN / 8; j0 += G) {
-    float2 nv[G];
-    int2 sq[G];
+  // the |x|^2 bounds of the group of chunks from j0
+  auto bounds = [&](int j0, float2 (&nv)[G], int2 (&sq)[G]) {
 #pragma unroll
     for (int u = 0; u < G; ++u) {
       nv[u] = IP ? make_float2(0.0f, 0.0f) : *reinterpret_cast<const float2*>(norm_s + 8 * (j0 + u) + 2 * t4);
@@ -229,6 +230,21 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
       else
         sq[u] = IK && !IP ? make_int2(__float_as_int(nv[u].x + 8388608.0f), __float_as_int(nv[u].y + 8388608.0f))
                           : make_int2(0, 0);
+    }
+  };
+  float2 nv_ahead[G];
+  int2 sq_ahead[G];
+  if constexpr (AHEAD) bounds(0, nv_ahead, sq_ahead);
+#pragma unroll
+  for (int j0 = 0; j0 < BN / 8; j0 += G) {
+    float2 nv[G];
+    int2 sq[G];
+    if constexpr (AHEAD) {
+#pragma unroll
+      for (int u = 0; u < G; ++u) nv[u] = nv_ahead[u], sq[u] = sq_ahead[u];
+      if (j0 + G < BN / 8) bounds(j0 + G, nv_ahead, sq_ahead);
+    } else {
+      bounds(j0, nv, sq);
     }
     bool any[G];
 #pragma unroll
@@ -328,7 +344,8 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, 
 // wait sleeps with a suspend-time hint (mbar_wait<true>); the consumer's warpgroup index is broadcast from lane 0,
 // so that ptxas may keep the ring's addresses and the wgmma descriptors in uniform registers, and each k step's
 // descriptors are the stage's plus a constant; a consumer loads its queries' terms again only where the query
-// tile changed (a persistent block's tiles step by the grid, which often is a multiple of the query tiles).
+// tile changed (a persistent block's tiles step by the grid, which often is a multiple of the query tiles); the
+// epilogue loads each group's bounds a group ahead (hopper_epilogue's AHEAD).
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
           bool IK = false, bool PB = false, int CW = 2, int XO = 0, bool LT = false>
 __global__ void __launch_bounds__(128 * (CW + 1), 1)
@@ -553,9 +570,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         auto epilogue = [&](const Acc (&done)[1][XN / 2], int half) {
           const float th[1][2] = {{tq[XM ? half : 0][0], tq[XM ? half : 0][1]}};
           const int r_off = XM ? 0 : half * XN;
-          hopper_epilogue<Mma, IP, XN, 1, XG, IK, PB>(done, th, norm_s + r_off, q_first + (XM ? 64 * half : 0),
-                                                      rt * BN + r_off + 2 * t4, t4, n_queries, n_rows, counts,
-                                                      survivors, capacity);
+          hopper_epilogue<Mma, IP, XN, 1, XG, IK, PB, Acc, LT>(
+              done, th, norm_s + r_off, q_first + (XM ? 64 * half : 0), rt * BN + r_off + 2 * t4, t4, n_queries,
+              n_rows, counts, survivors, capacity);
         };
         epilogue(first, 0);
         // the next tile's first half into the free set; after the last tile, this tile's stages again (products
@@ -612,7 +629,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         if constexpr (KT > 0)
           hopper_threshold_epilogue<Mma, IP, BN, MW, KT>(acc, tq, norm_s, q_first, rt, n_rt, t4, n_queries, out_upper);
         else
-          hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB>(acc, tq, norm_s + half * BH, q_first,
+          hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB, Acc, LT>(acc, tq, norm_s + half * BH, q_first,
                                                           rt * BN + half * BH + 2 * t4, t4, n_queries, n_rows, counts,
                                                           survivors, capacity);
       }
