@@ -71,26 +71,24 @@ TINYKNN_D void mbar_expect_tx(unsigned bar, unsigned bytes) {
 TINYKNN_D void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
-TINYKNN_D bool mbar_try_wait(unsigned bar, unsigned parity) {
-  unsigned done;
-  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  return done != 0;
-}
-// try_wait with a suspend-time hint: a thread whose phase is not complete sleeps until it is (or the hint's
+// LONG: try_wait with a suspend-time hint: a thread whose phase is not complete sleeps until it is (or the hint's
 // 10 ms pass) in place of the system's short limit, so a waiting warp issues a few instructions, not a loop's
 // every ~80 cycles (the screen's idle producer warps spun through a fifth of its instructions: ncu, 8-bit l2)
-TINYKNN_D bool mbar_try_wait_long(unsigned bar, unsigned parity) {
+template <bool LONG = false> TINYKNN_D bool mbar_try_wait(unsigned bar, unsigned parity) {
   unsigned done;
-  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
-               : "=r"(done) : "r"(bar), "r"(parity), "r"(10000000u) : "memory");
+  if constexpr (LONG)
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity), "r"(10000000u) : "memory");
+  else
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   return done != 0;
 }
 template <bool LONG = false> TINYKNN_D void mbar_wait(unsigned bar, unsigned parity) {
-  auto try_wait = [&]() { return LONG ? mbar_try_wait_long(bar, parity) : mbar_try_wait(bar, parity); };
-  if (try_wait()) return;
+  if (mbar_try_wait<LONG>(bar, parity)) return;
   const long long start = clock64();
-  while (!try_wait()) {
+  while (!mbar_try_wait<LONG>(bar, parity)) {
     if (clock64() - start > (1ll << 35)) __trap();
   }
 }
