@@ -23,3 +23,11 @@ def screened(db, queries, metric: str, dtype: str, k: int, monkeypatch, **knobs)
         counts = np.zeros(len(queries), np.int32)
         searcher._buffers["screen_counts"].copy_to_host(counts, counts.nbytes)
         return distances, ids, counts, searcher._screen.fallbacks, searcher._screen._hopper_for(len(queries))
+
+
+def assert_same_batch(a, b) -> None:
+    """Two screened() outcomes of one batch under kernels that must agree: every query's survivor count, the
+    queries handed back, the ids and the distances' bits."""
+    assert np.array_equal(a[2], b[2]), "the survivors per query differ"
+    assert a[3] == b[3]
+    assert np.array_equal(a[1], b[1]) and np.array_equal(a[0].view(np.int32), b[0].view(np.int32))

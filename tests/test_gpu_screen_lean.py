@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hopper_batches import screened
+from hopper_batches import assert_same_batch, screened
 from reference import assert_exact
 from test_gpu_screen import data, near_rows
 
@@ -23,9 +23,7 @@ def _same(db, queries, dtype, k, knobs, monkeypatch, metric="l2"):
     plain = screened(db, queries, metric, dtype, k, monkeypatch, HOPPER_LEAN_TILES=False, **knobs)
     lean = screened(db, queries, metric, dtype, k, monkeypatch, HOPPER_LEAN_TILES=True, **knobs)
     assert lean[4].param("lt") == 1 and plain[4].param("lt", 0) == 0, (lean[4], plain[4])
-    assert np.array_equal(lean[2], plain[2]), "the survivors per query differ"
-    assert lean[3] == plain[3]
-    assert np.array_equal(lean[1], plain[1]) and np.array_equal(lean[0].view(np.int32), plain[0].view(np.int32))
+    assert_same_batch(lean, plain)
     assert_exact(lean[0], lean[1], db, queries, k, metric, dtype)
     return lean
 
