@@ -338,12 +338,12 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, 
 // bytes x (64 CW MW) queries and 128 bytes x BN rows, 128-byte swizzle. sq_norms (l2): |x|^2 lower bounds,
 // readable up to a whole number of BN rows; tile_rmax: one float per BN rows.
 // KT > 0: the threshold mode (above); n_rows is then the sample's n_tiles x BN rows.
-// LT (a knob for probes, lean tiles): the per-tile work around the products and the epilogue made smaller. Every
-// wait sleeps with a suspend-time hint (mbar_wait<true>); the consumer's warpgroup index is broadcast from lane 0,
-// so that ptxas may keep the ring's addresses and the wgmma descriptors in uniform registers, and each k step's
-// descriptors are the stage's plus a constant; a consumer loads its queries' terms again only where the query
-// tile changed (a persistent block's tiles step by the grid, which often is a multiple of the query tiles); the
-// epilogue loads each group's bounds a group ahead (hopper_epilogue's AHEAD).
+// LT (lean tiles; the screen's by default, not the threshold mode's): the per-tile work around the products and
+// the epilogue made smaller. Every wait sleeps with a suspend-time hint (mbar_wait<true>); the consumer's warpgroup
+// index is broadcast from lane 0, so that ptxas may keep the ring's addresses and the wgmma descriptors in uniform
+// registers, and each k step's descriptors are the stage's plus a constant; a consumer loads its queries' terms
+// again only where the query tile changed (a persistent block's tiles step by the grid, which often is a multiple
+// of the query tiles); the epilogue loads each group's bounds a group ahead (hopper_epilogue's AHEAD).
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
           bool IK = false, bool PB = false, int CW = 2, int XO = 0, bool LT = false>
 __global__ void __launch_bounds__(128 * (CW + 1), 1)

@@ -1,4 +1,4 @@
-"""The Hopper screen's lean tiles (a probes' knob, off by default; render_screen.HOPPER_LEAN_TILES, screen_hopper.cuh's
+"""The Hopper screen's lean tiles (the default; render_screen.HOPPER_LEAN_TILES, screen_hopper.cuh's
 LT: waits that sleep, the wgmma descriptors of a k step as the stage's plus a constant, a query tile's terms loaded
 once while a block's tiles stay in it) against the kernel without them. The products, keys and thresholds are the
 same, so every query's survivor count, the queries handed back and the answers (bit for bit, and the float64

@@ -65,9 +65,11 @@ def test_integer_keys_only_where_every_squared_norm_is_below_two_to_the_23(eleme
 def test_integer_keys_are_the_default_where_they_apply(monkeypatch):
     """HOPPER_INT_KEYS (on by default): the 8-bit screen where integer_keys allows gets IK = true, its threshold
     mode and the other element types keep their kernels; off, the float keys' kernel (the producer's bias off
-    here: it is a further template argument, tested below; two consumers, whose name ends with these)."""
+    here: it is a further template argument, tested below; two consumers and no lean tiles, whose name ends with
+    these)."""
     monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", False)
     monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 2)
+    monkeypatch.setattr(rs, "HOPPER_LEAN_TILES", False)
     keyed = rs.hopper_spec("l2", "uint8", 128, "sm_90")
     assert keyed.param("ik") == 1
     monkeypatch.setattr(rs, "HOPPER_INT_KEYS", False)
@@ -83,8 +85,9 @@ def test_integer_keys_are_the_default_where_they_apply(monkeypatch):
 def test_the_producer_biases_l2s_bounds_beside_integer_keys(monkeypatch):
     """HOPPER_PRODUCER_BIAS (on by default; screen_hopper.cuh's PB): the keyed l2 screen gets PB = true as its last
     template argument; off, the keyed kernel without it; ip, the float keys and the threshold mode never have it
-    (two consumers, whose name ends with it)."""
+    (two consumers and no lean tiles, whose name ends with it)."""
     monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 2)
+    monkeypatch.setattr(rs, "HOPPER_LEAN_TILES", False)
     biased = rs.hopper_spec("l2", "uint8", 128, "sm_90")
     assert biased.param("pb") == 1 and biased.param("ik") == 1
     monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", False)
@@ -106,7 +109,7 @@ def test_three_consumer_warpgroups_for_8_bit_rows_of_one_k_block(monkeypatch):
     assert three.param("cw") == 3 and three.param("stages") == rs.HOPPER_CONSUMERS_STAGES == 3
     assert rs.hopper_threads(three) == 512 and rs.hopper_tile_queries(three) == 192
     assert three.param("smem") == rs.hopper_smem(256, 1, 3, 3) == 181424 <= 227 * 1024 < rs.hopper_smem(256, 1, 4, 3)
-    assert cuda_source.name_expression(three).endswith(", 3, 181424, 0, 0, true, true, 3>")
+    assert cuda_source.name_expression(three).endswith(", 3, 181424, 0, 0, true, true, 3, 0, true>")   # LT last
     assert rs.hopper_spec("ip", "int8", 100, "sm_90").param("cw") == 3
     others = [rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=1),
               rs.hopper_spec("l2", "uint8", 128, "sm_90", small=True),
@@ -123,8 +126,10 @@ def test_the_halves_overlap_only_as_a_probes_knob_for_rows_of_two_k_blocks(monke
     """HOPPER_OVERLAP_HALVES (off; a probe's, screen_hopper.cuh's XO): the screen of rows of one or two 128-byte
     k-blocks (two tiles' k-blocks fit the 4-stage ring) keeps its tile, threads and shared memory and gets its rows'
     k-blocks as XO, its last template argument: 8-bit rows (halves of the rows) and 16-bit ones (halves of the
-    queries); not with three consumers, nor for the threshold mode, the small tile or longer rows."""
+    queries); not with three consumers, nor for the threshold mode, the small tile or longer rows (no lean tiles
+    here: the argument after it)."""
     monkeypatch.setattr(rs, "HOPPER_CONSUMERS", 2)
+    monkeypatch.setattr(rs, "HOPPER_LEAN_TILES", False)
     plain = rs.hopper_spec("l2", "uint8", 128, "sm_90")
     assert plain.param("xo", 0) == 0
     monkeypatch.setattr(rs, "HOPPER_OVERLAP_HALVES", True)
@@ -149,21 +154,22 @@ def test_the_halves_overlap_only_as_a_probes_knob_for_rows_of_two_k_blocks(monke
     assert rs.hopper_spec("l2", "float16", 128, "sm_90").param("xo") == 2        # CW = 3 is 8-bit only
 
 
-def test_lean_tiles_only_as_a_probes_knob_for_the_screen(monkeypatch):
-    """HOPPER_LEAN_TILES (off; a probe's, screen_hopper.cuh's LT): every screen kernel, with its tile, threads and
-    shared memory, gets LT = true as its last template argument; the threshold mode keeps its kernel."""
+def test_lean_tiles_by_default_for_the_screen_alone(monkeypatch):
+    """HOPPER_LEAN_TILES (on; screen_hopper.cuh's LT): every screen kernel, with its tile, threads and shared memory,
+    gets LT = true as its last template argument; the threshold mode keeps its kernel; off (a probe's), none do."""
     def specs():
         return [rs.hopper_spec(metric, dtype, stride, "sm_90", small=small) for metric, dtype, stride in
                 (("l2", "uint8", 128), ("ip", "int8", 200), ("l2", "float16", 128), ("cosine", "float32", 64))
                 for small in (False, True)]
-    plain = specs()
-    assert all(spec.param("lt", 0) == 0 for spec in plain)
-    monkeypatch.setattr(rs, "HOPPER_LEAN_TILES", True)
-    for spec, lean in zip(plain, specs()):
-        assert dict(lean.params) == {**dict(spec.params), "lt": 1}, (lean, spec)
-        assert cuda_source.name_expression(lean).endswith(", true>")
-        assert rs.hopper_threads(lean) == rs.hopper_threads(spec)
+    lean = specs()
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=1).param("lt", 0) == 0
+    monkeypatch.setattr(rs, "HOPPER_LEAN_TILES", False)
+    for spec, plain in zip(lean, specs()):
+        assert dict(spec.params) == {**dict(plain.params), "lt": 1}, (spec, plain)
+        name = cuda_source.name_expression(spec)
+        assert name.endswith(", true>") and name.count(", ") == 13, name      # LT: the 14th template argument
+        assert cuda_source.name_expression(plain).count(", ") < 13, plain
+        assert rs.hopper_threads(spec) == rs.hopper_threads(plain)
 
 
 def test_the_spec_carries_the_conversion_of_its_stride():

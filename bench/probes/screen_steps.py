@@ -45,8 +45,8 @@ SWITCHES = (
      "1: the Hopper screen of rows of one or two k-blocks with one half's products in flight during the other's "
      "epilogue, screen_hopper.cuh's XO (not with three consumers)"),
     ("--lean-tiles", render_screen, "HOPPER_LEAN_TILES",
-     "1: the Hopper screen's per-tile work trimmed, screen_hopper.cuh's LT (sleeping waits, uniform descriptors, "
-     "a query tile's terms loaded once)"),
+     "1 (the default): the Hopper screen's per-tile work trimmed, screen_hopper.cuh's LT (sleeping waits, uniform "
+     "descriptors, a query tile's terms loaded once, bounds a group ahead); 0: without"),
     ("--graphs", screen_launch, "SCREEN_GRAPHS",
      "1: a batch shape seen twice replays its steps as one CUDA graph; the whole search's time only: the steps' "
      "breakdown runs without it"),

@@ -127,8 +127,10 @@ HOPPER_CONSUMERS_STAGES = 3     # ... and the stages that then fit (4 do not: 23
 HOPPER_OVERLAP_HALVES = False   # probes only: the same screen with each consumer's work in two halves (8-bit: its
                                 # rows; 16-bit: its two m64 blocks), one half's products in flight while the other's
                                 # epilogue runs (screen_hopper.cuh, XO; rows of at most 2 k-blocks)
-HOPPER_LEAN_TILES = False       # probes only: the screen's per-tile work trimmed (screen_hopper.cuh, LT): waits that
-                                # sleep, descriptors in uniform registers, a query tile's terms loaded once
+HOPPER_LEAN_TILES = True        # the screen's per-tile work trimmed (screen_hopper.cuh, LT): waits that sleep,
+                                # descriptors in uniform registers, a query tile's terms loaded once, bounds a group
+                                # ahead (H200, 10M x 128 uint8 x 2,048: screen step 7.24-7.31 -> 6.77 ms at k = 10;
+                                # the threshold mode keeps its kernel). False: the kernel without them, for probes
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
 HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds per (query, tile); more: mma.sync's
