@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import subprocess
 import sys
 import textwrap
@@ -383,8 +384,9 @@ def test_garbage_collection_frees_memory_from_any_thread():
     assert not any(f.alive for f in temporaries)     # each freed as its last reference went
     held = [DeviceBuffer(chunk) for _ in range(4)]
     held_finalizers = [b._finalizer for b in held]
-    # The device's free memory is shared with other processes (pytest-xdist runs GPU tests side by side), so
-    # the finalizers are the check; free memory only has to come back within what others may hold meanwhile.
+    # The device's free memory is shared with other processes (pytest-xdist runs GPU tests side by side, and a
+    # neighbour's 10M-row index takes GBs meanwhile), so the finalizers are the check; free memory is checked
+    # only where this test runs alone.
     pinned = PinnedBuffer(1 << 20)
     view = pinned.array(np.float32, 1000)
     assert pinned.array(np.float32, 1000) is view    # views are cached per (dtype, shape)
@@ -406,7 +408,8 @@ def test_garbage_collection_frees_memory_from_any_thread():
     thread.join()
     del view
     assert not any(f.alive for f in held_finalizers)  # freed on the thread with no current context
-    assert _free_device_bytes() >= baseline - (2 << 30)
+    if "PYTEST_XDIST_WORKER" not in os.environ:       # alone on the device: its free memory came back too
+        assert _free_device_bytes() >= baseline - (2 << 30)
 
 
 @pytest.mark.gpu
