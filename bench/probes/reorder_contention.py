@@ -53,9 +53,10 @@ def frames(skip: int) -> str:
     return "\n".join(lines)
 
 
-def scenario(fair: bool, deadline_s: float) -> None:
+def scenario(fair: bool, deadline_s: float, graphs: bool = True, kinds=(0, 0, 1, 2)) -> None:
     rng = np.random.default_rng(11)
     index, held = test_gpu_filters.labelled_index(rng, n=3000)
+    index._searcher.use_graphs = graphs
     if fair:
         index._view = QueueLock()
     q = rng.standard_normal((20, 24)).astype(np.float32)
@@ -73,7 +74,7 @@ def scenario(fair: bool, deadline_s: float) -> None:
                 counts[(which, size)] += 1
                 spent[(which, size)] += time.perf_counter() - t0
 
-    threads = [threading.Thread(target=searching, args=(which,), daemon=True) for which in (0, 0, 1, 2)]
+    threads = [threading.Thread(target=searching, args=(which,), daemon=True) for which in kinds]
     for thread in threads:
         thread.start()
     waits, inside = [], []
@@ -110,7 +111,8 @@ def scenario(fair: bool, deadline_s: float) -> None:
         thread.join(timeout=30)
     total = time.perf_counter() - start
     add_wait, view_wait = np.array(waits).T
-    print(f"{'first-come lock' if fair else 'threading.Lock'} _view: {len(waits)} reorders in {total:.1f} s; "
+    print(f"{'first-come lock' if fair else 'threading.Lock'} _view, graphs {graphs}, threads {kinds}: "
+          f"{len(waits)} reorders in {total:.1f} s; "
           f"wait for the add lock median {np.median(add_wait) * 1e3:.2f} ms max {add_wait.max() * 1e3:.1f}; "
           f"for _view median {np.median(view_wait) * 1e3:.2f} ms max {view_wait.max() * 1e3:.1f}; "
           f"reorder itself median {np.median(inside) * 1e3:.2f} ms max {max(inside) * 1e3:.1f}", flush=True)
@@ -123,10 +125,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deadline-s", type=float, default=60.0)
     parser.add_argument("--device", default="cuda", help="cpu: the same scenario on a CPU index (checks the script)")
+    parser.add_argument("--only", choices=("no-graphs", "unfiltered", "one-thread"),
+                        help="one scenario: graphs off; the two unfiltered threads alone; one unfiltered thread")
     args = parser.parse_args()
     if args.device != "cuda":     # the test module's helper makes CUDA indexes
         test_gpu_filters.tinyknn = type("Shim", (), {"Index": staticmethod(
             lambda *a, **kw: tinyknn.Index(*a, **{**kw, "device": args.device}))})
+    if args.only:
+        scenario(False, args.deadline_s, graphs=args.only != "no-graphs",
+                 kinds={"no-graphs": (0, 0, 1, 2), "unfiltered": (0, 0), "one-thread": (0,)}[args.only])
+        return 0
     for fair in (False, True):
         scenario(fair, args.deadline_s)
     return 0
