@@ -5,7 +5,12 @@ bit for bit with the float64 oracle (tests/reference.py) and with the gathered c
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
+import time
+import traceback
 
 import numpy as np
 import pytest
@@ -310,6 +315,30 @@ def test_a_bad_order_is_refused_and_changes_nothing(rng):
     index.close()
 
 
+STALL_S = 60      # a lock or a search held this long is a stall (a reorder takes milliseconds): fail, do not hang
+
+
+def thread_frames() -> str:
+    """Every other thread's innermost frames, for a stall's failure message."""
+    lines = []
+    for ident, frame in sys._current_frames().items():
+        if ident != threading.get_ident():
+            where = traceback.extract_stack(frame)[-4:]
+            lines.append(" <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(where)))
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def held_within(lock, seconds: float, what: str):
+    """`with lock:`, failing with the threads' frames where it is not had within `seconds`."""
+    if not lock.acquire(timeout=seconds):
+        pytest.fail(f"{what} not had within {seconds} s; the threads:\n{thread_frames()}")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def test_searches_during_reorders_see_one_order_or_the_other(rng):
     """Threads search (unfiltered, labelled, allow-listed; 1 query and batches) while the main thread reorders the
     rows again and again (random orders, ids and labels permuted in step under the Index's locks, as
@@ -334,20 +363,23 @@ def test_searches_during_reorders_see_one_order_or_the_other(rng):
                         np.array_equal(d.view(np.uint32), want[which][0][:size].view(np.uint32))):
                     failures.append((which, size))
 
-    threads = [threading.Thread(target=searching, args=(which,)) for which in (0, 0, 1, 2)]
+    threads = [threading.Thread(target=searching, args=(which,), daemon=True) for which in (0, 0, 1, 2)]
     for thread in threads:
         thread.start()
     try:
         order_rng = np.random.default_rng(5)
-        for _ in range(30):
+        for turn in range(30):
             order = order_rng.permutation(index.ntotal).astype(np.int64)
-            with index._add_lock, index._view:
+            with held_within(index._add_lock, STALL_S, f"reorder {turn}: the add lock"), \
+                    held_within(index._view, STALL_S, f"reorder {turn}: _view"):
                 index._searcher.permute_rows(order)
                 index._ids.apply_permutation(order)
                 index._labels.apply_permutation(order)
     finally:
         stop.set()
+        deadline = time.monotonic() + STALL_S
         for thread in threads:
-            thread.join()
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert not any(thread.is_alive() for thread in threads), f"a search did not return:\n{thread_frames()}"
     assert not failures, failures[:5]
     index.close()

@@ -13,7 +13,6 @@ import os
 import sys
 import threading
 import time
-import traceback
 
 import numpy as np
 
@@ -40,17 +39,6 @@ class QueueLock:
         with self._mutex:
             self._serving += 1
             self._turn.notify_all()
-
-
-def frames(skip: int) -> str:
-    lines = []
-    for ident, frame in sys._current_frames().items():
-        if ident == skip:
-            continue
-        stack = traceback.extract_stack(frame)[-3:]
-        where = (f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(stack))
-        lines.append("    " + " <- ".join(where))
-    return "\n".join(lines)
 
 
 def scenario(fair: bool, deadline_s: float, graphs: bool = True, kinds=(0, 0, 1, 2)) -> None:
@@ -80,7 +68,6 @@ def scenario(fair: bool, deadline_s: float, graphs: bool = True, kinds=(0, 0, 1,
     waits, inside = [], []
     start = time.perf_counter()
     order_rng = np.random.default_rng(5)
-    main_id = threading.get_ident()
     for turn in range(30):
         order = order_rng.permutation(index.ntotal).astype(np.int64)
         t0 = time.perf_counter()
@@ -89,8 +76,8 @@ def scenario(fair: bool, deadline_s: float, graphs: bool = True, kinds=(0, 0, 1,
         def sample():
             if not sampled[0] and time.perf_counter() - t0 > 2.0:
                 sampled[0] = True
-                print(f"  reorder {turn} waits {time.perf_counter() - t0:.1f} s; the threads:\n{frames(0)}",
-                      flush=True)
+                print(f"  reorder {turn} waits {time.perf_counter() - t0:.1f} s; the threads:\n"
+                      f"{test_gpu_filters.thread_frames()}", flush=True)
         timer = threading.Timer(2.0, sample)
         timer.start()
         with index._add_lock:
