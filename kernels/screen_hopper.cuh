@@ -343,7 +343,8 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, 
 // index is broadcast from lane 0, so that ptxas may keep the ring's addresses and the wgmma descriptors in uniform
 // registers, and each k step's descriptors are the stage's plus a constant; a consumer loads its queries' terms
 // again only where the query tile changed (a persistent block's tiles step by the grid, which often is a multiple
-// of the query tiles); the epilogue loads each group's bounds a group ahead (hopper_epilogue's AHEAD).
+// of the query tiles); the epilogue loads each group's bounds a group ahead (hopper_epilogue's AHEAD; groups of at
+// most 4 chunks, the default's: a probe's 8 would hold 16 more registers and spill with three consumers).
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
           bool IK = false, bool PB = false, int CW = 2, int XO = 0, bool LT = false>
 __global__ void __launch_bounds__(128 * (CW + 1), 1)
@@ -568,7 +569,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         auto epilogue = [&](const Acc (&done)[1][XN / 2], int half) {
           const float th[1][2] = {{tq[XM ? half : 0][0], tq[XM ? half : 0][1]}};
           const int r_off = XM ? 0 : half * XN;
-          hopper_epilogue<Mma, IP, XN, 1, XG, IK, PB, Acc, LT>(
+          hopper_epilogue<Mma, IP, XN, 1, XG, IK, PB, Acc, LT && XG <= 4>(
               done, th, norm_s + r_off, q_first + (XM ? 64 * half : 0), rt * BN + r_off + 2 * t4, t4, n_queries,
               n_rows, counts, survivors, capacity);
         };
@@ -627,7 +628,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         if constexpr (KT > 0)
           hopper_threshold_epilogue<Mma, IP, BN, MW, KT>(acc, tq, norm_s, q_first, rt, n_rt, t4, n_queries, out_upper);
         else
-          hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB, Acc, LT>(acc, tq, norm_s + half * BH, q_first,
+          hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB, Acc, LT && EPI_G <= 4>(acc, tq, norm_s + half * BH, q_first,
                                                           rt * BN + half * BH + 2 * t4, t4, n_queries, n_rows, counts,
                                                           survivors, capacity);
       }
