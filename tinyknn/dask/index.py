@@ -17,15 +17,13 @@ A shard whose worker is lost is never answered around: a call that needs it rais
 it; `reload_shard` brings it back from a file written by `save` (one file per shard plus manifest.json).
 
 Length: one class mirroring Index's surface across shards; the shard actor and the client's handles live
-in shard.py and shards.py.
+in shard.py and shards.py, a dask.array's add in blocks.py, the saved directory's manifest in manifest.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -34,13 +32,11 @@ from ..index import merge as _dask_merge
 from ..inputs import validate as _validate
 from ..inputs import validate_ops as _ops
 from ..index.backends import parse_device
-from .shard import add_block, checked_block
-from .shards import Shards, ShardUnavailable
+from .blocks import checked_blocks, is_dask_array, send_blocks
+from .manifest import read_manifest, write_manifest
+from .shards import Shards, ShardUnavailable, shard_count, shard_number
 from ..index.ids import IdMap
 from ..spec import numpy_dtype, parse_dim, parse_dtype, parse_metric
-
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT, MANIFEST_VERSION = "tinyknn-dask", 1
 
 
 class DaskIndex:
@@ -61,7 +57,7 @@ class DaskIndex:
                  n_shards: int | None = None):
         self._setup(client, parse_dim(dim), parse_metric(metric), parse_dtype(dtype), parse_device(device))
         workers = self._shards.workers_now()
-        count = len(workers) if n_shards is None else _shard_count(n_shards)
+        count = len(workers) if n_shards is None else shard_count(n_shards)
         self._start([workers[i % len(workers)] for i in range(count)], [None] * count)
 
     def _setup(self, client, dim: int, metric: str, dtype: str, device: str) -> None:
@@ -118,8 +114,8 @@ class DaskIndex:
         """Add vectors x (n, dim): NumPy (any Index input), or a dask.array whose blocks are checked and
         handed to the shards on the workers. `ids` and `labels` as Index.add; a failed add changes nothing."""
         blocks = None
-        if _is_dask_array(x):                  # checked in Index's order: the values first, then ids, labels
-            x, blocks = self._checked_blocks(x)
+        if is_dask_array(x):                   # checked in Index's order: the values first, then ids, labels
+            x, blocks = checked_blocks(self.client, x, self.dim, self.dtype)
         else:
             x = _validate.host_rows(x, self.dim, self.dtype)
         n = int(x.shape[0])
@@ -130,7 +126,7 @@ class DaskIndex:
             if n == 0:
                 return
             ids_of, running = (self._send_rows(x, new, row_labels) if blocks is None
-                               else self._send_blocks(x, blocks, new, row_labels))
+                               else send_blocks(self.client, self._shards, x, blocks, new, row_labels))
             self._shards.add_parts(ids_of, running)
             self._next_auto = max(self._next_auto, int(new.max()) + 1)
 
@@ -146,9 +142,9 @@ class DaskIndex:
         return {key: new[part] for key, part in parts.items()}, running
 
     def _ids_and_labels(self, n: int, ids, labels):
-        if _is_dask_array(ids):
+        if is_dask_array(ids):
             ids = ids.compute()
-        if _is_dask_array(labels):
+        if is_dask_array(labels):
             labels = labels.compute()
         given = None if ids is None else _validate.user_ids(ids, n)
         return given, None if labels is None else _ops.labels(labels, n, "labels (one per added vector)")
@@ -168,46 +164,6 @@ class DaskIndex:
             taken.commit(np.unique(given[held]))
             taken.check_new(given, given=True)              # raises Index's message for ids already held
         return given
-
-    def _checked_blocks(self, x):
-        """(x with whole rows per block, its blocks checked and converted where they are computed): Index.add's
-        checks on the workers, the first bad block's error raised before anything else happens."""
-        from dask import delayed
-
-        if any(np.isnan(size) for size in x.shape) or any(np.isnan(c) for c in x.chunks[0]):
-            raise ValueError("a dask.array of unknown chunk sizes cannot be added (its ids are numbered by row); "
-                             "call x.compute_chunk_sizes() first")
-        _validate.check_matrix_shape(x.shape, self.dim, "vectors to add")
-        x = x.rechunk({1: -1}) if len(x.chunks[1]) > 1 else x
-        check = delayed(checked_block, pure=False)        # fresh keys: a failed add's blocks never come back
-        blocks = self.client.compute([check(block, self.dim, self.dtype) for block in x.to_delayed().ravel()])
-        self._wait_blocks(blocks)
-        return x, blocks
-
-    def _send_blocks(self, x, blocks: list, new: np.ndarray, row_labels):
-        """Each checked block handed to a shard (one on the block's worker where the sizes allow) by a task on
-        the shard's worker, which gives it to the shard in process."""
-        shards = self._shards
-        bounds = np.concatenate(([0], np.cumsum(x.chunks[0]))).astype(np.int64)
-        ids_of, running = {}, {}
-        for j, (block, shard) in enumerate(zip(blocks, shards.place(blocks, np.diff(bounds)))):
-            part = slice(int(bounds[j]), int(bounds[j + 1]))
-            if part.stop > part.start:
-                ids_of[shard, j] = new[part]
-                running[shard, j] = self.client.submit(
-                    add_block, shards.futures[shard].key, block, new[part],
-                    None if row_labels is None else row_labels[part], workers=[shards.workers[shard]],
-                    allow_other_workers=False, pure=False)
-        return ids_of, running
-
-    def _wait_blocks(self, blocks: list) -> None:
-        """Every block checked (Index's checks, on the workers); the first bad one's error, nothing added."""
-        from distributed import wait
-
-        wait(blocks)
-        for block in blocks:
-            if block.status == "error":
-                raise block.exception().with_traceback(block.traceback())
 
     def remove(self, ids) -> int:
         """Remove the vectors of `ids` from every shard holding them; how many were removed."""
@@ -270,7 +226,7 @@ class DaskIndex:
     def _query_args(self, q, filter, labels):
         if _validate.is_device_array(q):
             raise TypeError("DaskIndex takes host (NumPy) queries; the shards may be on other machines")
-        queries = _validate.host_queries(q.compute() if _is_dask_array(q) else q, self.dim, True, self.dtype)
+        queries = _validate.host_queries(q.compute() if is_dask_array(q) else q, self.dim, True, self.dtype)
         allowed = None if filter is None else _ops.id_list(filter, "filter")
         query_labels = None if labels is None else _ops.labels(labels, queries.shape[0], "labels (one per query)")
         return queries, allowed, query_labels
@@ -296,12 +252,7 @@ class DaskIndex:
         files = [str(directory / f"shard-{i:04d}.tinyknn") for i in range(self.n_shards)]
         with self._lock:
             totals = self._shards.each("save", shards={i: (files[i],) for i in range(self.n_shards)})
-            manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "dim": self.dim,
-                        "metric": self.metric, "dtype": self.dtype,
-                        "shards": [{"file": Path(f).name, "ntotal": int(t)} for f, t in zip(files, totals)]}
-            temporary = directory / f"{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp"
-            temporary.write_text(json.dumps(manifest, indent=2) + "\n")
-            os.replace(temporary, directory / MANIFEST)
+            write_manifest(directory, files, totals, self.dim, self.metric, self.dtype)
             self._files = files
 
     @classmethod
@@ -309,14 +260,7 @@ class DaskIndex:
         """A DaskIndex from a directory written by save(): one shard per file, placed on the workers in turn.
         Automatic ids go on after the largest id the files hold (as a loaded Index's do)."""
         directory = Path(directory).absolute()
-        try:
-            manifest = json.loads((directory / MANIFEST).read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{directory} holds no readable {MANIFEST} of a saved DaskIndex: {exc}") from exc
-        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
-            raise ValueError(f"{directory / MANIFEST} is not a {MANIFEST_FORMAT} manifest of version "
-                             f"{MANIFEST_VERSION}; got format {manifest.get('format')!r} version "
-                             f"{manifest.get('version')!r}")
+        manifest = read_manifest(directory)
         index = cls.__new__(cls)
         index._setup(client, parse_dim(manifest["dim"]), parse_metric(manifest["metric"]),
                      parse_dtype(manifest["dtype"]), parse_device(device))
@@ -330,18 +274,12 @@ class DaskIndex:
         last save or load), on `worker` (default: the live worker holding the fewest shards). Its ids must
         not be held by another shard (ValueError, nothing changed). Changes made after that save are lost."""
         shards = self._shards
-        shard = _shard_number(shard, shards.n)
+        shard = shard_number(shard, shards.n)
         path = self._files[shard] if path is None else str(Path(path).absolute())
         if path is None:
             raise ValueError(f"no saved file is known for shard {shard}; pass the path of its Index file")
         with self._lock:
-            if worker is None:
-                workers = shards.workers_now()
-                held = {w: 0 for w in workers}
-                for i, w in enumerate(shards.workers):
-                    if i != shard and w in held:
-                        held[w] += 1
-                worker = min(workers, key=lambda w: (held[w], w))
+            worker = shards.emptiest_worker(shard) if worker is None else worker
             future, actor, description = shards.create(shard, worker, path)
             others = [i for i in range(shards.n) if i != shard and shards.alive(i)]
             ids = actor.ids().result()
@@ -364,24 +302,3 @@ class DaskIndex:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _is_dask_array(x) -> bool:
-    return type(x).__module__.startswith("dask.array") and hasattr(x, "chunks")
-
-
-def _shard_count(value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"n_shards must be a positive integer or None; got {value!r} ({type(value).__name__})")
-    if int(value) < 1:
-        raise ValueError(f"n_shards must be at least 1; got {int(value)}")
-    return int(value)
-
-
-def _shard_number(value, n_shards: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"shard must be an integer; got {value!r} ({type(value).__name__})")
-    if not 0 <= int(value) < n_shards:
-        raise ValueError(f"shard must be in 0 .. {n_shards - 1}; got {int(value)}")
-    return int(value)
-

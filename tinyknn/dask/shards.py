@@ -50,6 +50,15 @@ class Shards:
             raise ValueError("the Dask cluster has no workers; start some (or wait for them) first")
         return workers
 
+    def emptiest_worker(self, shard: int) -> str:
+        """The live worker holding the fewest shards other than `shard` (ties: the smallest address)."""
+        workers = self.workers_now()
+        held = {w: 0 for w in workers}
+        for i, w in enumerate(self.workers):
+            if i != shard and w in held:
+                held[w] += 1
+        return min(workers, key=lambda w: (held[w], w))
+
     def create(self, number: int, worker: str, path: str | None):
         """(future, actor, description) of a new shard on `worker`: empty, or the Index file at `path`."""
         future = self.client.submit(Shard, *self.spec.values(), self.device, path, actor=True, workers=[worker],
@@ -182,3 +191,20 @@ class Shards:
             planned[choice] += size
             owners.append(choice)
         return owners
+
+
+def shard_count(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"n_shards must be a positive integer or None; got {value!r} ({type(value).__name__})")
+    if int(value) < 1:
+        raise ValueError(f"n_shards must be at least 1; got {int(value)}")
+    return int(value)
+
+
+def shard_number(value, n_shards: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"shard must be an integer; got {value!r} ({type(value).__name__})")
+    if not 0 <= int(value) < n_shards:
+        raise ValueError(f"shard must be in 0 .. {n_shards - 1}; got {int(value)}")
+    return int(value)
+
