@@ -292,16 +292,18 @@ class GpuSearcher(Buffers, HostQueries, DeviceQueries, RowOperations):
         values: the Index's kept rows of a repeated filter, IdMap.rows_allowed) are already there."""
         m = len(positions)
         listed = self._device("row_list", m * 4)      # grown before any plan is looked up
-        if not (positions is self._row_list_of and listed.ptr == self._row_list_at):
+        if not (positions is self._row_list_of and listed is self._row_list_in):
             stage = self._pinned("row_list_stage", m * 4)
             np.copyto(stage.array(np.int32, m), positions, casting="unsafe")
             listed.copy_from_host(stage, m * 4, self._stream)
             self.row_lists_copied += 1
             unchanging = not positions.flags.writeable and positions.base is None
-            self._row_list_of, self._row_list_at = (positions, listed.ptr) if unchanging else (None, 0)
+            self._row_list_of, self._row_list_in = (positions, listed) if unchanging else (None, None)
         self._listed = positions
 
-    _row_list_of, _row_list_at = None, 0    # the positions "row_list" holds (kept only if they cannot change)
+    # the positions "row_list" holds (kept only if they cannot change), and that buffer: the object, not its
+    # address, which a later buffer can be given once this one is freed
+    _row_list_of, _row_list_in = None, None
     row_lists_copied = 0                    # filters' row lists copied to the device (tests)
 
     slices_override: int | None = None   # benchmarks only: force the number of database slices

@@ -6,11 +6,19 @@ happened to wake, or a search that came back for its next turn first, went ahead
 search in a loop kept an add waiting through a line of their searches. With Turns a change (add, remove,
 truncate, reset, close: `with turns.change:`) that waits is the next to go: it waits for the call that holds
 the turn now, and for nothing that arrives after it. Searches and reads (`with turns:`) go in the order
-they arrived (Condition.notify wakes the longest waiting), one at a time as before.
+they arrived, one at a time.
+
+The order is kept by handing the turn over: a released turn is given to the longest-waiting search by name
+(it stays held while that thread wakes), and a search that arrives while others wait queues behind them.
+Merely waking the next waiter is not enough under the GIL: the releasing thread keeps running and, searching
+in a loop, took the turn again before the woken one could, every time; its GPU calls release the GIL only
+once it holds the turn, so the others never got one (four threads searching a GPU index: one made tens of
+thousands of searches, three none, and a reorder waiting behind them never ran).
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 
 __all__ = ["Turns"]
@@ -19,31 +27,40 @@ __all__ = ["Turns"]
 class Turns:
     """Mutual exclusion in which waiting changes go before waiting searches (see the module doc)."""
 
-    __slots__ = ("_mutex", "_searches", "_changes", "_held", "_changes_waiting", "_searches_waiting", "change")
+    __slots__ = ("_mutex", "_changes", "_held", "_changes_waiting", "_queue", "_granted", "change")
 
     def __init__(self):
         self._mutex = threading.Lock()
-        self._searches = threading.Condition(self._mutex)   # searches (and reads) waiting for their turn
-        self._changes = threading.Condition(self._mutex)    # changes waiting for theirs
-        self._held = False
+        self._changes = threading.Condition(self._mutex)    # changes waiting for their turn
+        self._held = False              # a call holds the turn, or it is on its way to the search granted it
         self._changes_waiting = 0
-        self._searches_waiting = 0      # counted so that a turn handed back with nobody waiting notifies no one
+        self._queue: collections.deque = collections.deque()   # waiting searches, a Condition each, oldest first
+        self._granted = None            # the queued search the turn was handed to, until it wakes and takes it
         self.change = _Change(self)
 
+    @property
+    def _searches_waiting(self) -> int:
+        return len(self._queue) + (self._granted is not None)
+
     def __enter__(self) -> "Turns":
-        """A search's turn: after the call holding it and after every change that waits."""
+        """A search's turn: after the call holding it, every change that waits and every search queued."""
         with self._mutex:
-            if self._held or self._changes_waiting:
-                self._searches_waiting += 1
-                try:
-                    while self._held or self._changes_waiting:
-                        self._searches.wait()
-                except BaseException:
-                    self._searches_waiting -= 1
-                    self._pass_on()   # a wake-up meant for this thread goes to the next one
-                    raise
-                self._searches_waiting -= 1
-            self._held = True
+            if not (self._held or self._changes_waiting or self._queue):
+                self._held = True
+                return self
+            mine = threading.Condition(self._mutex)
+            self._queue.append(mine)
+            try:
+                while self._granted is not mine:
+                    mine.wait()
+            except BaseException:
+                if self._granted is mine:       # handed over meanwhile: it goes to the next one
+                    self._granted, self._held = None, False
+                    self._pass_on()
+                else:
+                    self._queue.remove(mine)
+                raise
+            self._granted = None                # ours now (_held stayed True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -65,13 +82,16 @@ class Turns:
             self._held = True
 
     def _pass_on(self) -> None:
-        """Wake who goes next, a waiting change first (call with _mutex held)."""
+        """The free turn to who goes next, a waiting change first, else the oldest queued search, handed
+        to it (call with _mutex held)."""
         if self._held:
             return
         if self._changes_waiting:
             self._changes.notify()
-        elif self._searches_waiting:      # Condition.notify with no waiter still costs ~0.4 us a call
-            self._searches.notify()
+        elif self._queue:
+            self._held = True
+            self._granted = self._queue.popleft()
+            self._granted.notify()
 
 
 class _Change:
