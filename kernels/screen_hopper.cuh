@@ -193,16 +193,26 @@ TINYKNN_D int int_threshold(float tq, bool ip) {   // floor(tq) clamped to +-2^2
 // AHEAD (the kernel's LT): each group's bounds are loaded before the group ahead of it takes its branch, so that
 // their shared-memory latency is not waited for at the group's first key (ncu: the first IMAD of a group and the
 // loads' wait were a tenth of a group's stall samples; the branch keeps the compiler from hoisting them itself).
-template <class Mma, bool IP, int BN, int MW, int G, bool IK, bool PB, class Acc, bool AHEAD = false>
+// HK (a knob for probes, with PB: half keys): the producer stores each row's -(S' >> 1) in place of S', and an
+// element survives where dot + that >= -(ti >> 1). Rigorous: S' - 2 dot <= ti gives 2 dot >= S' - ti, so
+// dot - (S' >> 1) >= (S' - ti) / 2 - (S' >> 1) >= -ti / 2, an integer's bound, hence >= -(ti >> 1) (S' and ti
+// are positive: their bias is 2^30-odd); it keeps the same rows but those whose key is ti + 1 (an odd S'), which
+// the verify step settles. A chunk's test of a query's two rows is then one add and one VIADDMNMX (a Hopper DPX
+// instruction: max(a + b, c)) and one compare, where the keys take an IMAD and a compare each.
+template <class Mma, bool IP, int BN, int MW, int G, bool IK, bool PB, class Acc, bool AHEAD = false, bool HK = false>
 TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[MW][2], const float* norm_s,
                                int q_first, int r_first, int t4, int n_queries, int n_rows, int* __restrict__ counts,
                                int* __restrict__ survivors, int capacity) {
   static_assert((BN / 8) % G == 0, "hopper_epilogue: the chunks of a tile split into whole groups");
-  int ti[MW][2];                       // IK: the thresholds as integers
+  static_assert(!HK || PB, "hopper_epilogue: half keys of the producer's biased bounds only");
+  int ti[MW][2];                       // IK: the thresholds as integers (HK: -(ti >> 1))
 #pragma unroll
   for (int m = 0; m < MW; ++m)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) ti[m][h] = IK ? int_threshold(tq[m][h], IP) : 0;
+    for (int h = 0; h < 2; ++h) {
+      ti[m][h] = IK ? int_threshold(tq[m][h], IP) : 0;
+      if constexpr (HK) ti[m][h] = -(ti[m][h] >> 1);
+    }
   // element e = (m, h, bb) of chunk j: query q_first + 64 m + 8 h, row r_first + 8 j + bb
   auto dot_at = [&](int j, int e) { return acc[e >> 2][4 * j + 2 * ((e >> 1) & 1) + (e & 1)]; };
   auto key = [&](int j, int e, const float2& nv) {
@@ -213,9 +223,10 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
     const int dot = (int)dot_at(j, e);
     return IP ? -dot : ((e & 1) ? sq.y : sq.x) - 2 * dot;
   };
-  // whether element e of chunk j survives (the float key, or IK's integer one)
+  // whether element e of chunk j survives (the float key, IK's integer one, or HK's half key)
   auto kept = [&](int j, int e, const float2& nv, const int2& sq) {
-    if constexpr (IK) return !(int_key(j, e, sq) > ti[e >> 2][(e >> 1) & 1]);
+    if constexpr (HK) return !((int)dot_at(j, e) + ((e & 1) ? sq.y : sq.x) < ti[e >> 2][(e >> 1) & 1]);
+    else if constexpr (IK) return !(int_key(j, e, sq) > ti[e >> 2][(e >> 1) & 1]);
     else return !(key(j, e, nv) > tq[e >> 2][(e >> 1) & 1]);
   };
   // the |x|^2 bounds of the group of chunks from j0
@@ -248,8 +259,16 @@ TINYKNN_D void hopper_epilogue(const Acc (&acc)[MW][BN / 2], const float (&tq)[M
 #pragma unroll
     for (int u = 0; u < G; ++u) {
       any[u] = false;
+      if constexpr (HK) {   // a query's two rows at once: max(dot1 + h1, dot0 + h0) against its bound
 #pragma unroll
-      for (int e = 0; e < MW * 4; ++e) any[u] |= kept(j0 + u, e, nv[u], sq[u]);
+        for (int e = 0; e < MW * 4; e += 2) {
+          const int most = __viaddmax_s32((int)dot_at(j0 + u, e + 1), sq[u].y, (int)dot_at(j0 + u, e) + sq[u].x);
+          any[u] |= !(most < ti[e >> 2][(e >> 1) & 1]);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < MW * 4; ++e) any[u] |= kept(j0 + u, e, nv[u], sq[u]);
+      }
     }
     bool group = false;
 #pragma unroll
@@ -345,8 +364,9 @@ __host__ __device__ constexpr int hopper_smem_bytes(int BN, int MW, int STAGES, 
 // again only where the query tile changed (a persistent block's tiles step by the grid, which often is a multiple
 // of the query tiles); the epilogue loads each group's bounds a group ahead (hopper_epilogue's AHEAD; groups of at
 // most 4 chunks, the default's: a probe's 8 would hold 16 more registers and spill with three consumers).
+// HK (a knob for probes, with PB): half keys, the producer's -(S' >> 1) and one DPX max a query's two rows (above).
 template <class E, bool IP, bool EXACT, int BN, int MW, int STAGES, int SMEM, int EG = 0, int KT = 0,
-          bool IK = false, bool PB = false, int CW = 2, int XO = 0, bool LT = false>
+          bool IK = false, bool PB = false, int CW = 2, int XO = 0, bool LT = false, bool HK = false>
 __global__ void __launch_bounds__(128 * (CW + 1), 1)
 screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_constant__ TensorMap tmap_x,
                      int n_rows, const float* __restrict__ sq_norms, const float* __restrict__ tile_rmax,
@@ -373,6 +393,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
   static_assert(!IK || (EXACT && KT == 0 && Acc(1) / Acc(2) == Acc(0)),
                 "screen_hopper_kernel: integer keys for the screen of exact 8-bit dot products only");
   static_assert(!PB || (IK && !IP), "screen_hopper_kernel: biased |x|^2 bounds for l2's integer keys only");
+  static_assert(!HK || PB, "screen_hopper_kernel: half keys of the producer's biased bounds only");
   static_assert(CW == 2 || (CW == 3 && MW == 1 && BN == 256 && KT == 0),
                 "screen_hopper_kernel: three consumer warpgroups for the screen of 64 x 256 warpgroup tiles only");
   static_assert(XO == 0 || (2 * XO <= STAGES && CW == 2 && KT == 0 &&
@@ -422,8 +443,10 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
           const int rt = (int)(t / n_qt);
           const int b = i % HOPPER_SCALAR_SLOTS;
           mbar_wait<LT>(sempty(b), ((i / HOPPER_SCALAR_SLOTS) & 1) ^ 1);
-          for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS)
-            slot0[b * BN + r] = __fadd_rn(__ldg(sq_norms + (long long)rt * BN + r), 8388608.0f);
+          for (int r = threadIdx.x - 32; r < BN; r += BIAS_THREADS) {
+            const float biased = __fadd_rn(__ldg(sq_norms + (long long)rt * BN + r), 8388608.0f);
+            slot0[b * BN + r] = HK ? __int_as_float(-(__float_as_int(biased) >> 1)) : biased;   // HK: -(S' >> 1)
+          }
           mbar_arrive(sfull(b));                       // release: the stores before it are seen after the wait
         }
       }
@@ -569,7 +592,7 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         auto epilogue = [&](const Acc (&done)[1][XN / 2], int half) {
           const float th[1][2] = {{tq[XM ? half : 0][0], tq[XM ? half : 0][1]}};
           const int r_off = XM ? 0 : half * XN;
-          hopper_epilogue<Mma, IP, XN, 1, XG, IK, PB, Acc, LT && XG <= 4>(
+          hopper_epilogue<Mma, IP, XN, 1, XG, IK, PB, Acc, LT && XG <= 4, HK>(
               done, th, norm_s + r_off, q_first + (XM ? 64 * half : 0), rt * BN + r_off + 2 * t4, t4, n_queries,
               n_rows, counts, survivors, capacity);
         };
@@ -628,9 +651,9 @@ screen_hopper_kernel(const __grid_constant__ TensorMap tmap_q, const __grid_cons
         if constexpr (KT > 0)
           hopper_threshold_epilogue<Mma, IP, BN, MW, KT>(acc, tq, norm_s, q_first, rt, n_rt, t4, n_queries, out_upper);
         else
-          hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB, Acc, LT && EPI_G <= 4>(acc, tq, norm_s + half * BH, q_first,
-                                                          rt * BN + half * BH + 2 * t4, t4, n_queries, n_rows, counts,
-                                                          survivors, capacity);
+          hopper_epilogue<Mma, IP, BH, MW, EPI_G, IK, PB, Acc, LT && EPI_G <= 4, HK>(
+              acc, tq, norm_s + half * BH, q_first, rt * BN + half * BH + 2 * t4, t4, n_queries, n_rows, counts,
+              survivors, capacity);
       }
       // the scalar slot is free for the producer's next bulk copy (async proxy; PB: its warps' plain stores, no
       // fence needed) once every consumer thread, each after its own reads of it and a proxy fence, has arrived

@@ -157,15 +157,17 @@ def main(only: str | None = None) -> int:
     "consumers": the 8-bit screen's cases with three consumer warpgroups (render_screen.HOPPER_CONSUMERS = 3);
     "overlap": with the halves' overlap (render_screen.HOPPER_OVERLAP_HALVES), and its 16-bit tiles;
     "lean": with lean tiles (render_screen.HOPPER_LEAN_TILES), three consumers, 900 queries (5 query tiles) too,
-    and 16-bit tiles."""
-    if only in ("biased", "consumers", "overlap", "lean"):
+    and 16-bit tiles; "half": with half keys (render_screen.HOPPER_HALF_KEYS) and lean tiles, three consumers."""
+    if only in ("biased", "consumers", "overlap", "lean", "half"):
         from tinyknn.jit import render_screen
 
         render_screen.HOPPER_PRODUCER_BIAS = True
-        render_screen.HOPPER_CONSUMERS = 3 if only in ("consumers", "lean") else 2
+        render_screen.HOPPER_CONSUMERS = 3 if only in ("consumers", "lean", "half") else 2
         render_screen.HOPPER_OVERLAP_HALVES = only == "overlap"
-        render_screen.HOPPER_LEAN_TILES = only == "lean"
-        param, value = {"consumers": ("cw", 3), "overlap": ("xo", 1), "lean": ("lt", 1)}.get(only, ("pb", 1))
+        render_screen.HOPPER_LEAN_TILES = only in ("lean", "half")
+        render_screen.HOPPER_HALF_KEYS = only == "half"
+        param, value = {"consumers": ("cw", 3), "overlap": ("xo", 1), "lean": ("lt", 1),
+                        "half": ("hk", 1)}.get(only, ("pb", 1))
         rng = np.random.default_rng(7)
         screen_and_ops(rng, [c for c in SCREEN_AND_OPS if c[:2] == ("l2", "int8")] +
                        [("l2", "uint8", 128, 17000, 10, 64)])
@@ -173,6 +175,7 @@ def main(only: str | None = None) -> int:
         # ring stage is reused (its "empty" wait and parity wrap); 250 queries: a tile and a part of one
         # the overlap's 16-bit tiles too (halves of the queries, two k-blocks a half: XO = 2), 300 queries
         cases = (("l2", "uint8", 250), ("ip", "uint8", 250)) if only != "biased" else (("l2", "uint8", 100),)
+        cases = (("l2", "uint8", 250), ("l2", "uint8", 900)) if only == "half" else cases   # HK: l2's alone
         cases += (("l2", "float16", 300),) if only == "overlap" else ()
         cases += (("l2", "uint8", 900), ("l2", "float16", 1100)) if only == "lean" else ()
         for metric, dtype, nq in cases:

@@ -161,6 +161,16 @@ def test_hopper_screen_needs_no_local_memory(kernel_cache, monkeypatch):
               (("l2", "uint8"), ("ip", "int8"))]
     assert [(s.param("lt"), s.param("xo", 0), s.param("cw", 2)) for s in three[10:]] == \
         [(1, 1, 2), (1, 2, 2), (1, 0, 2), (1, 0, 3), (1, 0, 3)]
+    monkeypatch.setattr(render_screen, "HOPPER_HALF_KEYS", True)      # half keys: three consumers, two, XO, small
+    half = [render_screen.hopper_spec("l2", dtype, 128, "sm_90a") for dtype in ("uint8", "int8")]
+    half += [render_screen.hopper_spec("l2", "uint8", 128, "sm_90a", small=True)]
+    monkeypatch.setattr(render_screen, "HOPPER_CONSUMERS", 2)
+    half += [render_screen.hopper_spec("l2", "uint8", 128, "sm_90a")]
+    monkeypatch.setattr(render_screen, "HOPPER_OVERLAP_HALVES", True)
+    half += [render_screen.hopper_spec("l2", "uint8", 128, "sm_90a")]
+    assert [(s.param("hk"), s.param("cw", 2), s.param("xo", 0)) for s in half] == \
+        [(1, 3, 0), (1, 3, 0), (1, 2, 0), (1, 2, 0), (1, 2, 1)]
+    three += half
     specs += grouped + keyed + three
     outcomes = warm_specs(kernel_cache, specs, jobs=max(1, os.cpu_count() or 1))
     assert not [o for o in outcomes if o.status == "failed"], [o.error for o in outcomes]

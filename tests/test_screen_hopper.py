@@ -172,6 +172,30 @@ def test_lean_tiles_by_default_for_the_screen_alone(monkeypatch):
         assert rs.hopper_threads(spec) == rs.hopper_threads(plain)
 
 
+def test_half_keys_only_as_a_probes_knob_beside_the_producers_bias(monkeypatch):
+    """HOPPER_HALF_KEYS (off; a probe's, screen_hopper.cuh's HK): the screen kernels with the producer's biased
+    bounds (l2, integer keys) get HK = true as their last template argument, tile and shared memory unchanged;
+    ip, the float keys, the threshold mode and a screen without the bias keep their kernels."""
+    plain = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    assert plain.param("hk", 0) == 0 and plain.param("pb") == 1
+    monkeypatch.setattr(rs, "HOPPER_HALF_KEYS", True)
+    for stride, small, consumers in ((128, False, 3), (128, True, 3), (128, False, 2), (200, False, 3)):
+        monkeypatch.setattr(rs, "HOPPER_CONSUMERS", consumers)
+        before = dict(rs.hopper_spec("l2", "int8", stride, "sm_90", small=small).params)
+        before.pop("hk")
+        monkeypatch.setattr(rs, "HOPPER_HALF_KEYS", False)
+        assert dict(rs.hopper_spec("l2", "int8", stride, "sm_90", small=small).params) == before
+        monkeypatch.setattr(rs, "HOPPER_HALF_KEYS", True)
+    half = rs.hopper_spec("l2", "uint8", 128, "sm_90")
+    name = cuda_source.name_expression(half)
+    assert name.endswith(", true, true>") and name.count(", ") == 14, name     # LT, then HK
+    for other in (rs.hopper_spec("ip", "uint8", 128, "sm_90"), rs.hopper_spec("l2", "float16", 128, "sm_90"),
+                  rs.hopper_spec("l2", "uint8", 256, "sm_90"), rs.hopper_spec("l2", "uint8", 128, "sm_90", keep=1)):
+        assert other.param("hk", 0) == 0, other
+    monkeypatch.setattr(rs, "HOPPER_PRODUCER_BIAS", False)
+    assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("hk", 0) == 0
+
+
 def test_the_spec_carries_the_conversion_of_its_stride():
     assert rs.hopper_spec("l2", "uint8", 128, "sm_90").param("exact") == 1
     assert rs.hopper_spec("l2", "uint8", 768, "sm_90").param("exact") == 0

@@ -5,8 +5,8 @@
 # too; lean tiles (LT); Nsight Compute of the 8-bit screen, of what limits the rows short of their goals
 # (ceiling) and of each SASS line (sass, sass-lean); memcheck of CW and XO. Logs and JSON in $OUT.
 # Run after .ci/gpu (which runs their tests), carrying .whl:  bash bench/probes/hopper_knobs.sh PART...
-# (PART: graphs, overlap, overlap16, consumers, lean, lean-small, sample, profile, ceiling, sass, sass-lean,
-# memcheck; each 10M-row part a few minutes)
+# (PART: graphs, overlap, overlap16, consumers, lean, lean-small, half-keys, sample, profile, ceiling, sass,
+# sass-lean, memcheck; each 10M-row part a few minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source .ci/device_env || exit
@@ -29,6 +29,10 @@ for part in "${@:-graphs}"; do
         2>&1 | tail -20 ;;
     overlap16) $steps $f16 --hopper-overlap 0,1,0,1 --out "$out/screen_steps_overlap_f16_$tag.json" 2>&1 | tail -20 ;;
     consumers) $steps $u8 --hopper-consumers 2,3,2,3 --out "$out/screen_steps_consumers_$tag.json" 2>&1 | tail -20 ;;
+    half-keys)    # HK against the default on 10M x 128 uint8 (k = 10 and 100), then memcheck of its cases
+      $steps $u8 --half-keys 0,1,0,1 --out "$out/screen_steps_half_keys_$tag.json" 2>&1 | tail -20
+      TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
+        half 2>&1 | tail -8 | tee "$out/sanitize_half_$tag.log" ;;
     lean-small)   # lean tiles on the small tile (batches of at most 128 queries): 1M x 768 float32 x 100
       $steps --n 1000000 --dim 768 --queries 100 --ks 10,100 --lean-tiles 0,1,0,1 \
         --out "$out/screen_steps_lean_small_$tag.json" 2>&1 | tail -20 ;;
@@ -76,8 +80,8 @@ for part in "${@:-graphs}"; do
         TINYKNN_SCREEN=wgmma compute-sanitizer --tool memcheck --report-api-errors no python3 tests/gpu_sanitize.py \
           $mode 2>&1 | tail -8 | tee "$out/sanitize_${mode}_$tag.log"
       done ;;
-    *) echo "unknown part $part: graphs, overlap, overlap16, consumers, lean, lean-small, sample, profile, ceiling," \
-         "sass, sass-lean, memcheck" >&2
+    *) echo "unknown part $part: graphs, overlap, overlap16, consumers, lean, lean-small, half-keys, sample, profile," \
+         "ceiling, sass, sass-lean, memcheck" >&2
        exit 2 ;;
   esac
 done

@@ -47,6 +47,9 @@ SWITCHES = (
     ("--lean-tiles", render_screen, "HOPPER_LEAN_TILES",
      "1 (the default): the Hopper screen's per-tile work trimmed, screen_hopper.cuh's LT (sleeping waits, uniform "
      "descriptors, a query tile's terms loaded once, bounds a group ahead); 0: without"),
+    ("--half-keys", render_screen, "HOPPER_HALF_KEYS",
+     "1: with l2's biased integer keys the producer stores -(S' >> 1) and a chunk's two rows of a query take one DPX "
+     "max, screen_hopper.cuh's HK"),
     ("--graphs", screen_launch, "SCREEN_GRAPHS",
      "1: a batch shape seen twice replays its steps as one CUDA graph; the whole search's time only: the steps' "
      "breakdown runs without it"),
@@ -213,6 +216,7 @@ def measure(args, db, queries, answers: dict, differ: list) -> list:
                                "hopper_consumers": render_screen.HOPPER_CONSUMERS,
                                "hopper_overlap": render_screen.HOPPER_OVERLAP_HALVES,
                                "lean_tiles": render_screen.HOPPER_LEAN_TILES,
+                               "half_keys": render_screen.HOPPER_HALF_KEYS,
                                "graphs": screen_launch.SCREEN_GRAPHS,
                                "threshold_stages": render_screen.THRESHOLD_STAGES,
                                "tile": "x".join(str(v) for v in (render_screen.SCREEN_BQ, render_screen.SCREEN_BN,

@@ -131,6 +131,8 @@ HOPPER_LEAN_TILES = True        # the screen's per-tile work trimmed (screen_hop
                                 # descriptors in uniform registers, a query tile's terms loaded once, bounds a group
                                 # ahead (H200, 10M x 128 uint8 x 2,048: screen step 7.24-7.31 -> 6.77 ms at k = 10;
                                 # the threshold mode keeps its kernel). False: the kernel without them, for probes
+HOPPER_HALF_KEYS = False        # probes only: with PB, l2's keys halved (screen_hopper.cuh, HK): the producer stores
+                                # -(S' >> 1), a chunk's two rows of a query take one DPX max and one compare
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
 HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds per (query, tile); more: mma.sync's
@@ -214,6 +216,7 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
         raise ValueError(f"keep is 0 (the screen) or 1 to {HOPPER_MAX_KEEP} (its threshold mode's bounds per tile); "
                          f"got {keep}")
     keyed = HOPPER_INT_KEYS and not keep and integer_keys(element, stride)
+    biased = keyed and HOPPER_PRODUCER_BIAS and metric == "l2"
     k_blocks = hopper_k_blocks(stride * ITEMSIZE[element])
     three = (bn, mw) == (256, 1) and not keep and not small and k_blocks == 1 and HOPPER_CONSUMERS == 3
     stages = HOPPER_CONSUMERS_STAGES if three else HOPPER_STAGES
@@ -221,7 +224,7 @@ def hopper_spec(metric: str, dtype: str, stride: int, arch: str, epi_group: int 
     params = {"exact": int(exact_conversion(element, stride)), "bn": bn, "mw": mw, "stages": stages,
               "smem": hopper_smem(bn, mw, stages, 3 if three else 2), **({"eg": epi_group} if epi_group else {}),
               **({"kt": keep} if keep else {}), **({"ik": 1} if keyed else {}),
-              **({"pb": 1} if keyed and HOPPER_PRODUCER_BIAS and metric == "l2" else {}),
+              **({"pb": 1} if biased else {}), **({"hk": 1} if biased and HOPPER_HALF_KEYS else {}),
               **({"cw": 3} if three else {}), **({"xo": k_blocks} if overlap else {}),
               **({"lt": 1} if HOPPER_LEAN_TILES and not keep else {})}
     return KernelSpec(metric, dtype, 1, 0, "screen_hopper", _hopper_arch_of(arch), tuple(params.items()))
@@ -268,10 +271,10 @@ def name_expression(spec: KernelSpec) -> str:
                 p("smem")]
         # EG: the probes' epilogues; KT: the threshold mode; IK: integer keys; PB: |x|^2 biased by the producer;
         # CW: consumer warpgroups; XO: the halves' products overlapping their epilogues (its rows' k-blocks); LT:
-        # lean tiles
+        # lean tiles; HK: half keys
         args += trailing_arguments((p("eg", 0), 0), (p("kt", 0), 0), (cpp_bool(p("ik", 0)), "false"),
                                    (cpp_bool(p("pb", 0)), "false"), (p("cw", 2), 2), (p("xo", 0), 0),
-                                   (cpp_bool(p("lt", 0)), "false"))
+                                   (cpp_bool(p("lt", 0)), "false"), (cpp_bool(p("hk", 0)), "false"))
         return f"tinyknn::screen_hopper_kernel<{', '.join(str(a) for a in args)}>"
     if spec.variant == "screen":
         args = [element, cpp_bool(spec.metric != "l2"), cpp_bool(p("threshold")), p("kl"), p("bq"), p("bn"),
