@@ -10,17 +10,21 @@ import pytest
 
 from tinyknn.gpu.turns import Turns
 
-STEP = 0.05      # seconds between arrivals: enough for a thread to be waiting before the next one comes
+POLL = 0.001     # seconds between looks at the line while a new thread joins it
 
 
 def _start(turns: Turns, name: str, order: list, change: bool = False) -> threading.Thread:
+    """A thread taking a turn (a change's or a search's), returned once it waits in line."""
     def run():
         with (turns.change if change else turns):
             order.append(name)
             time.sleep(0.002)
+    waiting = turns._changes_waiting + turns._searches_waiting
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(STEP)
+    deadline = time.monotonic() + 10
+    while turns._changes_waiting + turns._searches_waiting == waiting and time.monotonic() < deadline:
+        time.sleep(POLL)
     return thread
 
 
@@ -96,4 +100,26 @@ def test_threads_searching_in_a_loop_all_get_turns_and_let_a_change_in():
         for thread in threads:
             thread.join(5)
     assert 4 * min(counts) >= max(counts) > 0 and waited < 1.0, (counts, waited)
-    assert (turns._searches_waiting, turns._changes_waiting, turns._held) == (0, 0, False)
+    assert (turns._searches_waiting, turns._changes_waiting, turns._held, turns._granted) == (0, 0, False, None)
+
+
+def test_changes_in_a_loop_take_turns_too():
+    """Two threads changing in a loop (a reorder beside a loop of adds): each gets turns, in arrival order; the
+    turn is handed to a waiting change as it is to a search (a woken change lost it to the looping one)."""
+    turns, stop, counts = Turns(), threading.Event(), [0, 0]
+
+    def changing(slot: int):
+        while not stop.is_set():
+            with turns.change:
+                time.sleep(20e-6)
+                counts[slot] += 1
+
+    threads = [threading.Thread(target=changing, args=(slot,), daemon=True) for slot in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    assert 4 * min(counts) >= max(counts) > 0, counts
+    assert (turns._searches_waiting, turns._changes_waiting, turns._held, turns._granted) == (0, 0, False, None)

@@ -5,15 +5,16 @@ With a plain threading.Lock a waiting add had no place in the line: whichever wa
 happened to wake, or a search that came back for its next turn first, went ahead of it, so threads that
 search in a loop kept an add waiting through a line of their searches. With Turns a change (add, remove,
 truncate, reset, close: `with turns.change:`) that waits is the next to go: it waits for the call that holds
-the turn now, and for nothing that arrives after it. Searches and reads (`with turns:`) go in the order
-they arrived, one at a time.
+the turn now and the changes that came before it, and for nothing that arrives after it. Searches and reads
+(`with turns:`) go in the order they arrived, one at a time.
 
-The order is kept by handing the turn over: a released turn is given to the longest-waiting search by name
-(it stays held while that thread wakes), and a search that arrives while others wait queues behind them.
-Merely waking the next waiter is not enough under the GIL: the releasing thread keeps running and, searching
-in a loop, took the turn again before the woken one could, every time; its GPU calls release the GIL only
-once it holds the turn, so the others never got one (four threads searching a GPU index: one made tens of
-thousands of searches, three none, and a reorder waiting behind them never ran).
+The order is kept by handing the turn over: a released turn is given by name to the oldest waiting change,
+else to the oldest waiting search (it stays held while that thread wakes), and a call that arrives while
+others of its kind wait queues behind them. Merely waking the next waiter is not enough under the GIL: the
+releasing thread keeps running and, calling in a loop, took the turn again before the woken one could, every
+time; its GPU calls release the GIL only once it holds the turn, so the others never got one (four threads
+searching a GPU index: one made tens of thousands of searches, three none, and a reorder waiting behind them
+never ran).
 """
 
 from __future__ import annotations
@@ -27,40 +28,31 @@ __all__ = ["Turns"]
 class Turns:
     """Mutual exclusion in which waiting changes go before waiting searches (see the module doc)."""
 
-    __slots__ = ("_mutex", "_changes", "_held", "_changes_waiting", "_queue", "_granted", "change")
+    __slots__ = ("_mutex", "_held", "_changes", "_searches", "_granted", "change")
 
     def __init__(self):
         self._mutex = threading.Lock()
-        self._changes = threading.Condition(self._mutex)    # changes waiting for their turn
-        self._held = False              # a call holds the turn, or it is on its way to the search granted it
-        self._changes_waiting = 0
-        self._queue: collections.deque = collections.deque()   # waiting searches, a Condition each, oldest first
-        self._granted = None            # the queued search the turn was handed to, until it wakes and takes it
+        self._held = False              # a call holds the turn, or it is on its way to the waiter granted it
+        self._changes: collections.deque = collections.deque()    # waiting changes, a Condition each, oldest first
+        self._searches: collections.deque = collections.deque()   # waiting searches (and reads), likewise
+        self._granted = None            # the waiter the turn was handed to, until it wakes and takes it
         self.change = _Change(self)
 
     @property
+    def _changes_waiting(self) -> int:
+        return len(self._changes)
+
+    @property
     def _searches_waiting(self) -> int:
-        return len(self._queue) + (self._granted is not None)
+        return len(self._searches)
 
     def __enter__(self) -> "Turns":
         """A search's turn: after the call holding it, every change that waits and every search queued."""
         with self._mutex:
-            if not (self._held or self._changes_waiting or self._queue):
+            if self._held or self._changes or self._searches:
+                self._wait_in(self._searches)
+            else:
                 self._held = True
-                return self
-            mine = threading.Condition(self._mutex)
-            self._queue.append(mine)
-            try:
-                while self._granted is not mine:
-                    mine.wait()
-            except BaseException:
-                if self._granted is mine:       # handed over meanwhile: it goes to the next one
-                    self._granted, self._held = None, False
-                    self._pass_on()
-                else:
-                    self._queue.remove(mine)
-                raise
-            self._granted = None                # ours now (_held stayed True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -69,28 +61,38 @@ class Turns:
             self._pass_on()
 
     def _take_for_change(self) -> None:
+        """A change's turn: after the call holding it and the changes queued before it."""
         with self._mutex:
-            self._changes_waiting += 1
-            try:
-                while self._held:
-                    self._changes.wait()
-            except BaseException:
-                self._changes_waiting -= 1
+            if self._held or self._changes:
+                self._wait_in(self._changes)
+            else:
+                self._held = True
+
+    def _wait_in(self, queue: collections.deque) -> None:
+        """Queue the calling thread and wait until the turn is handed to it (call with _mutex held)."""
+        mine = threading.Condition(self._mutex)
+        queue.append(mine)
+        try:
+            while self._granted is not mine:
+                mine.wait()
+        except BaseException:
+            if self._granted is mine:           # handed over meanwhile: it goes to the next one
+                self._granted, self._held = None, False
                 self._pass_on()
-                raise
-            self._changes_waiting -= 1
-            self._held = True
+            else:
+                queue.remove(mine)
+            raise
+        self._granted = None                    # ours now (_held stayed True)
 
     def _pass_on(self) -> None:
-        """The free turn to who goes next, a waiting change first, else the oldest queued search, handed
-        to it (call with _mutex held)."""
+        """The free turn handed to the oldest waiting change, else to the oldest waiting search (call with
+        _mutex held)."""
         if self._held:
             return
-        if self._changes_waiting:
-            self._changes.notify()
-        elif self._queue:
+        queue = self._changes or self._searches
+        if queue:
             self._held = True
-            self._granted = self._queue.popleft()
+            self._granted = queue.popleft()
             self._granted.notify()
 
 
