@@ -31,3 +31,20 @@ def assert_same_batch(a, b) -> None:
     assert np.array_equal(a[2], b[2]), "the survivors per query differ"
     assert a[3] == b[3]
     assert np.array_equal(a[1], b[1]) and np.array_equal(a[0].view(np.int32), b[0].view(np.int32))
+
+
+def eight_bit_rows(rng, n: int, dim: int, dtype: str) -> np.ndarray:
+    """n random int8 or uint8 rows: every third one darker (a spread of |x|^2, odd and even), the first quarter a
+    copy of the second (ties)."""
+    low, high = (-128, 128) if dtype == "int8" else (0, 256)
+    db = rng.integers(low, high, (n, dim))
+    db[::3] //= 4
+    db[: n // 4] = db[n // 4: n // 2]
+    return db.astype(dtype)
+
+
+def near_queries(rng, db: np.ndarray, count: int, dtype: str) -> np.ndarray:
+    """`count` float32 queries a few units off rows of the 8-bit `db`, kept within the dtype's range."""
+    low, high = (-128, 127) if dtype == "int8" else (0, 255)
+    return np.clip(db[rng.choice(len(db), count)].astype(np.float32)
+                   + rng.integers(-3, 4, (count, db.shape[1])), low, high)

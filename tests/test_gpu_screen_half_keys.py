@@ -11,27 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hopper_batches import screened
+from hopper_batches import eight_bit_rows, near_queries, screened
 from reference import assert_exact
 
 pytestmark = pytest.mark.gpu
 
 LAYOUTS = {"three consumers": {}, "two": {"HOPPER_CONSUMERS": 2},
            "two, overlapped": {"HOPPER_CONSUMERS": 2, "HOPPER_OVERLAP_HALVES": True}}
-
-
-def _rows(rng, n, dim, dtype):
-    low, high = (-128, 128) if dtype == "int8" else (0, 256)
-    db = rng.integers(low, high, (n, dim))
-    db[::3] //= 4                                                      # a spread of |x|^2, odd and even
-    db[: n // 4] = db[n // 4: n // 2]                                  # duplicated rows: ties
-    return db.astype(dtype)
-
-
-def _queries(rng, db, count, dtype):
-    low, high = (-128, 127) if dtype == "int8" else (0, 255)
-    return np.clip(db[rng.choice(len(db), count)].astype(np.float32)
-                   + rng.integers(-3, 4, (count, db.shape[1])), low, high)
 
 
 def _compare(db, queries, dtype, k, knobs, monkeypatch):
@@ -51,14 +37,14 @@ def _compare(db, queries, dtype, k, knobs, monkeypatch):
 def test_half_keys_keep_every_survivor_of_the_keyed_epilogue(layout, k, rng, wgmma, monkeypatch):
     """340,000 rows, 250 queries (a tile and a part of one): each block takes many tiles, reusing each scalar
     slot (the producer's stores of -(S' >> 1))."""
-    db = _rows(rng, 340_000, 128, "uint8")
-    half = _compare(db, _queries(rng, db, 250, "uint8"), "uint8", k, LAYOUTS[layout], monkeypatch)
+    db = eight_bit_rows(rng, 340_000, 128, "uint8")
+    half = _compare(db, near_queries(rng, db, 250, "uint8"), "uint8", k, LAYOUTS[layout], monkeypatch)
     assert (half[4].param("cw", 2), half[4].param("xo", 0)) == \
         {"three consumers": (3, 0), "two": (2, 0), "two, overlapped": (2, 1)}[layout]
 
 
 @pytest.mark.parametrize("dtype,n_queries", [("int8", 300), ("uint8", 100)])
 def test_half_keys_of_int8_rows_and_the_small_tile(dtype, n_queries, rng, wgmma, monkeypatch):
-    db = _rows(rng, 200_000, 128, dtype)
-    half = _compare(db, _queries(rng, db, n_queries, dtype), dtype, 10, {}, monkeypatch)
+    db = eight_bit_rows(rng, 200_000, 128, dtype)
+    half = _compare(db, near_queries(rng, db, n_queries, dtype), dtype, 10, {}, monkeypatch)
     assert half[4].param("bn") == 256

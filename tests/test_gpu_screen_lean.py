@@ -8,10 +8,9 @@ tiles change query tile, so its terms are loaded again), with many tiles a block
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from hopper_batches import assert_same_batch, screened
+from hopper_batches import assert_same_batch, eight_bit_rows, near_queries, screened
 from reference import assert_exact
 from test_gpu_screen import data, near_rows
 
@@ -32,13 +31,8 @@ def _same(db, queries, dtype, k, knobs, monkeypatch, metric="l2"):
 @pytest.mark.parametrize("layout", ["three consumers", "two, overlapped"])
 @pytest.mark.parametrize("k", [1, 10, 100])
 def test_lean_8_bit_tiles_keep_the_same_survivors(n_queries, layout, k, rng, wgmma, monkeypatch):
-    n, dim = 340_000, 128
-    db = rng.integers(0, 256, (n, dim))
-    db[::3] //= 4
-    db[: n // 4] = db[n // 4: n // 2]                                  # duplicated rows: ties
-    db = db.astype(np.uint8)
-    queries = np.clip(db[rng.choice(n, n_queries)].astype(np.float32)
-                      + rng.integers(-3, 4, (n_queries, dim)), 0, 255)
+    db = eight_bit_rows(rng, 340_000, 128, "uint8")
+    queries = near_queries(rng, db, n_queries, "uint8")
     knobs = {} if layout == "three consumers" else {"HOPPER_CONSUMERS": 2, "HOPPER_OVERLAP_HALVES": True}
     lean = _same(db, queries, "uint8", k, knobs, monkeypatch)
     assert (lean[4].param("cw", 2), lean[4].param("xo", 0)) == ((3, 0) if not knobs else (2, 1))

@@ -1,8 +1,10 @@
-"""Why tests/test_gpu_filters.py's searches-during-reorders test takes a minute or more on the H200 (57 s and 110 s
-in whole-suite runs, past 590 s once): its scenario (4 threads searching a 3,000-row labelled GPU index, the main
-thread reordering the rows 30 times under the Index's locks), each reorder's wait for the add lock and for _view
-timed, the searches counted, and every thread's innermost frames sampled while a reorder waits. Run twice: as the
-Index is, and with _view a first-come-first-served lock (which hands the lock to the longest waiter).
+"""tests/test_gpu_filters.py's searches-during-reorders test, which took a minute or more on the H200 (57 s and
+110 s in whole-suite runs, then stalled: threads searching in a loop took tinyknn.gpu.turns' turn back before the
+thread they had woken could run; fixed by handing the turn over): its scenario (4 threads searching a 3,000-row
+labelled GPU index, the main thread reordering the rows 30 times under the Index's locks), each reorder's wait for
+the add lock and for _view timed, the searches counted, and every thread's innermost frames sampled while a reorder
+waits. Run twice: as the Index is, and with _view a first-come-first-served lock (which hands the lock to the
+longest waiter).
   python3 bench/probes/reorder_contention.py [--deadline-s 60]"""
 
 from __future__ import annotations

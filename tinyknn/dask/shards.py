@@ -207,4 +207,3 @@ def shard_number(value, n_shards: int) -> int:
     if not 0 <= int(value) < n_shards:
         raise ValueError(f"shard must be in 0 .. {n_shards - 1}; got {int(value)}")
     return int(value)
-

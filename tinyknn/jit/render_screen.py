@@ -129,7 +129,7 @@ HOPPER_OVERLAP_HALVES = False   # probes only: the same screen with each consume
                                 # epilogue runs (screen_hopper.cuh, XO; rows of at most 2 k-blocks)
 HOPPER_LEAN_TILES = True        # the screen's per-tile work trimmed (screen_hopper.cuh, LT): waits that sleep,
                                 # descriptors in uniform registers, a query tile's terms loaded once, bounds a group
-                                # ahead (H200, 10M x 128 uint8 x 2,048: screen step 7.24-7.31 -> 6.77 ms at k = 10;
+                                # ahead (H200, 10M x 128 uint8 x 2,048: screen step 7.28 -> 6.55 ms at k = 10;
                                 # the threshold mode keeps its kernel). False: the kernel without them, for probes
 HOPPER_HALF_KEYS = False        # probes only: with PB, l2's keys halved (screen_hopper.cuh, HK): the producer stores
                                 # -(S' >> 1), a chunk's two rows of a query take one DPX max and one compare
