@@ -29,9 +29,11 @@ ELEMENT_OF_STORAGE = {"float32": "float16", "float16": "float16", "bfloat16": "b
 
 def element_of(metric: str, dtype: str) -> str:
     """What the screen multiplies: the rows' own 16- or 8-bit values, a float32 index's float16 shadow, or
-    for cosine the rows divided by their norms (a float16 shadow; bfloat16 for a bfloat16 index)."""
+    for cosine the rows divided by their norms, a float16 shadow whatever the index's dtype: unit rows fit
+    float16's range, and its 11-bit significand bounds a bfloat16 index's products 8x tighter than bfloat16's
+    own (H200, 1M x 768 bfloat16 x 1,000: 275 survivors a query through a bfloat16 shadow, 96 for float16's)."""
     if metric == "cosine":
-        return "bfloat16" if dtype == "bfloat16" else "float16"
+        return "float16"
     return ELEMENT_OF_STORAGE[dtype]
 
 
