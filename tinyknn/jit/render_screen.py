@@ -31,7 +31,8 @@ def element_of(metric: str, dtype: str) -> str:
     """What the screen multiplies: the rows' own 16- or 8-bit values, a float32 index's float16 shadow, or
     for cosine the rows divided by their norms, a float16 shadow whatever the index's dtype: unit rows fit
     float16's range, and its 11-bit significand bounds a bfloat16 index's products 8x tighter than bfloat16's
-    own (H200, 1M x 768 bfloat16 x 1,000: 275 survivors a query through a bfloat16 shadow, 96 for float16's)."""
+    own (H200, 1M x 768 bfloat16 x 1,000, k = 10: 275 survivors a query through a bfloat16 shadow, 96
+    through float16's; the search 3.63 -> 3.30 ms)."""
     if metric == "cosine":
         return "float16"
     return ELEMENT_OF_STORAGE[dtype]
@@ -135,6 +136,8 @@ HOPPER_LEAN_TILES = True        # the screen's per-tile work trimmed (screen_hop
                                 # the threshold mode keeps its kernel). False: the kernel without them, for probes
 HOPPER_HALF_KEYS = False        # probes only: with PB, l2's keys halved (screen_hopper.cuh, HK): the producer stores
                                 # -(S' >> 1), a chunk's two rows of a query take one DPX max and one compare
+                                # (H200, 10M x 128 uint8 x 2,048: screen step 6.54 -> 6.41 ms, the search within
+                                # its spread; bench/NOTES_HOPPER.md)
 HOPPER_ENTRY = "screen_hopper.cuh"
 _HOPPER_VARIANTS = ("screen_hopper", "screen_tiles", "screen_sample")
 HOPPER_MAX_KEEP = 2             # the Hopper threshold mode keeps 1 or 2 bounds per (query, tile); more: mma.sync's
