@@ -42,6 +42,18 @@ def test_tile_follows_the_element_type(metric, dtype, tile, ip):
     assert name.startswith(f"tinyknn::screen_hopper_kernel<{element}, {'true' if ip else 'false'}, ")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8", "uint8"])
+def test_cosine_screens_a_float16_shadow_of_every_dtype(dtype):
+    """Cosine's unit rows fit float16, whose significand bounds the products 8x tighter than bfloat16's: a
+    bfloat16 index's cosine screen, its row and query steps and its Hopper kernel all take float16."""
+    assert rs.element_of("cosine", dtype) == "float16" and rs.has_shadow("cosine", dtype)
+    spec = rs.hopper_spec("cosine", dtype, 128, "sm_90")
+    assert cuda_source.name_expression(spec).startswith("tinyknn::screen_hopper_kernel<tinyknn::ScreenF16, true, ")
+    rows = rs.step_spec("screen_rows", "cosine", dtype, 0, "sm_90")
+    assert cuda_source.name_expression(rows).endswith(", tinyknn::ScreenF16>")
+    assert rs.element_of("ip", "bfloat16") == "bfloat16"      # l2 and ip read a bfloat16 index's own rows
+
+
 @pytest.mark.parametrize("element,stride,exact", [
     ("uint8", 256, True), ("uint8", 257, True), ("uint8", 258, True), ("uint8", 272, False),
     ("int8", 1008, True), ("int8", 1023, True), ("int8", 1024, False),
