@@ -1,12 +1,13 @@
 """The manifest.json a saved DaskIndex keeps beside its shards' Index files: their names and sizes, and the
-index's dim, metric and dtype; written last, through a temporary file, so a directory holds a whole save or none."""
+index's dim, metric and dtype; written last, through tinyknn.io's atomic_write (a temporary file fsync'ed and
+renamed, removed if the write fails), so a directory holds a whole save or none."""
 
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
+
+from ..io import atomic_write
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT, MANIFEST_VERSION = "tinyknn-dask", 1
@@ -15,9 +16,8 @@ MANIFEST_FORMAT, MANIFEST_VERSION = "tinyknn-dask", 1
 def write_manifest(directory: Path, files: list[str], totals, dim: int, metric: str, dtype: str) -> None:
     manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "dim": dim, "metric": metric,
                 "dtype": dtype, "shards": [{"file": Path(f).name, "ntotal": int(t)} for f, t in zip(files, totals)]}
-    temporary = directory / f"{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp"
-    temporary.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(temporary, directory / MANIFEST)
+    with atomic_write(directory / MANIFEST) as handle:
+        handle.write((json.dumps(manifest, indent=2) + "\n").encode())
 
 
 def read_manifest(directory: Path) -> dict:
