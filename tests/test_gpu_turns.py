@@ -3,6 +3,7 @@ search still waiting, searches go in the order they arrived, and an interrupted 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -72,33 +73,42 @@ def test_an_exception_inside_gives_the_turn_back():
     assert done.wait(5)
 
 
+@contextlib.contextmanager
+def _looping(n: int, take):
+    """n threads calling `with take():` in a loop, each call releasing the GIL for 20 us as a GPU call does;
+    yields their calls' counts, stops and joins them at the end."""
+    stop, counts = threading.Event(), [0] * n
+
+    def calling(slot: int):
+        while not stop.is_set():
+            with take():
+                time.sleep(20e-6)                       # the GPU call, without the GIL
+                counts[slot] += 1
+
+    threads = [threading.Thread(target=calling, args=(slot,), daemon=True) for slot in range(n)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield counts
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+
+
 def test_threads_searching_in_a_loop_all_get_turns_and_let_a_change_in():
     """Four threads search in a loop, each call releasing the GIL as cuGraphLaunch and cuStreamSynchronize do:
     they take turns in arrival order (about as many each), and a change waiting behind them gets its turn at
     once. Waking the next waiter was not enough: the releasing thread took the turn back before the woken one
     ran, nearly every time (here two threads made ~2,000 searches each and two made 1; on a GPU index one thread
     made tens of thousands, the others none, and a reorder waiting behind them never ran)."""
-    turns, stop, counts = Turns(), threading.Event(), [0] * 4
-
-    def searching(slot: int):
-        while not stop.is_set():
-            with turns:
-                time.sleep(20e-6)                       # the GPU call, without the GIL
-                counts[slot] += 1
-
-    threads = [threading.Thread(target=searching, args=(slot,), daemon=True) for slot in range(4)]
-    for thread in threads:
-        thread.start()
-    try:
+    turns = Turns()
+    with _looping(4, lambda: turns) as counts:
         time.sleep(0.3)
         waited = time.perf_counter()
         with turns.change:
             waited = time.perf_counter() - waited
         time.sleep(0.3)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(5)
     assert 4 * min(counts) >= max(counts) > 0 and waited < 1.0, (counts, waited)
     assert (turns._searches_waiting, turns._changes_waiting, turns._held, turns._granted) == (0, 0, False, None)
 
@@ -106,20 +116,8 @@ def test_threads_searching_in_a_loop_all_get_turns_and_let_a_change_in():
 def test_changes_in_a_loop_take_turns_too():
     """Two threads changing in a loop (a reorder beside a loop of adds): each gets turns, in arrival order; the
     turn is handed to a waiting change as it is to a search (a woken change lost it to the looping one)."""
-    turns, stop, counts = Turns(), threading.Event(), [0, 0]
-
-    def changing(slot: int):
-        while not stop.is_set():
-            with turns.change:
-                time.sleep(20e-6)
-                counts[slot] += 1
-
-    threads = [threading.Thread(target=changing, args=(slot,), daemon=True) for slot in range(2)]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.5)
-    stop.set()
-    for thread in threads:
-        thread.join(5)
+    turns = Turns()
+    with _looping(2, lambda: turns.change) as counts:
+        time.sleep(0.5)
     assert 4 * min(counts) >= max(counts) > 0, counts
     assert (turns._searches_waiting, turns._changes_waiting, turns._held, turns._granted) == (0, 0, False, None)
