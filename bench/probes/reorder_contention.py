@@ -73,13 +73,10 @@ def scenario(fair: bool, deadline_s: float, graphs: bool = True, kinds=(0, 0, 1,
     for turn in range(30):
         order = order_rng.permutation(index.ntotal).astype(np.int64)
         t0 = time.perf_counter()
-        sampled = [False]
 
-        def sample():
-            if not sampled[0] and time.perf_counter() - t0 > 2.0:
-                sampled[0] = True
-                print(f"  reorder {turn} waits {time.perf_counter() - t0:.1f} s; the threads:\n"
-                      f"{test_gpu_filters.thread_frames()}", flush=True)
+        def sample():       # once, where the reorder still waits after 2 s (the timer is cancelled once it ran)
+            print(f"  reorder {turn} waits {time.perf_counter() - t0:.1f} s; the threads:\n"
+                  f"{test_gpu_filters.thread_frames()}", flush=True)
         timer = threading.Timer(2.0, sample)
         timer.start()
         with index._add_lock:
